@@ -1,0 +1,23 @@
+"""Conveyor: durable DAG workflows on Celery, with PostgreSQL as the source of truth."""
+
+from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
+from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
+from conveyor.exceptions import ConveyorError, DefinitionError, NodeError, NonRetryableError
+from conveyor.nodes import NodeContext, node
+
+__all__ = [
+    "ConveyorError",
+    "Defaults",
+    "DefinitionError",
+    "ExecutionStatus",
+    "JobStatus",
+    "Node",
+    "NodeContext",
+    "NodeError",
+    "NodeStatus",
+    "NonRetryableError",
+    "Priority",
+    "RetryPolicy",
+    "Workflow",
+    "node",
+]

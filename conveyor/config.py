@@ -1,0 +1,64 @@
+"""Settings from ``CONVEYOR_*`` environment variables.
+
+With nothing set, the embedded default applies: SQLite under ``./.conveyor/``, an in-process
+broker and worker threads inside the ``conveyor`` process.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+EMBEDDED_DIR = Path(".conveyor")
+
+
+class Settings(BaseSettings):
+    """Everything an operator may set. Each field is ``CONVEYOR_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", extra="ignore")
+
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL; empty means SQLite under ./.conveyor/ (embedded).",
+    )
+    broker_url: str = Field(
+        default="", description="Celery broker URL; empty means the in-process broker."
+    )
+    redis_url: str = Field(
+        default="", description="Redis for semaphores; defaults to the broker when it is Redis."
+    )
+    imports: list[str] = Field(
+        default_factory=list,
+        description="Modules to import at start-up; they register node functions.",
+    )
+    promote_interval: float = Field(
+        default=0.5, gt=0, description="Seconds between checks for due delayed jobs."
+    )
+    embedded_workers: int = Field(default=4, ge=1, description="Worker threads when embedded.")
+    visibility_timeout: int = Field(
+        default=3600, ge=60, description="Redis transport redelivery timeout, in seconds."
+    )
+
+    @property
+    def embedded(self) -> bool:
+        """True when no broker is configured: workers run as threads in this process."""
+        return not self.broker_url or self.broker_url.startswith("memory://")
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(EMBEDDED_DIR / 'conveyor.db').resolve()}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "memory://"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,1 @@
+"""Pure orchestration: definitions, validation, DAG planning, state transitions, retries."""

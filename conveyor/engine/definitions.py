@@ -1,0 +1,99 @@
+"""Workflow definitions: data (YAML or JSON, stored as JSON) with a Python API beside it.
+
+The pydantic models here are both the file format and the Python API::
+
+    Workflow(name="greet", nodes=[
+        Node(id="hello", type="python", config={"function": "say_hello"}),
+        Node(id="done", type="python", needs=["hello"], config={"function": "log"},
+             inputs={"text": "{{ nodes.hello.greeting }}"}),
+    ])
+
+Structure is checked here; cross-node rules (duplicates, cycles, missing needs) live in
+:mod:`conveyor.engine.validation`, which reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conveyor.engine.states import Priority
+
+NODE_TYPES = ("python", "http", "delay", "condition")
+NodeType = Literal["python", "http", "delay", "condition"]
+
+
+class RetryPolicy(BaseModel):
+    """How often a node is tried and how long to wait between tries.
+
+    The wait before try ``n+1`` is ``backoff * factor**(n-1)``, capped at ``max_backoff``,
+    then spread by up to ``jitter`` (a fraction) either way.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    backoff: float = Field(default=1.0, gt=0, le=86_400)
+    factor: float = Field(default=2.0, ge=1, le=10)
+    max_backoff: float = Field(default=300.0, gt=0, le=7 * 86_400)
+    jitter: float = Field(default=0.1, ge=0, le=1)
+
+
+class Defaults(BaseModel):
+    """Policies every node inherits unless it sets its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    timeout: float | None = Field(default=300.0, gt=0, le=86_400)
+
+
+class Node(BaseModel):
+    """One unit of work in the DAG."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+    type: str
+    needs: list[str] = Field(default_factory=list)
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    retry: RetryPolicy | None = None
+    timeout: float | None = Field(default=None, gt=0, le=86_400)
+    continue_on_failure: bool = False
+
+
+class Workflow(BaseModel):
+    """A named DAG of nodes; applying a changed one stores a new version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    priority: Priority | None = None
+    defaults: Defaults = Field(default_factory=Defaults)
+    nodes: list[Node] = Field(min_length=1)
+    output: dict[str, Any] | None = None
+
+    def node(self, node_id: str) -> Node:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def retry_for(self, node: Node) -> RetryPolicy:
+        return node.retry or self.defaults.retry
+
+    def timeout_for(self, node: Node) -> float | None:
+        return node.timeout if node.timeout is not None else self.defaults.timeout
+
+    def canonical_json(self) -> str:
+        """The definition as stored: sorted keys, no whitespace, defaults made explicit."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        """A hash that changes exactly when the stored definition would."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()

@@ -1,0 +1,62 @@
+"""Frozen values the engine reads from the store; separate from the ORM classes."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRecord:
+    id: uuid.UUID
+    kind: JobKind
+    queue: str
+    status: JobStatus
+    priority: Priority
+    max_retries: int
+    retry_count: int
+    tenant_id: uuid.UUID
+    workflow_id: uuid.UUID
+    execution_id: uuid.UUID
+    node_id: str | None
+
+    @property
+    def attempt(self) -> int:
+        """The 1-based number of the try this claim starts."""
+        return self.retry_count + 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionRecord:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    workflow_id: uuid.UUID
+    status: ExecutionStatus
+    priority: Priority
+    input: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkflowRecord:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    version: int
+    digest: str
+    definition: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dispatch:
+    """A message to publish once the transaction that created its job has committed."""
+
+    job_id: uuid.UUID
+    kind: JobKind
+    queue: str
+    priority: Priority

@@ -1,0 +1,407 @@
+"""Orchestration: the state transitions of executions, nodes and jobs.
+
+Each function here is one transaction's worth of work against the store. The caller owns the
+transaction and publishes the returned :class:`Dispatch` list only after it commits, so no
+message ever names a job that is not in the database. Decisions (what is ready, what a failure
+means) come from the pure modules :mod:`planning` and :mod:`retry`.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from conveyor.engine import planning, retry
+from conveyor.engine.definitions import Node, Workflow
+from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
+from conveyor.engine.records import Dispatch, ExecutionRecord, JobRecord, WorkflowRecord
+from conveyor.engine.states import (
+    AttemptStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+    Priority,
+)
+from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import (
+    ConveyorError,
+    InvalidTransition,
+    NodeError,
+    NodeTimeout,
+    WorkflowNotFound,
+)
+
+if TYPE_CHECKING:
+    from conveyor.store.sql import SqlStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class Triggered:
+    execution_id: uuid.UUID
+    dispatches: list[Dispatch]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeRun:
+    """A claimed node job with everything needed to run it outside any transaction."""
+
+    job: JobRecord
+    execution: ExecutionRecord
+    workflow: Workflow
+    node: Node
+    context: dict[str, Any]
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def timeout(self) -> float | None:
+        return self.workflow.timeout_for(self.node)
+
+
+# -- definitions ---------------------------------------------------------------------------
+
+_cache: OrderedDict[uuid.UUID, tuple[Workflow, planning.Plan]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def load_workflow(store: SqlStore, workflow_id: uuid.UUID) -> tuple[Workflow, planning.Plan]:
+    """A stored version, parsed and planned once per process (versions never change)."""
+    with _cache_lock:
+        if workflow_id in _cache:
+            _cache.move_to_end(workflow_id)
+            return _cache[workflow_id]
+    record = store.workflow(workflow_id)
+    workflow = Workflow.model_validate(record.definition)
+    entry = (workflow, planning.plan(workflow))
+    with _cache_lock:
+        _cache[workflow_id] = entry
+        while len(_cache) > 512:
+            _cache.popitem(last=False)
+    return entry
+
+
+def apply_workflow(
+    store: SqlStore, tenant: str, definition: Workflow, now: datetime
+) -> tuple[WorkflowRecord, bool]:
+    """Store a new version when the definition changed; (latest version, whether it is new)."""
+    workflow = parse_workflow(definition)
+    tenant_id = store.tenant_id(tenant)
+    latest = store.latest_workflow(tenant_id, workflow.name)
+    digest = workflow.digest()
+    if latest is not None and latest.digest == digest:
+        return latest, False
+    definition_json = workflow.model_dump(mode="json")
+    return store.add_workflow_version(tenant_id, workflow.name, digest, definition_json, now), True
+
+
+# -- trigger and plan ----------------------------------------------------------------------
+
+
+def trigger(
+    store: SqlStore,
+    *,
+    workflow_name: str,
+    tenant: str,
+    input: Any,
+    now: datetime,
+    priority: Priority | None = None,
+    source: str = "api",
+) -> Triggered:
+    """Create the execution and its start job in the caller's transaction."""
+    tenant_id = store.tenant_id(tenant)
+    record = store.latest_workflow(tenant_id, workflow_name)
+    if record is None:
+        raise WorkflowNotFound(
+            f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
+            f"apply its definition first (conveyor workflow apply FILE)"
+        )
+    workflow, _ = load_workflow(store, record.id)
+    chosen = priority or workflow.priority or Priority.HIGH
+    execution_id = store.add_execution(
+        tenant_id=tenant_id,
+        workflow_id=record.id,
+        input=input if input is not None else {},
+        priority=chosen,
+        trigger=source,
+        now=now,
+    )
+    execution = store.execution(execution_id)
+    job_id = store.add_job(
+        kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, execution=execution, priority=chosen, now=now
+    )
+    dispatch = Dispatch(
+        job_id=job_id, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, priority=chosen
+    )
+    return Triggered(execution_id=execution_id, dispatches=[dispatch])
+
+
+def start_execution(
+    store: SqlStore, job_id: uuid.UUID, now: datetime, worker: str | None = None
+) -> list[Dispatch]:
+    """Plan an execution: a state row per node and a job per root node."""
+    started = time.monotonic()
+    job = store.claim_job(job_id, now)
+    if job is None:
+        return []  # a duplicate or stale message: the job is not queued any more
+    store.add_attempt(job.id, job.attempt, worker, now)
+    execution = store.execution(job.execution_id)
+    if execution.status is not ExecutionStatus.PENDING:
+        store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
+        store.finish_attempt(
+            job.id,
+            job.attempt,
+            AttemptStatus.FAILED,
+            now,
+            0.0,
+            error=f"execution is {execution.status.value}",
+        )
+        return []
+    workflow, shape = load_workflow(store, execution.workflow_id)
+    store.add_node_states(execution.id, shape.waiting_on)
+    store.start_execution(execution.id, len(workflow.nodes), now)
+    context = planning.template_context(
+        execution_id=str(execution.id), workflow_input=execution.input, outputs={}
+    )
+    dispatches = [
+        d
+        for root in shape.roots
+        if (d := _enqueue_node(store, execution, workflow.node(root), workflow, context, now))
+    ]
+    store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, completed_at=now)
+    store.finish_attempt(
+        job.id, job.attempt, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
+    )
+    return dispatches
+
+
+def _enqueue_node(
+    store: SqlStore,
+    execution: ExecutionRecord,
+    node: Node,
+    workflow: Workflow,
+    context: dict[str, Any],
+    now: datetime,
+) -> Dispatch | None:
+    next_run_at = None
+    if node.type == "delay":
+        from conveyor.nodes import delay_seconds
+
+        try:
+            next_run_at = now + timedelta(seconds=delay_seconds(node, context))
+        except ConveyorError:
+            next_run_at = None  # the node runs now and fails with the same error, recorded
+    policy = workflow.retry_for(node)
+    job_id = store.add_job(
+        kind=JobKind.NODE,
+        queue=NODE_QUEUE,
+        execution=execution,
+        priority=execution.priority,
+        node_id=node.id,
+        max_retries=policy.max_attempts - 1,
+        next_run_at=next_run_at,
+        now=now,
+    )
+    store.set_node(execution.id, node.id, NodeStatus.QUEUED)
+    if next_run_at is not None:
+        return None  # held in the database; the promoter publishes it when due
+    return Dispatch(job_id=job_id, kind=JobKind.NODE, queue=NODE_QUEUE, priority=execution.priority)
+
+
+# -- running a node ------------------------------------------------------------------------
+
+
+def claim_node(
+    store: SqlStore, job_id: uuid.UUID, now: datetime, worker: str | None = None
+) -> NodeRun | None:
+    """queued -> processing, a new attempt row, and the inputs the node will read."""
+    job = store.claim_job(job_id, now)
+    if job is None or job.node_id is None:
+        return None
+    execution = store.execution(job.execution_id)
+    if execution.status.finished:
+        store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
+        store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
+        return None
+    store.add_attempt(job.id, job.attempt, worker, now)
+    store.start_node(execution.id, job.node_id, now)
+    workflow, _ = load_workflow(store, execution.workflow_id)
+    node = workflow.node(job.node_id)
+    needs = store.node_rows(execution.id, node.needs)
+    context = planning.template_context(
+        execution_id=str(execution.id),
+        workflow_input=execution.input,
+        outputs={need: row.output for need, row in needs.items()},
+    )
+    return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
+
+
+def complete_node(
+    store: SqlStore, run: NodeRun, output: Any, now: datetime, duration: float
+) -> list[Dispatch]:
+    """Record a successful try and start every successor that became ready."""
+    job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    if not store.transition_job(
+        job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, completed_at=now, last_error=None
+    ):
+        return []  # cancelled or reclaimed meanwhile
+    store.finish_attempt(job.id, job.attempt, AttemptStatus.SUCCEEDED, now, duration)
+    branch = output.get("branch") if run.node.type == "condition" else None
+    store.set_node(
+        execution_id,
+        node_id,
+        NodeStatus.COMPLETED,
+        output=output,
+        branch=branch,
+        finished_at=now,
+        error=None,
+    )
+    return _settle(store, run, now)
+
+
+def fail_node(
+    store: SqlStore,
+    run: NodeRun,
+    error: BaseException,
+    now: datetime,
+    duration: float,
+    rng: random.Random | None = None,
+) -> list[Dispatch]:
+    """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
+    job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    message = describe(error)
+    retryable = error.retryable if isinstance(error, NodeError) else True
+    store.finish_attempt(
+        job.id,
+        job.attempt,
+        AttemptStatus.FAILED,
+        now,
+        duration,
+        error=message,
+        timed_out=isinstance(error, NodeTimeout),
+    )
+    if store.execution_status(execution_id) is ExecutionStatus.CANCELLED:
+        store.transition_job(
+            job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now, last_error=message
+        )
+        store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
+        return []
+    decision = retry.decide_failure(
+        run.workflow.retry_for(run.node), attempt=job.attempt, retryable=retryable, rng=rng
+    )
+    if decision.retry_in is not None:
+        if store.schedule_retry(job.id, now + timedelta(seconds=decision.retry_in), message):
+            store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
+        return []
+    if not store.transition_job(
+        job.id,
+        JobStatus.PROCESSING,
+        JobStatus.DEAD_LETTER,
+        completed_at=now,
+        last_error=f"{message} ({decision.reason})",
+    ):
+        return []
+    store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
+    if run.node.continue_on_failure:
+        return _settle(store, run, now)
+    store.cancel_unstarted(execution_id, now)
+    store.finish_execution(
+        execution_id,
+        ExecutionStatus.FAILED,
+        now,
+        error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
+    )
+    return []
+
+
+def describe(error: BaseException) -> str:
+    text = str(error) or error.__class__.__name__
+    if isinstance(error, NodeError) or isinstance(error, ConveyorError):
+        return text
+    return f"{error.__class__.__name__}: {text}"
+
+
+def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
+    """Propagate a settled node to its successors; finish the execution when all settled."""
+    execution, workflow = run.execution, run.workflow
+    _, shape = load_workflow(store, execution.workflow_id)
+    dispatches: list[Dispatch] = []
+    settled = 1
+    frontier = [run.node.id]
+    while frontier:
+        done = frontier.pop()
+        for successor_id in sorted(shape.successors[done]):  # sorted: one lock order
+            if store.decrement_waiting(execution.id, successor_id) > 0:
+                continue
+            successor = workflow.node(successor_id)
+            rows = store.node_rows(execution.id, successor.needs)
+            needs = {
+                need: planning.NeedState(status=row.status, branch=row.branch)
+                for need, row in rows.items()
+            }
+            if planning.readiness(workflow, successor, needs) is planning.Readiness.SKIP:
+                store.set_node(execution.id, successor_id, NodeStatus.SKIPPED, finished_at=now)
+                settled += 1
+                frontier.append(successor_id)
+                continue
+            context = planning.template_context(
+                execution_id=str(execution.id),
+                workflow_input=execution.input,
+                outputs={need: row.output for need, row in rows.items()},
+            )
+            if d := _enqueue_node(store, execution, successor, workflow, context, now):
+                dispatches.append(d)
+    remaining = store.settle_nodes(execution.id, settled)  # last: it locks the execution row
+    if remaining == 0:
+        _finish(store, run, shape, now)
+    return dispatches
+
+
+def _finish(store: SqlStore, run: NodeRun, shape: planning.Plan, now: datetime) -> None:
+    execution = run.execution
+    rows = store.node_rows(execution.id, [n.id for n in run.workflow.nodes])
+    outputs = {node_id: row.output for node_id, row in rows.items()}
+    context = planning.template_context(
+        execution_id=str(execution.id), workflow_input=execution.input, outputs=outputs
+    )
+    try:
+        output = planning.execution_output(run.workflow, shape.sinks, outputs, context)
+    except ConveyorError as exc:
+        store.finish_execution(
+            execution.id, ExecutionStatus.FAILED, now, error=f"workflow output failed: {exc}"
+        )
+        return
+    store.finish_execution(execution.id, ExecutionStatus.COMPLETED, now, output=output)
+
+
+# -- operator actions and maintenance ------------------------------------------------------
+
+
+def cancel_execution(store: SqlStore, execution_id: uuid.UUID, now: datetime) -> None:
+    """Cancel pending nodes now; running nodes see the status and are asked to stop."""
+    status = store.execution(execution_id).status
+    if status.finished:
+        raise InvalidTransition(
+            f"execution {execution_id} is already {status.value}; only pending or running "
+            f"executions can be cancelled"
+        )
+    store.cancel_unstarted(execution_id, now)
+    store.finish_execution(
+        execution_id, ExecutionStatus.CANCELLED, now, error="cancelled by request"
+    )
+
+
+def promote_due(store: SqlStore, now: datetime, limit: int = 500) -> list[Dispatch]:
+    """Queue the retry and delay jobs whose time has come."""
+    return [
+        Dispatch(job_id=j.id, kind=j.kind, queue=j.queue, priority=j.priority)
+        for j in store.promote_due(now, limit)
+    ]

@@ -1,0 +1,76 @@
+"""Status and priority values, each with the meaning it has in the tables."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ExecutionStatus(str, Enum):
+    PENDING = "pending"  # created with its start job; nodes not planned yet
+    RUNNING = "running"  # planned; at least one node is not settled
+    COMPLETED = "completed"  # every node settled and none failed the execution
+    FAILED = "failed"  # a node exhausted its tries (or planning failed)
+    CANCELLED = "cancelled"  # an operator or application cancelled it
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED_EXECUTION
+
+
+FINISHED_EXECUTION = frozenset(
+    {ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.CANCELLED}
+)
+
+
+class JobStatus(str, Enum):
+    QUEUED = "queued"  # committed and published (or about to be); a worker may claim it
+    PROCESSING = "processing"  # claimed by a worker, a try is running
+    RETRY_WAIT = "retry_wait"  # a try failed; waits in the database until next_run_at
+    SCHEDULED = "scheduled"  # waits in the database until next_run_at (delay nodes)
+    COMPLETED = "completed"  # the work is done and its result recorded
+    DEAD_LETTER = "dead_letter"  # tries exhausted or not retryable; an operator may requeue
+    CANCELLED = "cancelled"  # its execution was cancelled before the job ran
+
+
+WAITING_JOB = frozenset({JobStatus.RETRY_WAIT, JobStatus.SCHEDULED})
+
+
+class NodeStatus(str, Enum):
+    PENDING = "pending"  # waits for its needs to settle
+    QUEUED = "queued"  # its job exists and waits for a worker (or for its time)
+    RUNNING = "running"  # a worker is running it
+    COMPLETED = "completed"  # ran and stored its output
+    FAILED = "failed"  # exhausted its tries
+    SKIPPED = "skipped"  # on a branch a condition did not take, or all its needs skipped
+    CANCELLED = "cancelled"  # its execution was cancelled before it settled
+
+    @property
+    def settled(self) -> bool:
+        return self in SETTLED_NODE
+
+
+SETTLED_NODE = frozenset(
+    {
+        NodeStatus.COMPLETED,
+        NodeStatus.FAILED,
+        NodeStatus.SKIPPED,
+        NodeStatus.CANCELLED,
+    }
+)
+
+
+class AttemptStatus(str, Enum):
+    RUNNING = "running"  # the try has started and not reported
+    SUCCEEDED = "succeeded"  # the try returned a result
+    FAILED = "failed"  # the try raised, timed out or was abandoned
+
+
+class Priority(str, Enum):
+    HIGH = "high"  # user-triggered work and webhook responses
+    NORMAL = "normal"  # scheduled runs and standard automation
+    LOW = "low"  # background and clean-up work
+
+
+class JobKind(str, Enum):
+    EXECUTION = "execution"  # plans an execution's DAG (queue workflow-execution)
+    NODE = "node"  # runs one node (queue workflow-node)

@@ -1,0 +1,103 @@
+"""Node inputs may refer to the workflow input and to predecessors' outputs.
+
+Templates are Jinja2 in its immutable sandbox: attribute and item access, arithmetic, filters,
+comparisons — never Python's ``eval``. A string that is exactly one ``{{ expression }}`` yields
+the expression's native value (a number stays a number, a dict a dict); any other string with
+``{{ }}`` renders to text. The names in scope are ``input`` (the execution's input), ``nodes``
+(``nodes.<id>`` is that predecessor's output) and ``execution`` (``execution.id``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from jinja2 import StrictUndefined, nodes
+from jinja2.exceptions import SecurityError
+from jinja2.exceptions import TemplateError as JinjaTemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from conveyor.exceptions import TemplateError
+
+_ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+_WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
+
+
+def is_template(value: str) -> bool:
+    return "{{" in value or "{%" in value
+
+
+def render_value(value: Any, context: Mapping[str, Any]) -> Any:
+    """Render every template string inside ``value`` (recursively through lists and dicts)."""
+    if isinstance(value, str):
+        return _render_string(value, context)
+    if isinstance(value, list):
+        return [render_value(v, context) for v in value]
+    if isinstance(value, dict):
+        return {k: render_value(v, context) for k, v in value.items()}
+    return value
+
+
+def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
+    """Evaluate one sandboxed expression (as used by condition nodes)."""
+    try:
+        return _ENV.compile_expression(expression, undefined_to_none=False)(**context)
+    except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise TemplateError(f"expression {expression!r} failed: {exc}") from exc
+
+
+def _render_string(value: str, context: Mapping[str, Any]) -> Any:
+    if not is_template(value):
+        return value
+    whole = _WHOLE.match(value)
+    if whole and "}}" not in whole.group("expr"):
+        return evaluate(whole.group("expr"), context)
+    try:
+        return _ENV.from_string(value).render(**context)
+    except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise TemplateError(f"template {value!r} failed: {exc}") from exc
+
+
+def syntax_error(value: str, *, expression: bool = False) -> str | None:
+    """The syntax error in a template or expression, or None when it parses."""
+    try:
+        _parse(value, expression=expression)
+    except JinjaTemplateError as exc:
+        return str(exc)
+    return None
+
+
+def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
+    """The node ids a template refers to as ``nodes.<id>`` or ``nodes['<id>']``."""
+    found: set[str] = set()
+    for text in _strings(value):
+        if not expression and not is_template(text):
+            continue
+        try:
+            tree = _parse(text, expression=expression)
+        except JinjaTemplateError:
+            continue
+        for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+            target = node.node
+            if isinstance(target, nodes.Name) and target.name == "nodes":
+                if isinstance(node, nodes.Getattr):
+                    found.add(node.attr)
+                elif isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
+                    found.add(node.arg.value)
+    return found
+
+
+def _parse(text: str, *, expression: bool) -> nodes.Template:
+    return _ENV.parse("{{ " + text + " }}" if expression else text)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)

@@ -1,0 +1,308 @@
+"""Validation of workflow definitions: every error at once, each naming the node and the fix.
+
+Pure: a definition (parsed YAML/JSON or a :class:`Workflow`) in, a list of messages out.
+Structure errors from pydantic and cross-node errors (duplicates, missing needs, cycles, unknown
+types, branch and template references) are reported together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from conveyor.engine import templates
+from conveyor.engine.definitions import NODE_TYPES, Workflow
+from conveyor.exceptions import DefinitionError
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+_CONFIG_KEYS: dict[str, set[str]] = {
+    "python": {"function"},
+    "http": {"url", "method", "headers", "params", "json", "body"},
+    "delay": {"seconds"},
+    "condition": {"expression", "if_true", "if_false"},
+}
+
+
+def parse_workflow(
+    data: Mapping[str, Any] | Workflow,
+    *,
+    source: str | None = None,
+    known_functions: Collection[str] | None = None,
+) -> Workflow:
+    """A valid :class:`Workflow`, or :class:`DefinitionError` listing every problem."""
+    raw = data.model_dump(mode="json") if isinstance(data, Workflow) else data
+    errors = validate(raw, known_functions=known_functions)
+    if errors:
+        raise DefinitionError(errors, source)
+    return Workflow.model_validate(raw)
+
+
+def validate(
+    data: Mapping[str, Any], *, known_functions: Collection[str] | None = None
+) -> list[str]:
+    """Every problem in a definition; an empty list means it is valid.
+
+    ``known_functions``, when given, is the set of registered python-node functions; a node
+    naming any other function is an error.
+    """
+    if not isinstance(data, Mapping):
+        return ["the definition must be a mapping with 'name' and 'nodes'"]
+    raw_nodes = data.get("nodes")
+    nodes = [n for n in raw_nodes if isinstance(n, Mapping)] if isinstance(raw_nodes, list) else []
+    errors = _structure_errors(data, nodes)
+    errors += _graph_errors(nodes)
+    for node in nodes:
+        errors += _node_errors(node, nodes, known_functions)
+    return list(dict.fromkeys(errors))
+
+
+def _label(nodes: list[Mapping[str, Any]], index: int) -> str:
+    node_id = nodes[index].get("id") if index < len(nodes) else None
+    return f"node {node_id!r}" if isinstance(node_id, str) else f"nodes[{index}]"
+
+
+def _structure_errors(data: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[str]:
+    try:
+        Workflow.model_validate(data)
+    except ValidationError as exc:
+        out = []
+        for err in exc.errors():
+            loc = list(err["loc"])
+            if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
+                where = _label(nodes, loc[1])
+                field = ".".join(str(p) for p in loc[2:]) or "node"
+            else:
+                where = "workflow"
+                field = ".".join(str(p) for p in loc) or "definition"
+            if field == "type" and where != "workflow":
+                continue  # reported with the list of known types below
+            out.append(f"{where}: {field}: {_pydantic_message(err)}")
+        return out
+    return []
+
+
+def _pydantic_message(err: Any) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown field; remove it (see docs/definitions.md for the fields)"
+    if err["type"] == "missing":
+        return "required; add it"
+    return str(err["msg"])
+
+
+def _ids(nodes: list[Mapping[str, Any]]) -> list[str]:
+    return [n["id"] for n in nodes if isinstance(n.get("id"), str)]
+
+
+def _needs(node: Mapping[str, Any]) -> list[str]:
+    needs = node.get("needs", [])
+    return [n for n in needs if isinstance(n, str)] if isinstance(needs, list) else []
+
+
+def _graph_errors(nodes: list[Mapping[str, Any]]) -> list[str]:
+    errors = []
+    ids = _ids(nodes)
+    seen: set[str] = set()
+    for node_id in ids:
+        if node_id in seen:
+            errors.append(f"node {node_id!r}: duplicate id; give each node a unique id")
+        seen.add(node_id)
+    for node in nodes:
+        node_id = node.get("id")
+        for need in _needs(node):
+            if need not in seen:
+                errors.append(
+                    f"node {node_id!r}: needs {need!r}, which is not a node of this workflow; "
+                    f"fix the name or add the node"
+                )
+            elif need == node_id:
+                errors.append(f"node {node_id!r}: needs itself; remove {need!r} from its needs")
+    cycle = find_cycle({n["id"]: _needs(n) for n in nodes if isinstance(n.get("id"), str)})
+    if cycle and len(cycle) > 2:
+        path = " -> ".join(cycle)
+        errors.append(
+            f"cycle between nodes {', '.join(repr(c) for c in cycle[:-1])} ({path}); "
+            f"remove one of these needs so the graph is acyclic"
+        )
+    return errors
+
+
+def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
+    """One cycle as a closed path (first id repeated at the end), or None if acyclic."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    for start in needs:
+        if state.get(start):
+            continue
+        stack: list[tuple[str, int]] = [(start, 0)]
+        path: list[str] = []
+        while stack:
+            node, i = stack.pop()
+            if i == 0:
+                state[node] = 1
+                path.append(node)
+            deps = [d for d in needs.get(node, []) if d in needs]
+            if i < len(deps):
+                stack.append((node, i + 1))
+                dep = deps[i]
+                if state.get(dep) == 1:
+                    return [*path[path.index(dep) :], dep]
+                if not state.get(dep):
+                    stack.append((dep, 0))
+            else:
+                state[node] = 2
+                path.pop()
+    return None
+
+
+def _node_errors(
+    node: Mapping[str, Any],
+    nodes: list[Mapping[str, Any]],
+    known_functions: Collection[str] | None,
+) -> list[str]:
+    node_id = node.get("id")
+    label = f"node {node_id!r}"
+    node_type = node.get("type")
+    if not isinstance(node_type, str) or node_type not in NODE_TYPES:
+        return [
+            f"{label}: unknown type {node_type!r}; use one of {', '.join(NODE_TYPES)} "
+            f"(python code is registered with @conveyor.node and named in config.function)"
+        ]
+    config = node.get("config", {})
+    if not isinstance(config, Mapping):
+        return []  # reported as a structure error
+    errors = [
+        f"{label}: config.{key} is not a {node_type} setting; use {sorted(_CONFIG_KEYS[node_type])}"
+        for key in config
+        if key not in _CONFIG_KEYS[node_type]
+    ]
+    checker = {
+        "python": _python_errors,
+        "http": _http_errors,
+        "delay": _delay_errors,
+        "condition": _condition_errors,
+    }[node_type]
+    errors += [f"{label}: {e}" for e in checker(config, node, nodes, known_functions)]
+    errors += [f"{label}: {e}" for e in _template_errors(node)]
+    return errors
+
+
+def _python_errors(
+    config: Mapping[str, Any],
+    node: Mapping[str, Any],
+    nodes: list[Mapping[str, Any]],
+    known: Collection[str] | None,
+) -> list[str]:
+    fn = config.get("function")
+    if not isinstance(fn, str) or not fn:
+        return ["config.function is required: the name a function was registered under"]
+    if known is not None and fn not in known:
+        hint = f" (registered: {', '.join(sorted(known))})" if known else ""
+        return [
+            f"config.function {fn!r} is not registered{hint}; decorate it with "
+            f"@conveyor.node({fn!r}) in a module listed in CONVEYOR_IMPORTS"
+        ]
+    return []
+
+
+def _http_errors(
+    config: Mapping[str, Any],
+    node: Mapping[str, Any],
+    nodes: list[Mapping[str, Any]],
+    known: Collection[str] | None,
+) -> list[str]:
+    errors = []
+    url = config.get("url")
+    if not isinstance(url, str) or not url:
+        errors.append("config.url is required, e.g. https://api.example.com/items")
+    elif not templates.is_template(url) and not url.startswith(("http://", "https://")):
+        errors.append(f"config.url {url!r} must start with http:// or https://")
+    method = config.get("method", "GET")
+    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
+        errors.append(f"config.method {method!r} is not one of {', '.join(HTTP_METHODS)}")
+    for key in ("headers", "params"):
+        if key in config and not isinstance(config[key], Mapping):
+            errors.append(f"config.{key} must be a mapping of names to values")
+    if "json" in config and "body" in config:
+        errors.append("config.json and config.body are exclusive; keep one")
+    return errors
+
+
+def _delay_errors(
+    config: Mapping[str, Any],
+    node: Mapping[str, Any],
+    nodes: list[Mapping[str, Any]],
+    known: Collection[str] | None,
+) -> list[str]:
+    seconds = config.get("seconds")
+    if isinstance(seconds, str) and templates.is_template(seconds):
+        return []
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        return ["config.seconds is required: a number of seconds >= 0, or a template"]
+    return []
+
+
+def _condition_errors(
+    config: Mapping[str, Any],
+    node: Mapping[str, Any],
+    nodes: list[Mapping[str, Any]],
+    known: Collection[str] | None,
+) -> list[str]:
+    errors = []
+    expression = config.get("expression")
+    if not isinstance(expression, str) or not expression.strip():
+        errors.append('config.expression is required, e.g. "input.amount > 100"')
+    elif problem := templates.syntax_error(expression, expression=True):
+        errors.append(f"config.expression {expression!r} does not parse: {problem}")
+    by_id = {n["id"]: n for n in nodes if isinstance(n.get("id"), str)}
+    branches = 0
+    for key in ("if_true", "if_false"):
+        targets = config.get(key, [])
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            errors.append(f"config.{key} must be a list of node ids")
+            continue
+        branches += len(targets)
+        for target in targets:
+            if target not in by_id:
+                errors.append(f"config.{key} names {target!r}, which is not a node; fix the name")
+            elif node.get("id") not in _needs(by_id[target]):
+                errors.append(
+                    f"config.{key} names {target!r}, which does not need {node.get('id')!r}; "
+                    f"add {node.get('id')!r} to the needs of {target!r}"
+                )
+    if not branches:
+        errors.append("config.if_true or config.if_false must name at least one node")
+    return errors
+
+
+def _template_errors(node: Mapping[str, Any]) -> list[str]:
+    errors = []
+    needs = set(_needs(node))
+    for key in ("inputs", "config"):
+        section = node.get(key)
+        if not isinstance(section, Mapping):
+            continue
+        for name, value in section.items():
+            if key == "config" and name == "expression":
+                refs = templates.referenced_nodes(value, expression=True)
+            else:
+                for text in _template_strings(value):
+                    if problem := templates.syntax_error(text):
+                        errors.append(f"{key}.{name}: template {text!r} does not parse: {problem}")
+                refs = templates.referenced_nodes(value)
+            for ref in sorted(refs - needs):
+                errors.append(
+                    f"{key}.{name} refers to nodes.{ref}, but {ref!r} is not in needs; "
+                    f"add it to needs (a node reads only its predecessors' outputs)"
+                )
+    return errors
+
+
+def _template_strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value] if templates.is_template(value) else []
+    if isinstance(value, list):
+        return [s for v in value for s in _template_strings(v)]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _template_strings(v)]
+    return []

@@ -1,0 +1,97 @@
+"""One rooted exception tree. Each class's docstring is its default message."""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Conveyor failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(ConveyorError):
+    """Conveyor is misconfigured; check the CONVEYOR_* environment variables."""
+
+
+class DefinitionError(ConveyorError):
+    """The workflow definition is invalid."""
+
+    def __init__(self, errors: list[str], source: str | None = None) -> None:
+        self.errors = list(errors)
+        where = f" in {source}" if source else ""
+        lines = "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(f"{len(self.errors)} error(s){where}:\n{lines}")
+
+
+class NotFound(ConveyorError):
+    """The requested object does not exist."""
+
+
+class WorkflowNotFound(NotFound):
+    """No workflow has that name; apply its definition first (conveyor workflow apply FILE)."""
+
+
+class ExecutionNotFound(NotFound):
+    """No execution has that id; list them with `conveyor executions list`."""
+
+
+class TenantNotFound(NotFound):
+    """No tenant has that name."""
+
+
+class StoreError(ConveyorError):
+    """The database refused the operation."""
+
+
+class DispatchError(ConveyorError):
+    """The message could not be published to the broker; the job stays queued in the database."""
+
+
+class InvalidTransition(ConveyorError):
+    """The object is not in a state that allows this operation."""
+
+
+class TemplateError(ConveyorError):
+    """A node input template could not be rendered."""
+
+
+class NodeError(ConveyorError):
+    """A node failed.
+
+    Raise it (or a subclass) from a node function to control retries: ``retryable=False``
+    dead-letters the job at once instead of trying again.
+    """
+
+    def __init__(self, message: str | None = None, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class NonRetryableError(NodeError):
+    """The node failed in a way that trying again cannot fix."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, retryable=False)
+
+
+class NodeTimeout(NodeError):
+    """The node ran past its timeout."""
+
+
+class NodeCancelled(NodeError):
+    """The execution was cancelled while the node was running."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message, retryable=False)
+
+
+class UnknownFunction(NodeError):
+    """The python node names a function that is not registered in this worker."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"function {name!r} is not registered in this worker; decorate it with "
+            f"@conveyor.node({name!r}) in a module listed in CONVEYOR_IMPORTS",
+            retryable=False,
+        )

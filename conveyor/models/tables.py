@@ -1,0 +1,165 @@
+"""The tables. PostgreSQL is the source of truth; the broker only carries job ids."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from conveyor.engine.states import (
+    AttemptStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+    Priority,
+)
+from conveyor.models.base import Base, JsonType, UTCDateTime, new_id, utcnow
+
+
+def _enum(cls: type[Any], name: str) -> Enum:
+    # Stored as short strings (no native PG enum) so adding a member needs no type migration.
+    return Enum(
+        cls,
+        name=name,
+        native_enum=False,
+        create_constraint=False,
+        length=16,
+        values_callable=lambda e: [m.value for m in e],
+    )
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkflowVersion(Base):
+    """One stored version of a workflow definition; executions pin the version they start."""
+
+    __tablename__ = "workflows"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", "version"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    digest: Mapped[str] = mapped_column(String(64))
+    definition: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Execution(Base):
+    __tablename__ = "executions"
+    __table_args__ = (Index("ix_executions_tenant_created", "tenant_id", "created_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id"))
+    status: Mapped[ExecutionStatus] = mapped_column(_enum(ExecutionStatus, "execution_status"))
+    priority: Mapped[Priority] = mapped_column(_enum(Priority, "priority"))
+    trigger: Mapped[str] = mapped_column(String(32))
+    input: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    output: Mapped[Any | None] = mapped_column(JsonType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    remaining_nodes: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class NodeState(Base):
+    """The state storage: one row per node of an execution, with its output once it ran."""
+
+    __tablename__ = "node_states"
+    __table_args__ = (UniqueConstraint("execution_id", "node_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    execution_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("executions.id", ondelete="CASCADE"))
+    node_id: Mapped[str] = mapped_column(String(100))
+    status: Mapped[NodeStatus] = mapped_column(_enum(NodeStatus, "node_status"))
+    waiting_on: Mapped[int] = mapped_column(Integer)
+    branch: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    output: Mapped[Any | None] = mapped_column(JsonType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Job(Base):
+    """One unit of queued work. queued -> processing -> completed, or -> retry_wait -> queued,
+    or -> dead_letter."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index(
+            "uq_jobs_execution_node",
+            "execution_id",
+            "node_id",
+            unique=True,
+            postgresql_where=text("node_id IS NOT NULL"),
+            sqlite_where=text("node_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_jobs_waiting_due",
+            "next_run_at",
+            postgresql_where=text("status IN ('retry_wait', 'scheduled')"),
+            sqlite_where=text("status IN ('retry_wait', 'scheduled')"),
+        ),
+        Index("ix_jobs_status", "status"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    kind: Mapped[JobKind] = mapped_column(_enum(JobKind, "job_kind"))
+    queue: Mapped[str] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"))
+    priority: Mapped[Priority] = mapped_column(_enum(Priority, "priority"))
+    max_retries: Mapped[int] = mapped_column(Integer, default=0)
+    retry_count: Mapped[int] = mapped_column(Integer, default=0)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id"))
+    execution_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("executions.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    next_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class JobAttempt(Base):
+    """One try of a job, with its outcome and duration."""
+
+    __tablename__ = "job_attempts"
+    __table_args__ = (UniqueConstraint("job_id", "attempt_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[AttemptStatus] = mapped_column(_enum(AttemptStatus, "attempt_status"))
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    duration: Mapped[float | None] = mapped_column(Float, nullable=True)
+    timed_out: Mapped[bool] = mapped_column(Boolean, default=False)

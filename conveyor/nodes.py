@@ -1,0 +1,212 @@
+"""Node types and the registry of python node functions.
+
+A definition can only name functions registered here with :func:`node`; it can never reach an
+arbitrary import path. Workers import the modules listed in ``CONVEYOR_IMPORTS`` at start-up,
+and those modules register their functions::
+
+    import conveyor
+
+    @conveyor.node("send_invoice")
+    def send_invoice(invoice_id: int, ctx: conveyor.NodeContext) -> dict[str, str]:
+        ...  # use ctx.idempotency_key for side effects
+
+Inputs arrive as keyword arguments; a parameter named ``ctx`` receives the :class:`NodeContext`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import httpx
+
+from conveyor.engine import templates
+from conveyor.engine.definitions import Node
+from conveyor.exceptions import (
+    NodeCancelled,
+    NodeError,
+    NodeTimeout,
+    NonRetryableError,
+    UnknownFunction,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeContext:
+    """What a running node knows about itself."""
+
+    execution_id: str
+    node_id: str
+    attempt: int
+    cancel_event: threading.Event = field(default_factory=threading.Event, compare=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across retries of this node in this execution: key side effects with it."""
+        return f"{self.execution_id}:{self.node_id}"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the execution was cancelled or the try timed out: stop soon."""
+        return self.cancel_event.is_set()
+
+
+class NodeFunction(Protocol):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_REGISTRY: dict[str, Callable[..., Any]] = {}
+_lock = threading.Lock()
+
+
+def node(name: str) -> Callable[[F], F]:
+    """Register a function as the python node ``name``."""
+
+    def register(fn: F) -> F:
+        with _lock:
+            existing = _REGISTRY.get(name)
+            if existing is not None and existing is not fn and _qualname(existing) != _qualname(fn):
+                raise ValueError(
+                    f"node function {name!r} is already registered by {_qualname(existing)}; "
+                    f"pick another name"
+                )
+            _REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def registered_functions() -> frozenset[str]:
+    return frozenset(_REGISTRY)
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def execute(
+    node_def: Node, context: dict[str, Any], ctx: NodeContext, timeout: float | None
+) -> Any:
+    """Run one node and return its JSON-serializable output; raise NodeError on failure."""
+    inputs = templates.render_value(node_def.inputs, context)
+    if node_def.type == "python":
+        fn = _REGISTRY.get(node_def.config["function"])
+        if fn is None:
+            raise UnknownFunction(node_def.config["function"])
+        result = _call_python(fn, inputs, ctx, timeout)
+    elif node_def.type == "http":
+        config = templates.render_value(node_def.config, context)
+        result = _call_http(config, timeout)
+    elif node_def.type == "condition":
+        value = templates.evaluate(node_def.config["expression"], {**context, "inputs": inputs})
+        result = {"result": bool(value), "branch": "if_true" if value else "if_false"}
+    elif node_def.type == "delay":
+        seconds = templates.render_value(node_def.config["seconds"], context)
+        result = {"delayed_seconds": float(seconds)}
+    else:  # validation refuses unknown types; a stored definition may predate a removal
+        raise NonRetryableError(f"node type {node_def.type!r} is not supported by this worker")
+    return _ensure_json(result)
+
+
+def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
+    """How long a delay node waits, rendered from its config."""
+    value = templates.render_value(node_def.config["seconds"], context)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError) as exc:
+        raise NonRetryableError(f"delay seconds {value!r} is not a number") from exc
+    if seconds < 0:
+        raise NonRetryableError(f"delay seconds {seconds} is negative")
+    return seconds
+
+
+def _ensure_json(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise NonRetryableError(
+            f"the node returned a value that is not JSON-serializable ({exc}); "
+            f"return dicts, lists, strings, numbers, booleans or None"
+        ) from exc
+    return value
+
+
+def _call_python(
+    fn: Callable[..., Any], inputs: dict[str, Any], ctx: NodeContext, timeout: float | None
+) -> Any:
+    kwargs = dict(inputs)
+    if "ctx" in inspect.signature(fn).parameters:
+        kwargs["ctx"] = ctx
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(**kwargs)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    # The function runs on its own thread so that a timeout or a cancel frees this worker
+    # slot at once; the abandoned thread is told to stop through ctx.cancelled.
+    thread = threading.Thread(target=target, name=f"conveyor-node-{ctx.node_id}", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        remaining = None if timeout is None else timeout - (time.monotonic() - started)
+        if remaining is not None and remaining <= 0:
+            ctx.cancel_event.set()
+            raise NodeTimeout(f"node {ctx.node_id!r} ran past its timeout of {timeout:g} s")
+        if ctx.cancelled:
+            raise NodeCancelled(f"node {ctx.node_id!r} was stopped: its execution was cancelled")
+        thread.join(0.2 if remaining is None else min(0.2, remaining))
+    if "error" in outcome:
+        error = outcome["error"]
+        if isinstance(error, NodeError):
+            raise error
+        if isinstance(error, TypeError) and _is_signature_error(fn, kwargs):
+            raise NonRetryableError(f"inputs do not match the function: {error}") from error
+        raise error
+    return outcome.get("value")
+
+
+def _is_signature_error(fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError:
+        return True
+    return False
+
+
+def _call_http(config: dict[str, Any], timeout: float | None) -> Any:
+    method = str(config.get("method", "GET")).upper()
+    url = str(config["url"])
+    try:
+        response = httpx.request(
+            method,
+            url,
+            headers=config.get("headers"),
+            params=config.get("params"),
+            json=config.get("json"),
+            content=config.get("body"),
+            timeout=timeout or 30.0,
+        )
+    except httpx.TimeoutException as exc:
+        raise NodeTimeout(f"{method} {url} timed out after {timeout or 30.0:g} s") from exc
+    except httpx.HTTPError as exc:
+        raise NodeError(f"{method} {url} failed: {exc}") from exc
+    if not response.is_success:
+        retryable = response.status_code >= 500 or response.status_code in (408, 425, 429)
+        raise NodeError(
+            f"{method} {url} answered {response.status_code} {response.reason_phrase}",
+            retryable=retryable,
+        )
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = response.text
+    return {"status": response.status_code, "body": body}

@@ -1,0 +1,149 @@
+"""The application service: what the CLI, the Celery tasks and (later) the API call.
+
+Each method is one or two transactions through :class:`Database`, publishing through the
+:class:`Dispatcher` only after commit. Nothing here knows Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from conveyor import nodes
+from conveyor.engine import runner
+from conveyor.engine.definitions import Workflow
+from conveyor.engine.ports import Dispatcher
+from conveyor.engine.records import Dispatch, WorkflowRecord
+from conveyor.engine.states import ExecutionStatus, Priority
+from conveyor.nodes import NodeContext
+from conveyor.store import DEFAULT_TENANT, Database
+
+log = logging.getLogger("conveyor")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Conveyor:
+    """Triggers, runs and steers executions over a database and a dispatcher."""
+
+    def __init__(self, database: Database, dispatcher: Dispatcher, *, worker: str = "") -> None:
+        self.db = database
+        self.dispatcher = dispatcher
+        self.worker = worker
+        self.cancel_poll = 1.0
+        self._rng = random.Random()
+
+    # -- applications -----------------------------------------------------------------------
+
+    def apply(
+        self, workflow: Workflow, tenant: str = DEFAULT_TENANT
+    ) -> tuple[WorkflowRecord, bool]:
+        return self.db.run(lambda s: runner.apply_workflow(s, tenant, workflow, utcnow()))
+
+    def trigger(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        priority: Priority | None = None,
+        source: str = "api",
+    ) -> uuid.UUID:
+        """Start an execution; its start job is published once the row is committed."""
+        result = self.db.run(
+            lambda s: runner.trigger(
+                s,
+                workflow_name=workflow,
+                tenant=tenant,
+                input=input,
+                priority=priority,
+                source=source,
+                now=utcnow(),
+            )
+        )
+        self._publish(result.dispatches)
+        return result.execution_id
+
+    def cancel(self, execution_id: uuid.UUID) -> None:
+        self.db.run(lambda s: runner.cancel_execution(s, execution_id, utcnow()))
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def start_execution(self, job_id: uuid.UUID) -> None:
+        self._publish(
+            self.db.run(lambda s: runner.start_execution(s, job_id, utcnow(), self.worker))
+        )
+
+    def run_node(self, job_id: uuid.UUID) -> None:
+        """Claim a node job, run the node outside any transaction, record the outcome."""
+        run = self.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), self.worker))
+        if run is None:
+            log.info("job %s is not queued any more; message dropped", job_id)
+            return
+        ctx = NodeContext(
+            execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
+        )
+        watcher = self._watch_cancel(run.execution.id, ctx)
+        started = time.monotonic()
+        try:
+            output = nodes.execute(run.node, run.context, ctx, run.timeout)
+        except Exception as exc:
+            duration = time.monotonic() - started
+            log.warning(
+                "node %s of execution %s failed (attempt %s): %s",
+                run.node.id,
+                run.execution.id,
+                run.attempt,
+                runner.describe(exc),
+            )
+            dispatches = self.db.run(
+                lambda s: runner.fail_node(s, run, exc, utcnow(), duration, self._rng)
+            )
+        else:
+            duration = time.monotonic() - started
+            dispatches = self.db.run(
+                lambda s: runner.complete_node(s, run, output, utcnow(), duration)
+            )
+        finally:
+            watcher.set()
+        self._publish(dispatches)
+
+    def promote_due(self, limit: int = 500) -> int:
+        """Publish the retry and delay jobs whose time has come; how many were published."""
+        dispatches = self.db.run(lambda s: runner.promote_due(s, utcnow(), limit))
+        self._publish(dispatches)
+        return len(dispatches)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _publish(self, dispatches: Sequence[Dispatch]) -> None:
+        if not dispatches:
+            return
+        try:
+            self.dispatcher.publish(dispatches)
+        except Exception:
+            # The jobs are committed as queued; the recovery sweep re-publishes them.
+            log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))
+
+    def _watch_cancel(self, execution_id: uuid.UUID, ctx: NodeContext) -> threading.Event:
+        """Poll the execution's status while the node runs; set ctx's cancel flag if it ends."""
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(self.cancel_poll):
+                with self.db.transaction() as store:
+                    status = store.execution_status(execution_id)
+                if status is not None and status is not ExecutionStatus.RUNNING:
+                    ctx.cancel_event.set()
+                    return
+
+        threading.Thread(target=watch, name="conveyor-cancel-watch", daemon=True).start()
+        return done

@@ -1,0 +1,60 @@
+"""The unit of work: one transaction, retried whole when the database asks for it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from conveyor.exceptions import StoreError
+from conveyor.store.db import make_engine, make_sessionmaker
+from conveyor.store.sql import SqlStore
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# PostgreSQL: deadlock detected, serialization failure. SQLite: a writer waited too long.
+_RETRY_SQLSTATES = {"40P01", "40001"}
+
+
+class Database:
+    """Owns the engine; hands out stores bound to one transaction each."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine: Engine = make_engine(url)
+        self._sessions = make_sessionmaker(self.engine)
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqlStore]:
+        """A store whose work commits when the block exits, or rolls back on an error."""
+        with self._sessions() as session, session.begin():
+            yield SqlStore(session)
+
+    def run(self, work: Callable[[SqlStore], T], *, attempts: int = 5) -> T:
+        """Run ``work`` in a transaction, again from the start on a deadlock or lock timeout."""
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.transaction() as store:
+                    return work(store)
+            except DBAPIError as exc:
+                if attempt == attempts or not _retryable(exc):
+                    raise
+                log.warning("transaction conflict, retrying (%s): %s", attempt, exc.orig)
+                time.sleep(0.01 * 2**attempt)
+        raise StoreError("unreachable")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if sqlstate in _RETRY_SQLSTATES:
+        return True
+    return isinstance(exc, OperationalError) and "database is locked" in str(exc.orig)

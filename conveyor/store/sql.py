@@ -1,0 +1,494 @@
+"""All SQL lives here. The store never commits: the caller owns the unit of work.
+
+Every state change of a job or an execution is a guarded UPDATE that only succeeds from the
+expected status, so a message delivered twice, or two workers racing, change nothing twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from conveyor.engine.records import ExecutionRecord, JobRecord, WorkflowRecord
+from conveyor.engine.states import (
+    WAITING_JOB,
+    AttemptStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+    Priority,
+)
+from conveyor.exceptions import (
+    ExecutionNotFound,
+    StoreError,
+    TenantNotFound,
+    WorkflowNotFound,
+)
+from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
+
+DEFAULT_TENANT = "default"
+_ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+
+
+def _job(row: Job) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        kind=row.kind,
+        queue=row.queue,
+        status=row.status,
+        priority=row.priority,
+        max_retries=row.max_retries,
+        retry_count=row.retry_count,
+        tenant_id=row.tenant_id,
+        workflow_id=row.workflow_id,
+        execution_id=row.execution_id,
+        node_id=row.node_id,
+    )
+
+
+def _execution(row: Execution) -> ExecutionRecord:
+    return ExecutionRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        workflow_id=row.workflow_id,
+        status=row.status,
+        priority=row.priority,
+        input=row.input,
+        created_at=row.created_at,
+    )
+
+
+def _workflow(row: WorkflowVersion) -> WorkflowRecord:
+    return WorkflowRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        version=row.version,
+        digest=row.digest,
+        definition=row.definition,
+        created_at=row.created_at,
+    )
+
+
+class SqlStore:
+    """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    # -- tenants --------------------------------------------------------------------------
+
+    def tenant_id(self, name: str) -> uuid.UUID:
+        found = self.session.scalar(select(Tenant.id).where(Tenant.name == name))
+        if found is not None:
+            return found
+        if name == DEFAULT_TENANT:
+            return self.create_tenant(name)
+        raise TenantNotFound(
+            f"no tenant is named {name!r}; create it with `conveyor tenants create {name}`"
+        )
+
+    def create_tenant(self, name: str) -> uuid.UUID:
+        tenant = Tenant(name=name)
+        try:
+            with self.session.begin_nested():
+                self.session.add(tenant)
+        except IntegrityError as exc:
+            found = self.session.scalar(select(Tenant.id).where(Tenant.name == name))
+            if found is None:
+                raise StoreError(f"could not create tenant {name!r}") from exc
+            return found
+        return tenant.id
+
+    def tenant_names(self) -> list[str]:
+        return list(self.session.scalars(select(Tenant.name).order_by(Tenant.name)))
+
+    # -- workflows ------------------------------------------------------------------------
+
+    def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None:
+        row = self.session.scalar(
+            select(WorkflowVersion)
+            .where(WorkflowVersion.tenant_id == tenant_id, WorkflowVersion.name == name)
+            .order_by(WorkflowVersion.version.desc())
+            .limit(1)
+        )
+        return _workflow(row) if row else None
+
+    def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord:
+        row = self.session.get(WorkflowVersion, workflow_id)
+        if row is None:
+            raise WorkflowNotFound(f"no workflow version has id {workflow_id}")
+        return _workflow(row)
+
+    def add_workflow_version(
+        self,
+        tenant_id: uuid.UUID,
+        name: str,
+        digest: str,
+        definition: dict[str, Any],
+        now: datetime,
+    ) -> WorkflowRecord:
+        latest = self.latest_workflow(tenant_id, name)
+        row = WorkflowVersion(
+            tenant_id=tenant_id,
+            name=name,
+            version=(latest.version + 1) if latest else 1,
+            digest=digest,
+            definition=definition,
+            created_at=now,
+        )
+        self.session.add(row)
+        self.session.flush()
+        return _workflow(row)
+
+    def list_workflows(self, tenant_id: uuid.UUID) -> list[WorkflowRecord]:
+        newest = (
+            select(WorkflowVersion.name, func.max(WorkflowVersion.version).label("v"))
+            .where(WorkflowVersion.tenant_id == tenant_id)
+            .group_by(WorkflowVersion.name)
+            .subquery()
+        )
+        rows = self.session.scalars(
+            select(WorkflowVersion)
+            .join(
+                newest,
+                (WorkflowVersion.name == newest.c.name) & (WorkflowVersion.version == newest.c.v),
+            )
+            .where(WorkflowVersion.tenant_id == tenant_id)
+            .order_by(WorkflowVersion.name)
+        )
+        return [_workflow(r) for r in rows]
+
+    # -- executions -----------------------------------------------------------------------
+
+    def add_execution(
+        self,
+        *,
+        tenant_id: uuid.UUID,
+        workflow_id: uuid.UUID,
+        input: Any,
+        priority: Priority,
+        trigger: str,
+        now: datetime,
+    ) -> uuid.UUID:
+        execution_id = uuid.uuid4()
+        self.session.execute(
+            insert(Execution).values(
+                id=execution_id,
+                tenant_id=tenant_id,
+                workflow_id=workflow_id,
+                status=ExecutionStatus.PENDING,
+                priority=priority,
+                trigger=trigger,
+                input=input,
+                remaining_nodes=0,
+                created_at=now,
+            )
+        )
+        return execution_id
+
+    def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
+        row = self.session.get(Execution, execution_id)
+        if row is None:
+            raise ExecutionNotFound(
+                f"no execution has id {execution_id}; list them with `conveyor executions list`"
+            )
+        return _execution(row)
+
+    def execution_status(self, execution_id: uuid.UUID) -> ExecutionStatus | None:
+        return self.session.scalar(select(Execution.status).where(Execution.id == execution_id))
+
+    def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
+        result = self.session.execute(
+            update(Execution)
+            .where(Execution.id == execution_id, Execution.status == ExecutionStatus.PENDING)
+            .values(status=ExecutionStatus.RUNNING, started_at=now, remaining_nodes=node_count)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def settle_nodes(self, execution_id: uuid.UUID, count: int) -> int | None:
+        """Count ``count`` more nodes as settled; the nodes still unsettled, or None if the
+        execution is no longer running. Locks the execution row: call it last."""
+        return self.session.scalar(
+            update(Execution)
+            .where(Execution.id == execution_id, Execution.status == ExecutionStatus.RUNNING)
+            .values(remaining_nodes=Execution.remaining_nodes - count)
+            .returning(Execution.remaining_nodes)
+        )
+
+    def finish_execution(
+        self,
+        execution_id: uuid.UUID,
+        status: ExecutionStatus,
+        now: datetime,
+        *,
+        output: Any = None,
+        error: str | None = None,
+    ) -> bool:
+        result = self.session.execute(
+            update(Execution)
+            .where(Execution.id == execution_id, Execution.status.in_(_ACTIVE_EXECUTION))
+            .values(status=status, finished_at=now, output=output, error=error)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> None:
+        """Cancel the jobs and nodes of an execution that have not started running."""
+        self.session.execute(
+            update(Job)
+            .where(
+                Job.execution_id == execution_id,
+                Job.status.in_([JobStatus.QUEUED, *WAITING_JOB]),
+            )
+            .values(status=JobStatus.CANCELLED, completed_at=now)
+        )
+        self.session.execute(
+            update(NodeState)
+            .where(
+                NodeState.execution_id == execution_id,
+                NodeState.status.in_([NodeStatus.PENDING, NodeStatus.QUEUED]),
+            )
+            .values(status=NodeStatus.CANCELLED, finished_at=now)
+        )
+
+    # -- node states ----------------------------------------------------------------------
+
+    def add_node_states(self, execution_id: uuid.UUID, waiting_on: Mapping[str, int]) -> None:
+        self.session.execute(
+            insert(NodeState),
+            [
+                {
+                    "execution_id": execution_id,
+                    "node_id": node_id,
+                    "status": NodeStatus.PENDING,
+                    "waiting_on": count,
+                }
+                for node_id, count in waiting_on.items()
+            ],
+        )
+
+    def set_node(
+        self, execution_id: uuid.UUID, node_id: str, status: NodeStatus, **values: Any
+    ) -> None:
+        self.session.execute(
+            update(NodeState)
+            .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
+            .values(status=status, **values)
+        )
+
+    def start_node(self, execution_id: uuid.UUID, node_id: str, now: datetime) -> None:
+        self.session.execute(
+            update(NodeState)
+            .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
+            .values(
+                status=NodeStatus.RUNNING,
+                started_at=func.coalesce(NodeState.started_at, now),
+            )
+        )
+
+    def decrement_waiting(self, execution_id: uuid.UUID, node_id: str) -> int:
+        """One more need of ``node_id`` settled; how many are still unsettled.
+
+        The row lock this takes is what makes a join start exactly once when its
+        predecessors finish at the same instant."""
+        left = self.session.scalar(
+            update(NodeState)
+            .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
+            .values(waiting_on=NodeState.waiting_on - 1)
+            .returning(NodeState.waiting_on)
+        )
+        if left is None:
+            raise StoreError(f"node {node_id!r} has no state in execution {execution_id}")
+        return left
+
+    def node_rows(self, execution_id: uuid.UUID, node_ids: Iterable[str]) -> dict[str, NodeState]:
+        rows = self.session.scalars(
+            select(NodeState).where(
+                NodeState.execution_id == execution_id, NodeState.node_id.in_(list(node_ids))
+            )
+        )
+        return {r.node_id: r for r in rows}
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    def add_job(
+        self,
+        *,
+        kind: JobKind,
+        queue: str,
+        execution: ExecutionRecord,
+        priority: Priority,
+        now: datetime,
+        node_id: str | None = None,
+        max_retries: int = 0,
+        next_run_at: datetime | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> uuid.UUID:
+        job_id = uuid.uuid4()
+        self.session.execute(
+            insert(Job).values(
+                id=job_id,
+                kind=kind,
+                queue=queue,
+                data=data or {},
+                status=JobStatus.SCHEDULED if next_run_at else JobStatus.QUEUED,
+                priority=priority,
+                max_retries=max_retries,
+                retry_count=0,
+                tenant_id=execution.tenant_id,
+                workflow_id=execution.workflow_id,
+                execution_id=execution.id,
+                node_id=node_id,
+                next_run_at=next_run_at,
+                created_at=now,
+            )
+        )
+        return job_id
+
+    def claim_job(self, job_id: uuid.UUID, now: datetime) -> JobRecord | None:
+        """queued -> processing; None when the job is not queued (a duplicate message)."""
+        row = self.session.scalars(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+            .values(status=JobStatus.PROCESSING, processed_at=now)
+            .returning(Job),
+            execution_options={"synchronize_session": False},
+        ).one_or_none()
+        return _job(row) if row else None
+
+    def job(self, job_id: uuid.UUID) -> JobRecord | None:
+        row = self.session.get(Job, job_id)
+        return _job(row) if row else None
+
+    def transition_job(
+        self, job_id: uuid.UUID, expected: JobStatus, new: JobStatus, **values: Any
+    ) -> bool:
+        result = self.session.execute(
+            update(Job).where(Job.id == job_id, Job.status == expected).values(status=new, **values)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def schedule_retry(self, job_id: uuid.UUID, next_run_at: datetime, error: str) -> bool:
+        result = self.session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING)
+            .values(
+                status=JobStatus.RETRY_WAIT,
+                retry_count=Job.retry_count + 1,
+                next_run_at=next_run_at,
+                last_error=error,
+            )
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def promote_due(self, now: datetime, limit: int) -> list[JobRecord]:
+        """Move waiting jobs whose time has come to queued, skipping rows another promoter
+        holds; the caller publishes them after commit."""
+        due = (
+            select(Job.id)
+            .where(Job.status.in_(list(WAITING_JOB)), Job.next_run_at <= now)
+            .order_by(Job.next_run_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        ids = list(self.session.scalars(due))
+        if not ids:
+            return []
+        rows = self.session.scalars(
+            update(Job)
+            .where(Job.id.in_(ids), Job.status.in_(list(WAITING_JOB)))
+            .values(status=JobStatus.QUEUED)
+            .returning(Job),
+            execution_options={"synchronize_session": False},
+        ).all()
+        return [_job(r) for r in rows]
+
+    # -- attempts -------------------------------------------------------------------------
+
+    def add_attempt(
+        self, job_id: uuid.UUID, number: int, worker: str | None, now: datetime
+    ) -> None:
+        self.session.execute(
+            insert(JobAttempt).values(
+                job_id=job_id,
+                attempt_number=number,
+                status=AttemptStatus.RUNNING,
+                worker=worker,
+                started_at=now,
+            )
+        )
+
+    def finish_attempt(
+        self,
+        job_id: uuid.UUID,
+        number: int,
+        status: AttemptStatus,
+        now: datetime,
+        duration: float,
+        *,
+        error: str | None = None,
+        timed_out: bool = False,
+    ) -> None:
+        self.session.execute(
+            update(JobAttempt)
+            .where(JobAttempt.job_id == job_id, JobAttempt.attempt_number == number)
+            .values(
+                status=status, finished_at=now, duration=duration, error=error, timed_out=timed_out
+            )
+        )
+
+    # -- reads for people -----------------------------------------------------------------
+
+    def list_executions(
+        self, tenant_id: uuid.UUID | None, *, status: ExecutionStatus | None, limit: int
+    ) -> Sequence[tuple[Execution, str, int]]:
+        query = (
+            select(Execution, WorkflowVersion.name, WorkflowVersion.version)
+            .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
+            .order_by(Execution.created_at.desc())
+            .limit(limit)
+        )
+        if tenant_id is not None:
+            query = query.where(Execution.tenant_id == tenant_id)
+        if status is not None:
+            query = query.where(Execution.status == status)
+        return [(e, n, v) for e, n, v in self.session.execute(query)]
+
+    def execution_row(self, execution_id: uuid.UUID) -> Execution:
+        row = self.session.get(Execution, execution_id)
+        if row is None:
+            raise ExecutionNotFound(
+                f"no execution has id {execution_id}; list them with `conveyor executions list`"
+            )
+        return row
+
+    def execution_nodes(self, execution_id: uuid.UUID) -> list[NodeState]:
+        return list(
+            self.session.scalars(
+                select(NodeState)
+                .where(NodeState.execution_id == execution_id)
+                .order_by(NodeState.id)
+            )
+        )
+
+    def execution_jobs(self, execution_id: uuid.UUID) -> list[tuple[Job, list[JobAttempt]]]:
+        jobs = list(
+            self.session.scalars(
+                select(Job).where(Job.execution_id == execution_id).order_by(Job.created_at)
+            )
+        )
+        attempts: dict[uuid.UUID, list[JobAttempt]] = {j.id: [] for j in jobs}
+        for attempt in self.session.scalars(
+            select(JobAttempt)
+            .where(JobAttempt.job_id.in_(list(attempts)))
+            .order_by(JobAttempt.attempt_number)
+        ):
+            attempts[attempt.job_id].append(attempt)
+        return [(j, attempts[j.id]) for j in jobs]

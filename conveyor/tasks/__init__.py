@@ -1,0 +1,90 @@
+"""Celery entry points. ``celery -A conveyor.tasks worker -Q workflow-execution,workflow-node``.
+
+Each task decodes its message (a job id), calls the service, and returns. Logic lives in
+:mod:`conveyor.engine`; a malformed message is logged and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from celery import bootsteps
+from celery.signals import worker_init, worker_process_init
+
+from conveyor import runtime
+from conveyor.config import get_settings
+from conveyor.scheduler.promoter import Promoter
+from conveyor.service import Conveyor
+from conveyor.tasks.app import create_app
+from conveyor.tasks.dispatch import CeleryDispatcher
+
+log = logging.getLogger("conveyor.tasks")
+
+app = create_app(get_settings())
+
+
+@lru_cache(maxsize=1)
+def service() -> Conveyor:
+    return Conveyor(runtime.database(), CeleryDispatcher(app), worker=runtime.worker_name())
+
+
+def _job_id(raw: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(raw))
+    except ValueError:
+        log.error("dropping a message whose job id is not a UUID: %.80r", raw)
+        return None
+
+
+@app.task(name="conveyor.execution.start", ignore_result=True)
+def start_execution(job_id: str) -> None:
+    """Plan an execution and enqueue its root nodes."""
+    if (parsed := _job_id(job_id)) is not None:
+        service().start_execution(parsed)
+
+
+@app.task(name="conveyor.node.run", ignore_result=True)
+def run_node(job_id: str) -> None:
+    """Run one node and enqueue the successors it makes ready."""
+    if (parsed := _job_id(job_id)) is not None:
+        service().run_node(parsed)
+
+
+@app.task(name="conveyor.scheduled.promote", ignore_result=True)
+def promote_due() -> int:
+    """Publish retry and delay jobs whose time has come (also done by every worker)."""
+    return service().promote_due()
+
+
+class PromoterStep(bootsteps.StartStopStep):
+    """Runs the promoter thread inside every worker's main process."""
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.promoter: Promoter | None = None
+
+    def start(self, parent: Any) -> None:
+        self.promoter = Promoter(service(), get_settings().promote_interval)
+        self.promoter.start()
+
+    def stop(self, parent: Any) -> None:
+        if self.promoter is not None:
+            self.promoter.stop()
+
+
+app.steps["worker"].add(PromoterStep)
+
+
+@worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    runtime.load_imports()
+
+
+@worker_process_init.connect
+def _on_process_init(**_: Any) -> None:
+    # A forked pool process must not share the parent's database connections.
+    runtime.database().engine.dispose(close=False)
+    runtime.load_imports()

@@ -1,0 +1,52 @@
+"""The Celery app: four queues, routing, and the settings that make delivery safe.
+
+- ``task_acks_late`` + ``worker_prefetch_multiplier=1``: a message is acknowledged only after
+  its job's outcome is committed, and a worker holds one message per process at a time.
+- Delays (retries, delay nodes) are held in the database, never in broker ETAs.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from conveyor.config import Settings
+from conveyor.engine.queues import (
+    ALL_QUEUES,
+    EXECUTION_QUEUE,
+    NODE_QUEUE,
+    SCHEDULED_QUEUE,
+    WEBHOOK_QUEUE,
+)
+
+
+def create_app(settings: Settings) -> Celery:
+    app = Celery("conveyor", broker=settings.resolved_broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        task_queues=[Queue(name, routing_key=name) for name in ALL_QUEUES],
+        task_default_queue=NODE_QUEUE,
+        task_routes={
+            "conveyor.execution.*": {"queue": EXECUTION_QUEUE},
+            "conveyor.node.*": {"queue": NODE_QUEUE},
+            "conveyor.scheduled.*": {"queue": SCHEDULED_QUEUE},
+            "conveyor.webhook.*": {"queue": WEBHOOK_QUEUE},
+        },
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            "priority_steps": list(range(10)),
+            "sep": ":",
+            "queue_order_strategy": "priority",
+        },
+        task_queue_max_priority=10,
+        task_default_priority=3,
+    )
+    return app
