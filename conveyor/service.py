@@ -96,16 +96,16 @@ class Conveyor:
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
         except Exception as exc:
-            duration = time.monotonic() - started
+            duration, error = time.monotonic() - started, exc
             log.warning(
                 "node %s of execution %s failed (attempt %s): %s",
                 run.node.id,
                 run.execution.id,
                 run.attempt,
-                runner.describe(exc),
+                runner.describe(error),
             )
             dispatches = self.db.run(
-                lambda s: runner.fail_node(s, run, exc, utcnow(), duration, self._rng)
+                lambda s: runner.fail_node(s, run, error, utcnow(), duration, self._rng)
             )
         else:
             duration = time.monotonic() - started

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from conveyor.engine import templates
@@ -18,7 +18,7 @@ from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.states import NodeStatus
 
 
-class Readiness(str, Enum):
+class Readiness(StrEnum):
     RUN = "run"  # enqueue a job for the node
     SKIP = "skip"  # settle the node as skipped without running it
 

@@ -324,7 +324,7 @@ def fail_node(
 
 def describe(error: BaseException) -> str:
     text = str(error) or error.__class__.__name__
-    if isinstance(error, NodeError) or isinstance(error, ConveyorError):
+    if isinstance(error, ConveyorError):
         return text
     return f"{error.__class__.__name__}: {text}"
 

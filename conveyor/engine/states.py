@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ExecutionStatus(str, Enum):
+class ExecutionStatus(StrEnum):
     PENDING = "pending"  # created with its start job; nodes not planned yet
     RUNNING = "running"  # planned; at least one node is not settled
     COMPLETED = "completed"  # every node settled and none failed the execution
@@ -22,7 +22,7 @@ FINISHED_EXECUTION = frozenset(
 )
 
 
-class JobStatus(str, Enum):
+class JobStatus(StrEnum):
     QUEUED = "queued"  # committed and published (or about to be); a worker may claim it
     PROCESSING = "processing"  # claimed by a worker, a try is running
     RETRY_WAIT = "retry_wait"  # a try failed; waits in the database until next_run_at
@@ -35,7 +35,7 @@ class JobStatus(str, Enum):
 WAITING_JOB = frozenset({JobStatus.RETRY_WAIT, JobStatus.SCHEDULED})
 
 
-class NodeStatus(str, Enum):
+class NodeStatus(StrEnum):
     PENDING = "pending"  # waits for its needs to settle
     QUEUED = "queued"  # its job exists and waits for a worker (or for its time)
     RUNNING = "running"  # a worker is running it
@@ -59,18 +59,18 @@ SETTLED_NODE = frozenset(
 )
 
 
-class AttemptStatus(str, Enum):
+class AttemptStatus(StrEnum):
     RUNNING = "running"  # the try has started and not reported
     SUCCEEDED = "succeeded"  # the try returned a result
     FAILED = "failed"  # the try raised, timed out or was abandoned
 
 
-class Priority(str, Enum):
+class Priority(StrEnum):
     HIGH = "high"  # user-triggered work and webhook responses
     NORMAL = "normal"  # scheduled runs and standard automation
     LOW = "low"  # background and clean-up work
 
 
-class JobKind(str, Enum):
+class JobKind(StrEnum):
     EXECUTION = "execution"  # plans an execution's DAG (queue workflow-execution)
     NODE = "node"  # runs one node (queue workflow-node)

@@ -78,14 +78,19 @@ def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
             tree = _parse(text, expression=expression)
         except JinjaTemplateError:
             continue
-        for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
-            target = node.node
-            if isinstance(target, nodes.Name) and target.name == "nodes":
-                if isinstance(node, nodes.Getattr):
-                    found.add(node.attr)
-                elif isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
-                    found.add(node.arg.value)
+        for attr in tree.find_all(nodes.Getattr):
+            if _is_nodes_name(attr.node):
+                found.add(attr.attr)
+        for item in tree.find_all(nodes.Getitem):
+            arg = item.arg
+            if _is_nodes_name(item.node) and isinstance(arg, nodes.Const):
+                if isinstance(arg.value, str):
+                    found.add(arg.value)
     return found
+
+
+def _is_nodes_name(node: nodes.Node) -> bool:
+    return isinstance(node, nodes.Name) and node.name == "nodes"
 
 
 def _parse(text: str, *, expression: bool) -> nodes.Template:

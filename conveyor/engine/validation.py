@@ -109,15 +109,15 @@ def _graph_errors(nodes: list[Mapping[str, Any]]) -> list[str]:
             errors.append(f"node {node_id!r}: duplicate id; give each node a unique id")
         seen.add(node_id)
     for node in nodes:
-        node_id = node.get("id")
+        owner = node.get("id")
         for need in _needs(node):
             if need not in seen:
                 errors.append(
-                    f"node {node_id!r}: needs {need!r}, which is not a node of this workflow; "
+                    f"node {owner!r}: needs {need!r}, which is not a node of this workflow; "
                     f"fix the name or add the node"
                 )
-            elif need == node_id:
-                errors.append(f"node {node_id!r}: needs itself; remove {need!r} from its needs")
+            elif need == owner:
+                errors.append(f"node {owner!r}: needs itself; remove {need!r} from its needs")
     cycle = find_cycle({n["id"]: _needs(n) for n in nodes if isinstance(n.get("id"), str)})
     if cycle and len(cycle) > 2:
         path = " -> ".join(cycle)

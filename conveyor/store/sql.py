@@ -306,7 +306,7 @@ class SqlStore:
         )
         if left is None:
             raise StoreError(f"node {node_id!r} has no state in execution {execution_id}")
-        return left
+        return int(left)
 
     def node_rows(self, execution_id: uuid.UUID, node_ids: Iterable[str]) -> dict[str, NodeState]:
         rows = self.session.scalars(
