@@ -55,7 +55,7 @@ class Settings(BaseSettings):
 
     @property
     def resolved_broker_url(self) -> str:
-        return self.broker_url or "memory://"
+        return self.broker_url or "memory://localhost/"
 
 
 @lru_cache(maxsize=1)

@@ -84,8 +84,7 @@ def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
         for item in tree.find_all(nodes.Getitem):
             arg = item.arg
             if _is_nodes_name(item.node) and isinstance(arg, nodes.Const):
-                if isinstance(arg.value, str):
-                    found.add(arg.value)
+                found.update([arg.value] if isinstance(arg.value, str) else [])
     return found
 
 
