@@ -1,0 +1,91 @@
+"""Node functions the integration and acceptance tests register (CONVEYOR_IMPORTS).
+
+Their side effects go to the ``test_effects`` table through plain SQL on the test database,
+so that a test run in another process (a real ``celery worker``) can be checked too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+import conveyor
+from conveyor import NodeContext
+
+_engine_lock = threading.Lock()
+_engines: dict[str, Any] = {}
+barriers: dict[str, threading.Barrier] = {}
+
+
+def _engine() -> Any:
+    url = os.environ["CONVEYOR_DATABASE_URL"]
+    with _engine_lock:
+        if url not in _engines:
+            _engines[url] = create_engine(url, pool_size=5)
+        return _engines[url]
+
+
+def record(ctx: NodeContext, value: Any = None) -> None:
+    """Write one effect row keyed by the node run; a second run of the node shows as a row."""
+    with _engine().begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO test_effects (idempotency_key, node_id, attempt, value) "
+                "VALUES (:k, :n, :a, :v)"
+            ),
+            {"k": ctx.idempotency_key, "n": ctx.node_id, "a": ctx.attempt, "v": str(value)},
+        )
+
+
+@conveyor.node("test.add")
+def add(a: float, b: float, ctx: NodeContext) -> dict[str, float]:
+    record(ctx, a + b)
+    return {"sum": a + b}
+
+
+@conveyor.node("test.sleep_add")
+def sleep_add(a: float, b: float, seconds: float, ctx: NodeContext) -> dict[str, float]:
+    time.sleep(seconds)
+    record(ctx, a + b)
+    return {"sum": a + b}
+
+
+@conveyor.node("test.flaky")
+def flaky(failures: int, ctx: NodeContext) -> dict[str, int]:
+    record(ctx, "try")
+    if ctx.attempt <= failures:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    return {"succeeded_on": ctx.attempt}
+
+
+@conveyor.node("test.fail")
+def fail(message: str, ctx: NodeContext) -> None:
+    record(ctx, "try")
+    raise RuntimeError(message)
+
+
+@conveyor.node("test.fail_permanently")
+def fail_permanently(ctx: NodeContext) -> None:
+    record(ctx, "try")
+    raise conveyor.NonRetryableError("the input can never work")
+
+
+@conveyor.node("test.barrier")
+def barrier(name: str, value: int, ctx: NodeContext) -> dict[str, int]:
+    """Wait until every parallel sibling reaches the barrier, so they all finish together."""
+    barriers[name].wait(timeout=20)
+    record(ctx, value)
+    return {"value": value}
+
+
+@conveyor.node("test.sleep")
+def sleep(seconds: float, ctx: NodeContext) -> dict[str, bool]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not ctx.cancelled:
+        time.sleep(0.02)
+    record(ctx, "slept")
+    return {"cancelled": ctx.cancelled}

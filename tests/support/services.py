@@ -1,0 +1,102 @@
+"""Real-service fixtures' helpers: the run's own PostgreSQL database and Redis db."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, text
+
+from conveyor.engine.states import ExecutionStatus
+from conveyor.models import Execution
+from conveyor.service import Conveyor
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EFFECTS_DDL = """
+CREATE TABLE test_effects (
+    id SERIAL PRIMARY KEY,
+    idempotency_key TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    value TEXT,
+    at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+)
+"""
+TABLES = "job_attempts, jobs, node_states, executions, workflows, tenants, test_effects"
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url)
+    return cfg
+
+
+def create_database(admin_url: str, name: str) -> None:
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def prepare_schema(url: str) -> None:
+    command.upgrade(alembic_config(url), "head")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(EFFECTS_DDL))
+    engine.dispose()
+
+
+def truncate(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    engine.dispose()
+
+
+def flush_redis(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+
+
+def wait_for(service: Conveyor, execution_id: uuid.UUID, timeout: float = 30.0) -> Execution:
+    """Poll until the execution finishes; fail the test with its state if it does not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with service.db.transaction() as store:
+            row = store.execution_row(execution_id)
+            nodes = {n.node_id: n.status.value for n in store.execution_nodes(execution_id)}
+        if row.status in (
+            ExecutionStatus.COMPLETED,
+            ExecutionStatus.FAILED,
+            ExecutionStatus.CANCELLED,
+        ):
+            return row
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"execution {execution_id} still {row.status.value} after {timeout} s: {nodes}"
+            )
+        time.sleep(0.05)
+
+
+def effects(url: str) -> list[dict[str, Any]]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM test_effects ORDER BY id")).mappings().all()
+    engine.dispose()
+    return [dict(r) for r in rows]
