@@ -1,0 +1,117 @@
+"""Acceptance tier: real ``celery worker`` subprocesses on their own database and Redis db.
+
+Their broker db differs from the integration tier's, so the in-process worker of that tier
+(alive for the whole session) never steals these messages.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.config import Settings
+from conveyor.service import Conveyor
+from conveyor.store import Database
+from conveyor.tasks.app import create_app
+from conveyor.tasks.dispatch import CeleryDispatcher
+from tests.conftest import PG_ADMIN_URL, REDIS_DB, RUN_ID
+from tests.support import services
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCEPTANCE_REDIS = f"redis://127.0.0.1:6379/{REDIS_DB + 1}"
+ACCEPTANCE_DB = f"conveyor_accept_{RUN_ID}"
+ACCEPTANCE_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + ACCEPTANCE_DB
+
+
+@pytest.fixture(scope="session")
+def acceptance_env() -> Iterator[dict[str, str]]:
+    services.create_database(PG_ADMIN_URL, ACCEPTANCE_DB)
+    services.prepare_schema(ACCEPTANCE_DB_URL)
+    services.flush_redis(ACCEPTANCE_REDIS)
+    env = dict(os.environ)
+    env.update(
+        CONVEYOR_DATABASE_URL=ACCEPTANCE_DB_URL,
+        CONVEYOR_BROKER_URL=ACCEPTANCE_REDIS,
+        CONVEYOR_REDIS_URL=ACCEPTANCE_REDIS,
+        PYTHONPATH=str(ROOT),
+    )
+    yield env
+    services.drop_database(PG_ADMIN_URL, ACCEPTANCE_DB)
+    services.flush_redis(ACCEPTANCE_REDIS)
+
+
+@pytest.fixture
+def client(acceptance_env: dict[str, str]) -> Iterator[Conveyor]:
+    """A service that triggers and reads, as an application would; it runs no worker."""
+    services.truncate(ACCEPTANCE_DB_URL)
+    settings = Settings(database_url=ACCEPTANCE_DB_URL, broker_url=ACCEPTANCE_REDIS)
+    database = Database(ACCEPTANCE_DB_URL)
+    yield Conveyor(database, CeleryDispatcher(create_app(settings)))
+    database.dispose()
+
+
+@pytest.fixture
+def start_worker(
+    acceptance_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start ``celery -A conveyor.tasks worker`` processes; all are stopped after the test."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(queues: str, *, concurrency: int = 2, name: str = "w") -> subprocess.Popen[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "conveyor.tasks",
+            "worker",
+            "-Q",
+            queues,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}-{RUN_ID}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        log = tmp_path / f"{name}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=acceptance_env, text=True, stdout=out, stderr=out
+            )
+        started.append(process)
+        _wait_until_ready(process, log)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in started:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _wait_until_ready(process: subprocess.Popen[str], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if "ready." in log.read_text():
+            return
+        if process.poll() is not None:
+            raise AssertionError(
+                f"celery worker exited with {process.returncode}:\n{log.read_text()}"
+            )
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"celery worker not ready after 30 s:\n{log.read_text()}")

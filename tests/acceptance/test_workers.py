@@ -1,0 +1,72 @@
+"""Real worker processes, one pool per queue, as an operator runs them in production."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from subprocess import Popen
+
+from conveyor.engine.states import ExecutionStatus, JobStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.service import Conveyor
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL
+from tests.support.services import effects, wait_for
+
+
+def python_node(node_id: str, function: str, needs: list[str], **inputs: object) -> dict:
+    return {
+        "id": node_id,
+        "type": "python",
+        "config": {"function": function},
+        "needs": needs,
+        "inputs": inputs,
+    }
+
+
+def test_separate_worker_pools_run_a_diamond_with_a_flaky_branch(
+    client: Conveyor, start_worker: Callable[..., Popen[str]]
+) -> None:
+    # Given one pool for planning and one prefork pool for nodes
+    start_worker("workflow-execution", concurrency=1, name="exec")
+    start_worker("workflow-node", concurrency=3, name="node")
+    flaky = python_node("shaky", "test.flaky", ["start"], failures=1)
+    flaky["retry"] = {"backoff": 0.2, "jitter": 0}
+    client.apply(
+        parse_workflow(
+            {
+                "name": "diamond",
+                "nodes": [
+                    python_node("start", "test.add", [], a="{{ input.x }}", b=1),
+                    python_node(
+                        "left",
+                        "test.sleep_add",
+                        ["start"],
+                        a="{{ nodes.start.sum }}",
+                        b=1,
+                        seconds=0.2,
+                    ),
+                    flaky,
+                    python_node(
+                        "join",
+                        "test.add",
+                        ["left", "shaky"],
+                        a="{{ nodes.left.sum }}",
+                        b="{{ nodes.shaky.succeeded_on }}",
+                    ),
+                ],
+            }
+        )
+    )
+
+    # When an application triggers it
+    execution_id = client.trigger("diamond", {"x": 1})
+    row = wait_for(client, execution_id, timeout=60)
+
+    # Then it completes, the flaky node having been retried by the worker's promoter
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert row.output == {"join": {"sum": 5}}
+    with client.db.transaction() as store:
+        jobs = {j.node_id: (j, a) for j, a in store.execution_jobs(execution_id)}
+    assert jobs["shaky"][0].status is JobStatus.COMPLETED and len(jobs["shaky"][1]) == 2
+    workers = {a.worker for _, attempts in jobs.values() for a in attempts}
+    assert len(workers) >= 2  # planned by one process, nodes run by pool children
+    assert [e["node_id"] for e in effects(ACCEPTANCE_DB_URL)].count("join") == 1
