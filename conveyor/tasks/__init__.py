@@ -60,19 +60,11 @@ def promote_due() -> int:
 
 
 class PromoterStep(bootsteps.StartStopStep):
-    """Runs the promoter thread inside every worker's main process."""
+    """Runs the promoter thread inside every worker's main process; the blueprint starts it
+    and stops it on warm and cold shutdown alike."""
 
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.promoter: Promoter | None = None
-
-    def start(self, parent: Any) -> None:
-        self.promoter = Promoter(service(), get_settings().promote_interval)
-        self.promoter.start()
-
-    def stop(self, parent: Any) -> None:
-        if self.promoter is not None:
-            self.promoter.stop()
+    def create(self, parent: Any) -> Promoter:
+        return Promoter(service(), get_settings().promote_interval)
 
 
 app.steps["worker"].add(PromoterStep)
