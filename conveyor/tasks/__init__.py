@@ -63,7 +63,7 @@ class PromoterStep(bootsteps.StartStopStep):
     """Runs the promoter thread inside every worker's main process; the blueprint starts it
     and stops it on warm and cold shutdown alike."""
 
-    def create(self, parent: Any) -> Promoter:
+    def create(self, parent: Any) -> Promoter:  # type: ignore[override]
         return Promoter(service(), get_settings().promote_interval)
 
 

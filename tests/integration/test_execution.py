@@ -8,13 +8,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from conveyor.engine.records import Dispatch
 from conveyor.engine.states import (
     AttemptStatus,
     ExecutionStatus,
     JobStatus,
     NodeStatus,
 )
-from conveyor.engine.records import Dispatch
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Job, JobAttempt
 from conveyor.service import Conveyor
