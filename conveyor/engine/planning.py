@@ -44,7 +44,7 @@ class Plan:
 def plan(workflow: Workflow) -> Plan:
     successors: dict[str, list[str]] = {n.id: [] for n in workflow.nodes}
     for node in workflow.nodes:
-        for need in node.needs:
+        for need in dict.fromkeys(node.needs):  # a repeated need counts once
             successors[need].append(node.id)
     return Plan(
         roots=tuple(n.id for n in workflow.nodes if not n.needs),

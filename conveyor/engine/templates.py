@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from jinja2 import StrictUndefined, nodes
+from jinja2 import StrictUndefined, Undefined, nodes
 from jinja2.exceptions import SecurityError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -42,9 +42,12 @@ def render_value(value: Any, context: Mapping[str, Any]) -> Any:
 def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
     """Evaluate one sandboxed expression (as used by condition nodes)."""
     try:
-        return _ENV.compile_expression(expression, undefined_to_none=False)(**context)
+        value = _ENV.compile_expression(expression, undefined_to_none=False)(**context)
+        if isinstance(value, Undefined):
+            value._fail_with_undefined_error()  # an unknown name, or an attribute the sandbox hides
     except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise TemplateError(f"expression {expression!r} failed: {exc}") from exc
+    return value
 
 
 def _render_string(value: str, context: Mapping[str, Any]) -> Any:

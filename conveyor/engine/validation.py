@@ -53,8 +53,9 @@ def validate(
     nodes = [n for n in raw_nodes if isinstance(n, Mapping)] if isinstance(raw_nodes, list) else []
     errors = _structure_errors(data, nodes)
     errors += _graph_errors(nodes)
-    for node in nodes:
-        errors += _node_errors(node, nodes, known_functions)
+    for index, node in enumerate(nodes):
+        errors += _node_errors(_label(nodes, index), node, nodes, known_functions)
+    errors += _output_errors(data.get("output"), _ids(nodes))
     return list(dict.fromkeys(errors))
 
 
@@ -110,7 +111,10 @@ def _graph_errors(nodes: list[Mapping[str, Any]]) -> list[str]:
         seen.add(node_id)
     for node in nodes:
         owner = node.get("id")
-        for need in _needs(node):
+        needs = _needs(node)
+        for need in sorted({n for n in needs if needs.count(n) > 1}):
+            errors.append(f"node {owner!r}: needs {need!r} more than once; list it once")
+        for need in needs:
             if need not in seen:
                 errors.append(
                     f"node {owner!r}: needs {need!r}, which is not a node of this workflow; "
@@ -156,12 +160,11 @@ def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
 
 
 def _node_errors(
+    label: str,
     node: Mapping[str, Any],
     nodes: list[Mapping[str, Any]],
     known_functions: Collection[str] | None,
 ) -> list[str]:
-    node_id = node.get("id")
-    label = f"node {node_id!r}"
     node_type = node.get("type")
     if not isinstance(node_type, str) or node_type not in NODE_TYPES:
         return [
@@ -295,6 +298,24 @@ def _template_errors(node: Mapping[str, Any]) -> list[str]:
                     f"{key}.{name} refers to nodes.{ref}, but {ref!r} is not in needs; "
                     f"add it to needs (a node reads only its predecessors' outputs)"
                 )
+    return errors
+
+
+def _output_errors(output: Any, ids: list[str]) -> list[str]:
+    if not isinstance(output, Mapping):
+        return []  # a wrong type is a structure error
+    errors = []
+    for name, value in output.items():
+        for text in _template_strings(value):
+            if problem := templates.syntax_error(text):
+                errors.append(
+                    f"workflow: output.{name}: template {text!r} does not parse: {problem}"
+                )
+        for ref in sorted(templates.referenced_nodes(value) - set(ids)):
+            errors.append(
+                f"workflow: output.{name} refers to nodes.{ref}, which is not a node of this "
+                f"workflow; fix the name"
+            )
     return errors
 
 
