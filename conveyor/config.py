@@ -6,11 +6,13 @@ broker and worker threads inside the ``conveyor`` process.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 EMBEDDED_DIR = Path(".conveyor")
 
@@ -30,9 +32,9 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         default="", description="Redis for semaphores; defaults to the broker when it is Redis."
     )
-    imports: list[str] = Field(
+    imports: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Modules to import at start-up; they register node functions.",
+        description="Modules to import at start-up, comma-separated; they register node functions.",
     )
     promote_interval: float = Field(
         default=0.5, gt=0, description="Seconds between checks for due delayed jobs."
@@ -41,6 +43,16 @@ class Settings(BaseSettings):
     visibility_timeout: int = Field(
         default=3600, ge=60, description="Redis transport redelivery timeout, in seconds."
     )
+
+    @field_validator("imports", mode="before")
+    @classmethod
+    def _split_imports(cls, value: Any) -> Any:
+        # CONVEYOR_IMPORTS=app.nodes,app.more; a JSON list is accepted too
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            return json.loads(value)
+        if isinstance(value, str):
+            return [m.strip() for m in value.split(",") if m.strip()]
+        return value
 
     @property
     def embedded(self) -> bool:

@@ -49,4 +49,8 @@ def create_app(settings: Settings) -> Celery:
         task_queue_max_priority=10,
         task_default_priority=3,
     )
+    if settings.embedded:
+        # The in-process broker polls its queues, once a second by default: every hop of a
+        # workflow would wait for the next poll.
+        app.conf.broker_transport_options["polling_interval"] = 0.02
     return app

@@ -1,0 +1,49 @@
+"""Schema migrations, run programmatically: ``conveyor db upgrade`` and the embedded default.
+
+The Alembic environment (``alembic.ini`` and ``migrations/``) lives at the repository root, beside
+the ``conveyor`` package; its location is set explicitly so that it works from any directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import make_url
+
+import conveyor
+from conveyor.config import get_settings
+from conveyor.exceptions import ConfigurationError
+
+ROOT = Path(conveyor.__file__).resolve().parent.parent
+MIGRATIONS = ROOT / "migrations"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """The Alembic configuration for ``url`` (default: the configured database)."""
+    ini = ROOT / "alembic.ini"
+    if not ini.is_file() or not (MIGRATIONS / "env.py").is_file():
+        raise ConfigurationError(
+            f"the migrations are not at {ROOT}; install Conveyor from a source checkout "
+            f"(pip install -e .) so that alembic.ini and migrations/ sit beside the package"
+        )
+    config = Config(str(ini))
+    config.set_main_option("script_location", str(MIGRATIONS))
+    # configparser treats % as interpolation; URL-encoded passwords contain it
+    config.set_main_option("sqlalchemy.url", _url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Bring the schema of ``url`` (default: the configured database) up to ``revision``."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def display_url(url: str | None = None) -> str:
+    """The database URL with its password hidden, for messages."""
+    return make_url(_url(url)).render_as_string(hide_password=True)
+
+
+def _url(url: str | None) -> str:
+    return url or get_settings().resolved_database_url

@@ -1,0 +1,141 @@
+"""The CLI paths that need no services: validating files and refusing bad arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conveyor.cli import app
+from conveyor.config import get_settings
+from conveyor.db import ROOT
+
+BROKEN = """\
+name: broken
+nodes:
+  - {id: a, type: python, config: {function: f}, needs: [c]}
+  - {id: b, type: python, config: {function: f}, needs: [a]}
+  - {id: c, type: python, config: {function: f}, needs: [b]}
+  - {id: d, type: python, config: {function: f}, needs: [ghost]}
+  - {id: d, type: shell, config: {command: ls}}
+"""
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def no_imports(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "")
+    monkeypatch.chdir(tmp_path)  # nothing may touch a database; if it did, not the repo's
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_validate_prints_every_error_of_a_broken_definition_and_exits_1(tmp_path: Path) -> None:
+    path = write(tmp_path, "broken.yaml", BROKEN)
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    errors = result.stderr
+    assert "node 'd': duplicate id" in errors
+    assert "node 'd': needs 'ghost', which is not a node of this workflow" in errors
+    assert "cycle between nodes 'a', 'c', 'b' (a -> c -> b -> a)" in errors
+    assert "node 'd': unknown type 'shell'; use one of python, http, delay, condition" in errors
+    assert all(line.startswith(f"{path}: ") for line in errors.splitlines())
+    assert "valid" not in result.stdout
+
+
+def test_validate_names_the_file_and_line_of_invalid_yaml(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.yaml", "name: x\nnodes:\n  - id: a\n    type: [python\n")
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert f"{path}:5: invalid YAML" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_validate_names_the_file_and_line_of_invalid_json(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.json", '{"name": "x",\n "nodes": [}\n')
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert f"{path}:2: invalid JSON" in result.stderr
+
+
+def test_validate_reports_each_file_and_fails_if_any_is_invalid(tmp_path: Path) -> None:
+    good = ROOT / "examples" / "diamond.yaml"
+    empty = write(tmp_path, "empty.yaml", "")
+
+    result = runner.invoke(app, ["workflow", "validate", str(good), str(empty)])
+
+    assert result.exit_code == 1
+    assert f"{good}: valid" in result.stdout
+    assert f"{empty}: the definition must be a mapping" in result.stderr
+
+
+def test_the_examples_are_valid_and_name_registered_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "conveyor.demo")
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
+
+    result = runner.invoke(app, ["workflow", "validate", *examples])
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"{p}: valid" for p in examples]
+
+
+def test_validate_checks_function_names_only_when_imports_are_configured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(
+        tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: python, config: {function: nope}}\n"
+    )
+    assert runner.invoke(app, ["workflow", "validate", str(path)]).exit_code == 0
+
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "conveyor.demo")
+    get_settings.cache_clear()
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert "config.function 'nope' is not registered" in result.stderr
+
+
+def test_an_unimportable_module_in_conveyor_imports_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "no_such_module_here")
+    path = write(
+        tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
+    )
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert "CONVEYOR_IMPORTS names a module that cannot be imported" in result.stderr
+
+
+def test_run_refuses_input_that_is_not_json_with_exit_2() -> None:
+    result = runner.invoke(app, ["run", "diamond", "--input", '{"x": 1'])
+
+    assert result.exit_code == 2
+    assert "--input is not valid JSON" in result.stderr
+
+
+def test_show_refuses_an_id_that_is_not_a_uuid_with_exit_2() -> None:
+    result = runner.invoke(app, ["executions", "show", "nope"])
+
+    assert result.exit_code == 2
+    assert "'nope' is not an execution id" in result.stderr
