@@ -21,6 +21,7 @@ from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch, WorkflowRecord
 from conveyor.engine.states import ExecutionStatus, Priority
+from conveyor.exceptions import DispatchError
 from conveyor.nodes import NodeContext
 from conveyor.store import DEFAULT_TENANT, Database
 
@@ -69,7 +70,13 @@ class Conveyor:
                 now=utcnow(),
             )
         )
-        self._publish(result.dispatches)
+        try:
+            self.dispatcher.publish(result.dispatches)
+        except Exception as exc:
+            raise DispatchError(
+                f"execution {result.execution_id} is stored but its start message could not "
+                f"be published ({exc}); check CONVEYOR_BROKER_URL and that the broker is up"
+            ) from exc
         return result.execution_id
 
     def cancel(self, execution_id: uuid.UUID) -> None:
@@ -130,7 +137,8 @@ class Conveyor:
         try:
             self.dispatcher.publish(dispatches)
         except Exception:
-            # The jobs are committed as queued; the recovery sweep re-publishes them.
+            # The jobs stay committed as queued. Nothing re-publishes them yet: that is the
+            # recovery sweep's work (durability issue). The error is logged loudly meanwhile.
             log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))
 
     def _watch_cancel(self, execution_id: uuid.UUID, ctx: NodeContext) -> threading.Event:

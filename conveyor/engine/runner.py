@@ -35,6 +35,7 @@ from conveyor.exceptions import (
     InvalidTransition,
     NodeError,
     NodeTimeout,
+    TemplateError,
     WorkflowNotFound,
 )
 
@@ -210,7 +211,7 @@ def _enqueue_node(
         next_run_at=next_run_at,
         now=now,
     )
-    store.set_node(execution.id, node.id, NodeStatus.QUEUED)
+    store.set_node(execution.id, node.id, NodeStatus.QUEUED, expected=NodeStatus.PENDING)
     if next_run_at is not None:
         return None  # held in the database; the promoter publishes it when due
     return Dispatch(job_id=job_id, kind=JobKind.NODE, queue=NODE_QUEUE, priority=execution.priority)
@@ -249,21 +250,31 @@ def complete_node(
 ) -> list[Dispatch]:
     """Record a successful try and start every successor that became ready."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    cancelled = store.execution_status(execution_id) is ExecutionStatus.CANCELLED
+    # A node that returns after its execution was cancelled keeps its output for inspection
+    # but is recorded as cancelled: it may have stopped early on ctx.cancelled.
+    job_status, node_status = (
+        (JobStatus.CANCELLED, NodeStatus.CANCELLED)
+        if cancelled
+        else (JobStatus.COMPLETED, NodeStatus.COMPLETED)
+    )
     if not store.transition_job(
-        job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, completed_at=now, last_error=None
+        job.id, JobStatus.PROCESSING, job_status, completed_at=now, last_error=None
     ):
-        return []  # cancelled or reclaimed meanwhile
+        return []  # reclaimed meanwhile
     store.finish_attempt(job.id, job.attempt, AttemptStatus.SUCCEEDED, now, duration)
     branch = output.get("branch") if run.node.type == "condition" else None
     store.set_node(
         execution_id,
         node_id,
-        NodeStatus.COMPLETED,
+        node_status,
         output=output,
         branch=branch,
         finished_at=now,
-        error=None,
+        error="execution cancelled while the node ran" if cancelled else None,
     )
+    if cancelled:
+        return []
     return _settle(store, run, now)
 
 
@@ -278,7 +289,7 @@ def fail_node(
     """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     message = describe(error)
-    retryable = error.retryable if isinstance(error, NodeError) else True
+    retryable = is_retryable(error)
     store.finish_attempt(
         job.id,
         job.attempt,
@@ -322,6 +333,13 @@ def fail_node(
     return []
 
 
+def is_retryable(error: BaseException) -> bool:
+    """Node errors say so themselves; a template error fails the same way every time."""
+    if isinstance(error, NodeError):
+        return error.retryable
+    return not isinstance(error, TemplateError)
+
+
 def describe(error: BaseException) -> str:
     text = str(error) or error.__class__.__name__
     if isinstance(error, ConveyorError):
@@ -332,6 +350,8 @@ def describe(error: BaseException) -> str:
 def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
     """Propagate a settled node to its successors; finish the execution when all settled."""
     execution, workflow = run.execution, run.workflow
+    if store.execution_status(execution.id) is not ExecutionStatus.RUNNING:
+        return []  # cancelled or failed meanwhile: nothing more starts
     _, shape = load_workflow(store, execution.workflow_id)
     dispatches: list[Dispatch] = []
     settled = 1

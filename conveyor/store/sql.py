@@ -275,13 +275,21 @@ class SqlStore:
         )
 
     def set_node(
-        self, execution_id: uuid.UUID, node_id: str, status: NodeStatus, **values: Any
+        self,
+        execution_id: uuid.UUID,
+        node_id: str,
+        status: NodeStatus,
+        *,
+        expected: NodeStatus | None = None,
+        **values: Any,
     ) -> None:
-        self.session.execute(
-            update(NodeState)
-            .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
-            .values(status=status, **values)
+        """Set a node's status; with ``expected``, only from that status (a guarded step)."""
+        query = update(NodeState).where(
+            NodeState.execution_id == execution_id, NodeState.node_id == node_id
         )
+        if expected is not None:
+            query = query.where(NodeState.status == expected)
+        self.session.execute(query.values(status=status, **values))
 
     def start_node(self, execution_id: uuid.UUID, node_id: str, now: datetime) -> None:
         self.session.execute(

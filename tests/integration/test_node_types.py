@@ -292,3 +292,27 @@ def test_applying_a_changed_definition_makes_a_new_version_and_executions_pin_th
 
     assert wait_for(conveyor_service, old_run).output == {"n": {"sum": 2}}
     assert wait_for(conveyor_service, new_run).output == {"n": {"sum": 3}}
+
+
+def test_a_template_error_fails_the_node_without_retrying(conveyor_service: Conveyor) -> None:
+    apply(
+        conveyor_service,
+        "typo",
+        [
+            {
+                "id": "n",
+                "type": "python",
+                "config": {"function": "test.add"},
+                "inputs": {"a": "{{ input.missing }}", "b": 1},
+                "retry": {"max_attempts": 3},
+            }
+        ],
+    )
+
+    row = wait_for(conveyor_service, conveyor_service.trigger("typo", {}))
+
+    assert row.status is ExecutionStatus.FAILED
+    assert "missing" in (row.error or "")
+    with conveyor_service.db.transaction() as store:
+        ((job, attempts),) = [(j, a) for j, a in store.execution_jobs(row.id) if j.node_id]
+    assert len(attempts) == 1 and job.status is JobStatus.DEAD_LETTER
