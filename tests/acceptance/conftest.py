@@ -64,7 +64,13 @@ def start_worker(
     """Start ``celery -A conveyor.tasks worker`` processes; all are stopped after the test."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(queues: str, *, concurrency: int = 2, name: str = "w") -> subprocess.Popen[str]:
+    def start(
+        queues: str,
+        *,
+        concurrency: int = 2,
+        name: str = "w",
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[str]:
         command = [
             sys.executable,
             "-m",
@@ -86,7 +92,7 @@ def start_worker(
         log = tmp_path / f"{name}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
-                command, cwd=ROOT, env=acceptance_env, text=True, stdout=out, stderr=out
+                command, cwd=ROOT, env=env or acceptance_env, text=True, stdout=out, stderr=out
             )
         started.append(process)
         _wait_until_ready(process, log)
