@@ -107,8 +107,7 @@ def execute(
         value = templates.evaluate(node_def.config["expression"], {**context, "inputs": inputs})
         result = {"result": bool(value), "branch": "if_true" if value else "if_false"}
     elif node_def.type == "delay":
-        seconds = templates.render_value(node_def.config["seconds"], context)
-        result = {"delayed_seconds": float(seconds)}
+        result = {"delayed_seconds": delay_seconds(node_def, context)}
     else:  # validation refuses unknown types; a stored definition may predate a removal
         raise NonRetryableError(f"node type {node_def.type!r} is not supported by this worker")
     return _ensure_json(result)
@@ -127,13 +126,16 @@ def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
 
 
 def _ensure_json(value: Any) -> Any:
+    """Refuse what the database cannot store: non-JSON values, NaN/Infinity, NUL characters."""
     try:
-        json.dumps(value)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise NonRetryableError(
             f"the node returned a value that is not JSON-serializable ({exc}); "
-            f"return dicts, lists, strings, numbers, booleans or None"
+            f"return dicts, lists, strings, finite numbers, booleans or None"
         ) from exc
+    if "\\u0000" in text:
+        raise NonRetryableError("the node returned a string with a NUL character; remove it")
     return value
 
 
@@ -159,8 +161,7 @@ def _call_python(
     while thread.is_alive():
         remaining = None if timeout is None else timeout - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
-            ctx.cancel_event.set()
-            raise NodeTimeout(f"node {ctx.node_id!r} ran past its timeout of {timeout:g} s")
+            raise _timed_out(thread, ctx, timeout or 0.0)
         if ctx.cancelled:
             raise NodeCancelled(f"node {ctx.node_id!r} was stopped: its execution was cancelled")
         thread.join(0.2 if remaining is None else min(0.2, remaining))
@@ -172,6 +173,22 @@ def _call_python(
             raise NonRetryableError(f"inputs do not match the function: {error}") from error
         raise error
     return outcome.get("value")
+
+
+def _timed_out(thread: threading.Thread, ctx: NodeContext, timeout: float) -> NodeTimeout:
+    """Tell the function to stop and give it a grace period. One that ignores ctx.cancelled
+    is not retried: a new try would run beside the abandoned one."""
+    ctx.cancel_event.set()
+    grace = min(5.0, max(1.0, timeout))
+    thread.join(grace)
+    message = f"node {ctx.node_id!r} ran past its timeout of {timeout:g} s"
+    if thread.is_alive():
+        return NodeTimeout(
+            f"{message} and did not stop within {grace:g} s of being told to (ctx.cancelled); "
+            f"not retried, so that two tries never run at once",
+            retryable=False,
+        )
+    return NodeTimeout(message)
 
 
 def _is_signature_error(fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:

@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.exc import DataError
+
 from conveyor import nodes
 from conveyor.engine import runner
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch, WorkflowRecord
 from conveyor.engine.states import ExecutionStatus, Priority
-from conveyor.exceptions import DispatchError
+from conveyor.exceptions import DispatchError, NonRetryableError
 from conveyor.nodes import NodeContext
 from conveyor.store import DEFAULT_TENANT, Database
 
@@ -116,12 +118,19 @@ class Conveyor:
             )
         else:
             duration = time.monotonic() - started
-            dispatches = self.db.run(
-                lambda s: runner.complete_node(s, run, output, utcnow(), duration)
-            )
+            dispatches = self._record_success(run, output, duration)
         finally:
             watcher.set()
         self._publish(dispatches)
+
+    def _record_success(self, run: runner.NodeRun, output: Any, duration: float) -> list[Dispatch]:
+        try:
+            return self.db.run(lambda s: runner.complete_node(s, run, output, utcnow(), duration))
+        except DataError as exc:  # the database refused the output: trying again cannot help
+            error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
+            return self.db.run(
+                lambda s: runner.fail_node(s, run, error, utcnow(), duration, self._rng)
+            )
 
     def promote_due(self, limit: int = 500) -> int:
         """Publish the retry and delay jobs whose time has come; how many were published."""
@@ -147,8 +156,12 @@ class Conveyor:
 
         def watch() -> None:
             while not done.wait(self.cancel_poll):
-                with self.db.transaction() as store:
-                    status = store.execution_status(execution_id)
+                try:
+                    with self.db.transaction() as store:
+                        status = store.execution_status(execution_id)
+                except Exception:  # keep watching: a passing database error must not end it
+                    log.warning("could not read the status of execution %s", execution_id)
+                    continue
                 if status is not None and status is not ExecutionStatus.RUNNING:
                     ctx.cancel_event.set()
                     return

@@ -150,7 +150,7 @@ def start_execution(
 ) -> list[Dispatch]:
     """Plan an execution: a state row per node and a job per root node."""
     started = time.monotonic()
-    job = store.claim_job(job_id, now)
+    job = store.claim_job(job_id, JobKind.EXECUTION, now)
     if job is None:
         return []  # a duplicate or stale message: the job is not queued any more
     store.add_attempt(job.id, job.attempt, worker, now)
@@ -224,7 +224,7 @@ def claim_node(
     store: SqlStore, job_id: uuid.UUID, now: datetime, worker: str | None = None
 ) -> NodeRun | None:
     """queued -> processing, a new attempt row, and the inputs the node will read."""
-    job = store.claim_job(job_id, now)
+    job = store.claim_job(job_id, JobKind.NODE, now)
     if job is None or job.node_id is None:
         return None
     execution = store.execution(job.execution_id)
@@ -250,9 +250,10 @@ def complete_node(
 ) -> list[Dispatch]:
     """Record a successful try and start every successor that became ready."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
-    cancelled = store.execution_status(execution_id) is ExecutionStatus.CANCELLED
-    # A node that returns after its execution was cancelled keeps its output for inspection
-    # but is recorded as cancelled: it may have stopped early on ctx.cancelled.
+    status = store.execution_status(execution_id)
+    cancelled = status is not None and status.finished
+    # A node that returns after its execution was cancelled (or failed elsewhere) keeps its
+    # output for inspection but is recorded as cancelled: it may have stopped on ctx.cancelled.
     job_status, node_status = (
         (JobStatus.CANCELLED, NodeStatus.CANCELLED)
         if cancelled
@@ -271,7 +272,7 @@ def complete_node(
         output=output,
         branch=branch,
         finished_at=now,
-        error="execution cancelled while the node ran" if cancelled else None,
+        error=f"execution {status.value} while the node ran" if cancelled and status else None,
     )
     if cancelled:
         return []
@@ -299,7 +300,8 @@ def fail_node(
         error=message,
         timed_out=isinstance(error, NodeTimeout),
     )
-    if store.execution_status(execution_id) is ExecutionStatus.CANCELLED:
+    status = store.execution_status(execution_id)
+    if status is not None and status.finished:  # stopped because it was cancelled or failed
         store.transition_job(
             job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now, last_error=message
         )
@@ -341,7 +343,7 @@ def is_retryable(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    text = str(error) or error.__class__.__name__
+    text = (str(error) or error.__class__.__name__).replace("\x00", "")
     if isinstance(error, ConveyorError):
         return text
     return f"{error.__class__.__name__}: {text}"
@@ -414,9 +416,10 @@ def cancel_execution(store: SqlStore, execution_id: uuid.UUID, now: datetime) ->
             f"executions can be cancelled"
         )
     store.cancel_unstarted(execution_id, now)
-    store.finish_execution(
+    if not store.finish_execution(
         execution_id, ExecutionStatus.CANCELLED, now, error="cancelled by request"
-    )
+    ):  # it finished meanwhile; raising rolls back the cancellations above
+        raise InvalidTransition(f"execution {execution_id} finished before it could be cancelled")
 
 
 def promote_due(store: SqlStore, now: datetime, limit: int = 500) -> list[Dispatch]:

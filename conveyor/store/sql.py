@@ -360,11 +360,12 @@ class SqlStore:
         )
         return job_id
 
-    def claim_job(self, job_id: uuid.UUID, now: datetime) -> JobRecord | None:
-        """queued -> processing; None when the job is not queued (a duplicate message)."""
+    def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
+        """queued -> processing; None when the job is not a queued job of that kind (a
+        duplicate or misrouted message)."""
         row = self.session.scalars(
             update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+            .where(Job.id == job_id, Job.kind == kind, Job.status == JobStatus.QUEUED)
             .values(status=JobStatus.PROCESSING, processed_at=now)
             .returning(Job),
             execution_options={"synchronize_session": False},

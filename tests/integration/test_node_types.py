@@ -13,6 +13,7 @@ import pytest
 
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import InvalidTransition
 from conveyor.service import Conveyor
 from tests.support.services import effects, wait_for
 
@@ -316,3 +317,53 @@ def test_a_template_error_fails_the_node_without_retrying(conveyor_service: Conv
     with conveyor_service.db.transaction() as store:
         ((job, attempts),) = [(j, a) for j, a in store.execution_jobs(row.id) if j.node_id]
     assert len(attempts) == 1 and job.status is JobStatus.DEAD_LETTER
+
+
+def test_a_sibling_stopped_by_a_failed_execution_is_cancelled_not_dead_lettered(
+    conveyor_service: Conveyor,
+) -> None:
+    apply(
+        conveyor_service,
+        "half",
+        [
+            {"id": "boom", "type": "python", "config": {"function": "test.fail_permanently"}},
+            {
+                "id": "nap",
+                "type": "python",
+                "config": {"function": "test.sleep"},
+                "inputs": {"seconds": 20},
+            },
+        ],
+    )
+
+    row = wait_for(conveyor_service, conveyor_service.trigger("half", {}))
+    assert row.status is ExecutionStatus.FAILED
+    deadline = time.monotonic() + 10
+    while node_states(conveyor_service, row.id)["nap"].status is NodeStatus.RUNNING:
+        assert time.monotonic() < deadline, "the running sibling was not stopped"
+        time.sleep(0.05)
+
+    with conveyor_service.db.transaction() as store:
+        jobs = {j.node_id: j for j, _ in store.execution_jobs(row.id)}
+    assert node_states(conveyor_service, row.id)["nap"].status is NodeStatus.CANCELLED
+    assert jobs["nap"].status is JobStatus.CANCELLED
+    assert jobs["boom"].status is JobStatus.DEAD_LETTER
+
+
+def test_cancelling_a_finished_execution_is_refused(conveyor_service: Conveyor) -> None:
+    apply(
+        conveyor_service,
+        "quick",
+        [
+            {
+                "id": "n",
+                "type": "python",
+                "config": {"function": "test.add"},
+                "inputs": {"a": 1, "b": 1},
+            }
+        ],
+    )
+    row = wait_for(conveyor_service, conveyor_service.trigger("quick", {}))
+
+    with pytest.raises(InvalidTransition, match="already completed"):
+        conveyor_service.cancel(row.id)

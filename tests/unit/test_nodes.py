@@ -40,6 +40,11 @@ def sleep_two_seconds() -> None:
     time.sleep(2)
 
 
+@conveyor.node("unit.polite_sleep")
+def sleep_until_told_to_stop(ctx: NodeContext) -> None:
+    ctx.cancel_event.wait(2)
+
+
 @conveyor.node("unit.returns_set")
 def returns_set() -> set[int]:
     return {1, 2}
@@ -101,17 +106,27 @@ def test_python_node_receives_ctx_when_it_asks_for_it() -> None:
     assert result == {"text": "hello n", "attempt": 3, "key": "e-1:n"}
 
 
-def test_python_node_running_past_its_timeout_raises_node_timeout_quickly() -> None:
+def test_python_node_running_past_its_timeout_raises_a_retryable_node_timeout() -> None:
     ctx = node_ctx()
     started = time.monotonic()
 
     with pytest.raises(NodeTimeout) as raised:
-        execute(python("unit.sleep"), context(), ctx, 0.2)
+        execute(python("unit.polite_sleep"), context(), ctx, 0.2)
 
     assert time.monotonic() - started < 1.5
     assert raised.value.retryable is True
-    # The abandoned thread is told to stop.
+    # The thread is told to stop, and it did.
     assert ctx.cancelled
+
+
+def test_a_timed_out_node_that_ignores_cancellation_is_not_retried() -> None:
+    ctx = node_ctx()
+
+    with pytest.raises(NodeTimeout) as raised:
+        execute(python("unit.sleep"), context(), ctx, 0.2)
+
+    assert raised.value.retryable is False
+    assert "did not stop" in str(raised.value)
 
 
 def test_python_node_of_a_cancelled_execution_raises_node_cancelled() -> None:
@@ -207,3 +222,26 @@ def test_delay_node_reports_the_seconds_it_waited() -> None:
 def test_delay_seconds_that_render_negative_raise_non_retryable_error() -> None:
     with pytest.raises(NonRetryableError, match="negative"):
         delay_seconds(delay("{{ input.s }}"), context({"s": -1}))
+
+
+@conveyor.node("unit.returns_nan")
+def returns_nan() -> dict[str, float]:
+    return {"ratio": float("nan")}
+
+
+@conveyor.node("unit.returns_nul")
+def returns_nul() -> str:
+    return "a\x00b"
+
+
+@pytest.mark.parametrize("function", ["unit.returns_nan", "unit.returns_nul"])
+def test_an_output_the_database_cannot_store_is_refused_without_retry(function: str) -> None:
+    with pytest.raises(NonRetryableError):
+        execute(python(function), context(), node_ctx(), 5.0)
+
+
+def test_a_negative_delay_fails_without_retry() -> None:
+    node = Node(id="d", type="delay", config={"seconds": "{{ input.s }}"})
+
+    with pytest.raises(NonRetryableError, match="negative"):
+        execute(node, context({"s": -5}), node_ctx(), 5.0)
