@@ -27,6 +27,7 @@ import httpx
 
 from conveyor.engine import templates
 from conveyor.engine.definitions import Node
+from conveyor.engine.planning import delay_seconds
 from conveyor.exceptions import (
     NodeCancelled,
     NodeError,
@@ -111,18 +112,6 @@ def execute(
     else:  # validation refuses unknown types; a stored definition may predate a removal
         raise NonRetryableError(f"node type {node_def.type!r} is not supported by this worker")
     return _ensure_json(result)
-
-
-def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
-    """How long a delay node waits, rendered from its config."""
-    value = templates.render_value(node_def.config["seconds"], context)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError) as exc:
-        raise NonRetryableError(f"delay seconds {value!r} is not a number") from exc
-    if seconds < 0:
-        raise NonRetryableError(f"delay seconds {seconds} is negative")
-    return seconds
 
 
 def _ensure_json(value: Any) -> Any:

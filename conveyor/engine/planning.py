@@ -16,6 +16,7 @@ from typing import Any
 from conveyor.engine import templates
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.states import NodeStatus
+from conveyor.exceptions import NonRetryableError
 
 
 class Readiness(StrEnum):
@@ -89,3 +90,15 @@ def execution_output(
     if workflow.output is not None:
         return templates.render_value(workflow.output, context)
     return {node_id: outputs.get(node_id) for node_id in sinks}
+
+
+def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
+    """How long a delay node waits, rendered from its config."""
+    value = templates.render_value(node_def.config["seconds"], context)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError) as exc:
+        raise NonRetryableError(f"delay seconds {value!r} is not a number") from exc
+    if seconds < 0:
+        raise NonRetryableError(f"delay seconds {seconds} is negative")
+    return seconds

@@ -194,10 +194,8 @@ def _enqueue_node(
 ) -> Dispatch | None:
     next_run_at = None
     if node.type == "delay":
-        from conveyor.nodes import delay_seconds
-
         try:
-            next_run_at = now + timedelta(seconds=delay_seconds(node, context))
+            next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
         except ConveyorError:
             next_run_at = None  # the node runs now and fails with the same error, recorded
     policy = workflow.retry_for(node)
