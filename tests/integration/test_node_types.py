@@ -56,6 +56,20 @@ def node_states(service: Conveyor, execution_id: Any) -> dict[str, Any]:
         return {n.node_id: n for n in store.execution_nodes(execution_id)}
 
 
+def only_node_job(service: Conveyor, execution_id: Any) -> tuple[Any, list[Any]]:
+    """The single node job of a one-node workflow, with its attempts."""
+    with service.db.transaction() as store:
+        ((job, attempts),) = [(j, a) for j, a in store.execution_jobs(execution_id) if j.node_id]
+    return job, attempts
+
+
+def wait_until_stopped(service: Conveyor, execution_id: Any, node_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while node_states(service, execution_id)[node_id].status is NodeStatus.RUNNING:
+        assert time.monotonic() < deadline, f"the running node {node_id!r} was not stopped"
+        time.sleep(0.05)
+
+
 def test_http_node_posts_rendered_json_and_stores_the_response(
     conveyor_service: Conveyor, http_server: str
 ) -> None:
@@ -121,8 +135,7 @@ def test_delay_node_waits_in_the_database_then_completes(conveyor_service: Conve
 
     execution_id = conveyor_service.trigger("later", {"seconds": 1.0})
     time.sleep(0.4)
-    with conveyor_service.db.transaction() as store:
-        ((job, attempts),) = [(j, a) for j, a in store.execution_jobs(execution_id) if j.node_id]
+    job, attempts = only_node_job(conveyor_service, execution_id)
     # While it waits, no worker holds it: the job is scheduled, untried, with a due time.
     assert job.status is JobStatus.SCHEDULED and attempts == [] and job.next_run_at is not None
     row = wait_for(conveyor_service, execution_id)
@@ -217,8 +230,7 @@ def test_a_try_past_its_timeout_fails_with_an_error_saying_so(conveyor_service: 
 
     assert row.status is ExecutionStatus.FAILED
     assert "ran past its timeout of 0.3 s" in (row.error or "")
-    with conveyor_service.db.transaction() as store:
-        ((job, attempts),) = [(j, a) for j, a in store.execution_jobs(row.id) if j.node_id]
+    job, attempts = only_node_job(conveyor_service, row.id)
     assert attempts[0].timed_out and job.status is JobStatus.DEAD_LETTER
 
 
@@ -253,10 +265,7 @@ def test_cancel_stops_running_nodes_and_cancels_pending_ones(conveyor_service: C
 
     row = wait_for(conveyor_service, execution_id)
     assert row.status is ExecutionStatus.CANCELLED
-    deadline = time.monotonic() + 10
-    while node_states(conveyor_service, execution_id)["nap"].status is NodeStatus.RUNNING:
-        assert time.monotonic() < deadline, "the running node was not stopped"
-        time.sleep(0.05)
+    wait_until_stopped(conveyor_service, execution_id, "nap")
     states = node_states(conveyor_service, execution_id)
     assert states["nap"].status is NodeStatus.CANCELLED
     assert states["next"].status is NodeStatus.CANCELLED
@@ -314,8 +323,7 @@ def test_a_template_error_fails_the_node_without_retrying(conveyor_service: Conv
 
     assert row.status is ExecutionStatus.FAILED
     assert "missing" in (row.error or "")
-    with conveyor_service.db.transaction() as store:
-        ((job, attempts),) = [(j, a) for j, a in store.execution_jobs(row.id) if j.node_id]
+    job, attempts = only_node_job(conveyor_service, row.id)
     assert len(attempts) == 1 and job.status is JobStatus.DEAD_LETTER
 
 
@@ -338,10 +346,7 @@ def test_a_sibling_stopped_by_a_failed_execution_is_cancelled_not_dead_lettered(
 
     row = wait_for(conveyor_service, conveyor_service.trigger("half", {}))
     assert row.status is ExecutionStatus.FAILED
-    deadline = time.monotonic() + 10
-    while node_states(conveyor_service, row.id)["nap"].status is NodeStatus.RUNNING:
-        assert time.monotonic() < deadline, "the running sibling was not stopped"
-        time.sleep(0.05)
+    wait_until_stopped(conveyor_service, row.id, "nap")
 
     with conveyor_service.db.transaction() as store:
         jobs = {j.node_id: j for j, _ in store.execution_jobs(row.id)}
