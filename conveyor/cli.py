@@ -28,7 +28,7 @@ from conveyor import cli_render as render
 from conveyor import db, runtime
 from conveyor.config import get_settings
 from conveyor.engine.definitions import Workflow
-from conveyor.engine.states import ExecutionStatus, Priority
+from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.engine.validation import validate
 from conveyor.exceptions import ConfigurationError, ConveyorError, InvalidTransition
 from conveyor.nodes import registered_functions
@@ -337,7 +337,7 @@ def run(
         # stdout carries only the id (or the JSON): the apply notice goes to stderr
         name = apply_files([path], tenant, render.err)[0] if known_file else target
         execution_id = _service().trigger(
-            name, payload, tenant=tenant, priority=priority, source="cli"
+            name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI
         )
         if not (wait or embedded):
             _print_started(execution_id, as_json)
@@ -445,7 +445,7 @@ def demo() -> None:
 
 def _demo_run(name: str, payload: Any) -> bool:
     render.out.print(f"\n[bold]▶ conveyor run {name} --input '{json.dumps(payload)}'[/bold]")
-    execution_id = _service().trigger(name, payload, source="cli")
+    execution_id = _service().trigger(name, payload, source=TriggerSource.CLI)
     view = wait_for(execution_id, timeout=60, live=True)
     render.print_outcome(view)
     return view["status"] == ExecutionStatus.COMPLETED

@@ -44,6 +44,33 @@ class Settings(BaseSettings):
         default=3600, ge=60, description="Redis transport redelivery timeout, in seconds."
     )
 
+    limits_enabled: bool = Field(
+        default=True,
+        description="Enforce the concurrency limits (needs Redis); false runs without them.",
+    )
+    limit_global: int = Field(default=100, ge=1, description="Node jobs running at once, in all.")
+    limit_tenant: int = Field(
+        default=10, ge=1, description="Node jobs of one tenant running at once (tenant default)."
+    )
+    limit_workflow: int = Field(
+        default=5, ge=1, description="Node jobs of one workflow running at once (its default)."
+    )
+    permit_lease: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=3600,
+        description="Seconds a permit outlives its last heartbeat; a dead worker's permits "
+        "come back after this. Heartbeats renew it every third of it.",
+    )
+    limits_sweep_interval: float = Field(
+        default=2.0, gt=0, description="Seconds between sweeps for expired permits and lost wakes."
+    )
+    age_low_after: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds after which a waiting low-priority job is served as normal.",
+    )
+
     @field_validator("imports", mode="before")
     @classmethod
     def _split_imports(cls, value: Any) -> Any:
@@ -68,6 +95,15 @@ class Settings(BaseSettings):
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or "memory://localhost/"
+
+    @property
+    def resolved_redis_url(self) -> str | None:
+        """Where the semaphores live: CONVEYOR_REDIS_URL, else a Redis broker, else nowhere."""
+        if self.redis_url:
+            return self.redis_url
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return None
 
 
 @lru_cache(maxsize=1)

@@ -48,6 +48,10 @@ class DispatchError(ConveyorError):
     """The message could not be published to the broker; the job stays queued in the database."""
 
 
+class LimitError(ConveyorError):
+    """The concurrency limiter (Redis) could not answer; the job is left for a retry."""
+
+
 class InvalidTransition(ConveyorError):
     """The object is not in a state that allows this operation."""
 

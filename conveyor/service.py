@@ -22,7 +22,7 @@ from conveyor.engine import runner
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch, WorkflowRecord
-from conveyor.engine.states import ExecutionStatus, Priority
+from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.exceptions import DispatchError, NonRetryableError
 from conveyor.nodes import NodeContext
 from conveyor.store import DEFAULT_TENANT, Database
@@ -58,7 +58,7 @@ class Conveyor:
         *,
         tenant: str = DEFAULT_TENANT,
         priority: Priority | None = None,
-        source: str = "api",
+        source: TriggerSource = TriggerSource.API,
     ) -> uuid.UUID:
         """Start an execution; its start job is published once the row is committed."""
         result = self.db.run(

@@ -74,6 +74,12 @@ class Workflow(BaseModel):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     priority: Priority | None = None
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Node jobs of this workflow that may run at once (default: the setting).",
+    )
     defaults: Defaults = Field(default_factory=Defaults)
     nodes: list[Node] = Field(min_length=1)
     output: dict[str, Any] | None = None

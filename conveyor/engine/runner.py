@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.engine import planning, retry
 from conveyor.engine.definitions import Node, Workflow
+from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Dispatch, ExecutionRecord, JobRecord, WorkflowRecord
 from conveyor.engine.states import (
@@ -28,6 +29,7 @@ from conveyor.engine.states import (
     JobStatus,
     NodeStatus,
     Priority,
+    TriggerSource,
 )
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import (
@@ -115,7 +117,7 @@ def trigger(
     input: Any,
     now: datetime,
     priority: Priority | None = None,
-    source: str = "api",
+    source: TriggerSource = TriggerSource.API,
 ) -> Triggered:
     """Create the execution and its start job in the caller's transaction."""
     tenant_id = store.tenant_id(tenant)
@@ -126,13 +128,13 @@ def trigger(
             f"apply its definition first (conveyor workflow apply FILE)"
         )
     workflow, _ = load_workflow(store, record.id)
-    chosen = priority or workflow.priority or Priority.HIGH
+    chosen = choose_priority(priority, workflow.priority, source)
     execution_id = store.add_execution(
         tenant_id=tenant_id,
         workflow_id=record.id,
         input=input if input is not None else {},
         priority=chosen,
-        trigger=source,
+        trigger=source.value,
         now=now,
     )
     execution = store.execution(execution_id)

@@ -24,6 +24,7 @@ FINISHED_EXECUTION = frozenset(
 
 class JobStatus(StrEnum):
     QUEUED = "queued"  # committed and published (or about to be); a worker may claim it
+    PARKED = "parked"  # waits without a message for a concurrency permit; a release wakes it
     PROCESSING = "processing"  # claimed by a worker, a try is running
     RETRY_WAIT = "retry_wait"  # a try failed; waits in the database until next_run_at
     SCHEDULED = "scheduled"  # waits in the database until next_run_at (delay nodes)
@@ -69,6 +70,34 @@ class Priority(StrEnum):
     HIGH = "high"  # user-triggered work and webhook responses
     NORMAL = "normal"  # scheduled runs and standard automation
     LOW = "low"  # background and clean-up work
+
+
+PRIORITY_ORDER = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
+
+
+class TriggerSource(StrEnum):
+    """What started an execution; each source has a default priority (see ``priority``)."""
+
+    API = "api"  # an application or user called trigger (REST or Python)
+    CLI = "cli"  # an operator ran `conveyor run`
+    WEBHOOK = "webhook"  # a received webhook delivery
+    SCHEDULE = "schedule"  # a cron schedule fired
+    EVENT = "event"  # an application event matched a subscription (standard automation)
+    BACKGROUND = "background"  # background and clean-up work an application enqueues
+
+    @property
+    def priority(self) -> Priority:
+        return _SOURCE_PRIORITY[self]
+
+
+_SOURCE_PRIORITY = {
+    TriggerSource.API: Priority.HIGH,
+    TriggerSource.CLI: Priority.HIGH,
+    TriggerSource.WEBHOOK: Priority.HIGH,
+    TriggerSource.SCHEDULE: Priority.NORMAL,
+    TriggerSource.EVENT: Priority.NORMAL,
+    TriggerSource.BACKGROUND: Priority.LOW,
+}
 
 
 class JobKind(StrEnum):

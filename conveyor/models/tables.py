@@ -48,6 +48,8 @@ class Tenant(Base):
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(100), unique=True)
+    # Node jobs of this tenant that may run at once; None means the configured default.
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -105,7 +107,8 @@ class NodeState(Base):
 
 class Job(Base):
     """One unit of queued work. queued -> processing -> completed, or -> retry_wait -> queued,
-    or -> dead_letter."""
+    or -> dead_letter; a node job may wait as parked (for a concurrency permit) before
+    processing."""
 
     __tablename__ = "jobs"
     __table_args__ = (
@@ -124,6 +127,18 @@ class Job(Base):
             sqlite_where=text("status IN ('retry_wait', 'scheduled')"),
         ),
         Index("ix_jobs_status", "status"),
+        Index(
+            "ix_jobs_parked",
+            "id",
+            postgresql_where=text("status = 'parked'"),
+            sqlite_where=text("status = 'parked'"),
+        ),
+        Index(
+            "ix_jobs_queued_low",
+            "enqueued_at",
+            postgresql_where=text("status = 'queued' AND priority = 'low'"),
+            sqlite_where=text("status = 'queued' AND priority = 'low'"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
@@ -143,6 +158,8 @@ class Job(Base):
     next_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # When the job last became queued (created, promoted, requeued): what ageing counts from.
+    enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
