@@ -8,6 +8,9 @@ import threading
 from functools import lru_cache
 
 from conveyor.config import get_settings
+from conveyor.engine.limits import Limits
+from conveyor.exceptions import ConfigurationError
+from conveyor.limiter import RedisLimiter
 from conveyor.store import Database
 
 _imported: set[str] = set()
@@ -17,6 +20,31 @@ _lock = threading.Lock()
 @lru_cache(maxsize=1)
 def database() -> Database:
     return Database(get_settings().resolved_database_url)
+
+
+@lru_cache(maxsize=1)
+def limiter() -> RedisLimiter | None:
+    """The Redis limiter, or None when limits are off or the embedded default runs (one
+    process whose worker threads already bound its concurrency)."""
+    settings = get_settings()
+    if not settings.limits_enabled or settings.embedded:
+        return None
+    url = settings.resolved_redis_url
+    if url is None:
+        raise ConfigurationError(
+            "concurrency limits need Redis: set CONVEYOR_REDIS_URL (the broker is not Redis), "
+            "or turn limits off with CONVEYOR_LIMITS_ENABLED=false"
+        )
+    return RedisLimiter.from_url(url, lease=settings.permit_lease)
+
+
+def default_limits() -> Limits:
+    settings = get_settings()
+    return Limits(
+        global_=settings.limit_global,
+        tenant=settings.limit_tenant,
+        workflow=settings.limit_workflow,
+    )
 
 
 def load_imports(extra: list[str] | None = None) -> None:

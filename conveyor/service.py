@@ -20,10 +20,12 @@ from sqlalchemy.exc import DataError
 from conveyor import nodes
 from conveyor.engine import runner
 from conveyor.engine.definitions import Workflow
-from conveyor.engine.ports import Dispatcher
+from conveyor.engine.limits import Limits
+from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import Dispatch, WorkflowRecord
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
-from conveyor.exceptions import DispatchError, NonRetryableError
+from conveyor.exceptions import DispatchError, LimitError, NonRetryableError
+from conveyor.limiter.gate import Gate
 from conveyor.nodes import NodeContext
 from conveyor.store import DEFAULT_TENANT, Database
 
@@ -37,12 +39,34 @@ def utcnow() -> datetime:
 class Conveyor:
     """Triggers, runs and steers executions over a database and a dispatcher."""
 
-    def __init__(self, database: Database, dispatcher: Dispatcher, *, worker: str = "") -> None:
+    def __init__(
+        self,
+        database: Database,
+        dispatcher: Dispatcher,
+        *,
+        worker: str = "",
+        limiter: Limiter | None = None,
+        limits: Limits | None = None,
+        lease: float = 30.0,
+        age_low_after: float = 300.0,
+    ) -> None:
         self.db = database
         self.dispatcher = dispatcher
         self.worker = worker
         self.cancel_poll = 1.0
+        self.age_low_after = age_low_after
         self._rng = random.Random()
+        self.gate = (
+            Gate(
+                database,
+                limiter,
+                defaults=limits or Limits(global_=100, tenant=10, workflow=5),
+                lease=lease,
+                publish=self._publish,
+            )
+            if limiter is not None
+            else None
+        )
 
     # -- applications -----------------------------------------------------------------------
 
@@ -82,7 +106,12 @@ class Conveyor:
         return result.execution_id
 
     def cancel(self, execution_id: uuid.UUID) -> None:
-        self.db.run(lambda s: runner.cancel_execution(s, execution_id, utcnow()))
+        cancelled = self.db.run(lambda s: runner.cancel_execution(s, execution_id, utcnow()))
+        if self.gate is not None and cancelled:
+            try:
+                self.gate.forget(cancelled)
+            except LimitError:  # they are dropped when their turn comes instead
+                log.warning("could not tell the limiter about %d cancelled jobs", len(cancelled))
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -92,6 +121,20 @@ class Conveyor:
         )
 
     def run_node(self, job_id: uuid.UUID) -> None:
+        """Take the job's permits (or park it), then claim, run and record it; the permits
+        go back once the outcome is committed."""
+        if self.gate is None:
+            self._run_node(job_id)
+            return
+        permit = self.gate.admit(job_id)
+        if permit is None:
+            return
+        try:
+            self._run_node(job_id)
+        finally:
+            self.gate.release(permit)
+
+    def _run_node(self, job_id: uuid.UUID) -> None:
         """Claim a node job, run the node outside any transaction, record the outcome."""
         run = self.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), self.worker))
         if run is None:
@@ -137,6 +180,22 @@ class Conveyor:
         dispatches = self.db.run(lambda s: runner.promote_due(s, utcnow(), limit))
         self._publish(dispatches)
         return len(dispatches)
+
+    def age_queued(self, limit: int = 500) -> int:
+        """Re-publish at normal priority the low jobs that waited past the ageing limit."""
+        dispatches = self.db.run(
+            lambda s: runner.age_queued(s, utcnow(), self.age_low_after, limit)
+        )
+        self._publish(dispatches)
+        if dispatches:
+            log.info(
+                "%d low-priority job(s) waited past the ageing limit: now normal", len(dispatches)
+            )
+        return len(dispatches)
+
+    def sweep_limits(self) -> int:
+        """The limiter's safety net (see :meth:`Gate.sweep`); 0 without limits."""
+        return self.gate.sweep(self.age_low_after) if self.gate is not None else 0
 
     # -- plumbing -----------------------------------------------------------------------------
 

@@ -60,3 +60,17 @@ class Dispatch:
     kind: JobKind
     queue: str
     priority: Priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """A job as the limiter sees it before the job is claimed."""
+
+    job_id: uuid.UUID
+    status: JobStatus
+    kind: JobKind
+    tenant_id: uuid.UUID
+    workflow_id: uuid.UUID
+    priority: Priority
+    enqueued_at: datetime
+    tenant_concurrency: int | None

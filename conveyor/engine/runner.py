@@ -407,24 +407,34 @@ def _finish(store: SqlStore, run: NodeRun, shape: planning.Plan, now: datetime) 
 # -- operator actions and maintenance ------------------------------------------------------
 
 
-def cancel_execution(store: SqlStore, execution_id: uuid.UUID, now: datetime) -> None:
-    """Cancel pending nodes now; running nodes see the status and are asked to stop."""
+def cancel_execution(store: SqlStore, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
+    """Cancel pending nodes now; running nodes see the status and are asked to stop. Returns
+    the node jobs cancelled before they ran (the limiter forgets them)."""
     status = store.execution(execution_id).status
     if status.finished:
         raise InvalidTransition(
             f"execution {execution_id} is already {status.value}; only pending or running "
             f"executions can be cancelled"
         )
-    store.cancel_unstarted(execution_id, now)
+    cancelled = store.cancel_unstarted(execution_id, now)
     if not store.finish_execution(
         execution_id, ExecutionStatus.CANCELLED, now, error="cancelled by request"
     ):  # it finished meanwhile; raising rolls back the cancellations above
         raise InvalidTransition(f"execution {execution_id} finished before it could be cancelled")
+    return cancelled
 
 
 def promote_due(store: SqlStore, now: datetime, limit: int = 500) -> list[Dispatch]:
     """Queue the retry and delay jobs whose time has come."""
-    return [
-        Dispatch(job_id=j.id, kind=j.kind, queue=j.queue, priority=j.priority)
-        for j in store.promote_due(now, limit)
-    ]
+    return [_dispatch(j) for j in store.promote_due(now, limit)]
+
+
+def age_queued(
+    store: SqlStore, now: datetime, age_after: float, limit: int = 500
+) -> list[Dispatch]:
+    """Serve low jobs queued longer than ``age_after`` seconds as normal (re-published)."""
+    return [_dispatch(j) for j in store.age_queued(now - timedelta(seconds=age_after), limit)]
+
+
+def _dispatch(job: JobRecord) -> Dispatch:
+    return Dispatch(job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority)

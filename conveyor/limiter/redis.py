@@ -53,7 +53,7 @@ class RedisLimiter:
     def from_url(cls, url: str, *, lease: float = 30.0) -> RedisLimiter:
         return cls(redis.Redis.from_url(url, health_check_interval=30), lease=lease)
 
-    def _call(self, op: str, *args: object) -> Any:
+    def _call(self, op: str, *args: str | int) -> Any:
         try:
             return self._script(args=[op, self.prefix, self.lease_ms, *args])
         except redis.RedisError as exc:

@@ -15,7 +15,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from conveyor.engine.records import ExecutionRecord, JobRecord, WorkflowRecord
+from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, WorkflowRecord
 from conveyor.engine.states import (
     WAITING_JOB,
     AttemptStatus,
@@ -35,6 +35,7 @@ from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, Workf
 
 DEFAULT_TENANT = "default"
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+_RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 def _job(row: Job) -> JobRecord:
@@ -109,6 +110,16 @@ class SqlStore:
 
     def tenant_names(self) -> list[str]:
         return list(self.session.scalars(select(Tenant.name).order_by(Tenant.name)))
+
+    def tenants(self) -> list[Tenant]:
+        return list(self.session.scalars(select(Tenant).order_by(Tenant.name)))
+
+    def set_tenant_concurrency(self, name: str, limit: int | None) -> bool:
+        """Set (or, with None, clear) a tenant's own limit; False if there is no such tenant."""
+        result = self.session.execute(
+            update(Tenant).where(Tenant.name == name).values(max_concurrency=limit)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
 
     # -- workflows ------------------------------------------------------------------------
 
@@ -239,16 +250,18 @@ class SqlStore:
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
-    def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> None:
-        """Cancel the jobs and nodes of an execution that have not started running."""
-        self.session.execute(
+    def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
+        """Cancel the jobs and nodes of an execution that have not started running; returns
+        the cancelled jobs that were queued or parked (the limiter may know them)."""
+        cancelled = self.session.execute(
             update(Job)
             .where(
                 Job.execution_id == execution_id,
-                Job.status.in_([JobStatus.QUEUED, *WAITING_JOB]),
+                Job.status.in_([*_RUNNABLE, *WAITING_JOB]),
             )
             .values(status=JobStatus.CANCELLED, completed_at=now)
-        )
+            .returning(Job.id, Job.kind)
+        ).all()
         self.session.execute(
             update(NodeState)
             .where(
@@ -257,6 +270,7 @@ class SqlStore:
             )
             .values(status=NodeStatus.CANCELLED, finished_at=now)
         )
+        return [job_id for job_id, kind in cancelled if kind is JobKind.NODE]
 
     # -- node states ----------------------------------------------------------------------
 
@@ -356,16 +370,17 @@ class SqlStore:
                 node_id=node_id,
                 next_run_at=next_run_at,
                 created_at=now,
+                enqueued_at=now,
             )
         )
         return job_id
 
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
-        """queued -> processing; None when the job is not a queued job of that kind (a
-        duplicate or misrouted message)."""
+        """queued (or parked) -> processing; None when the job is not a runnable job of that
+        kind (a duplicate or misrouted message)."""
         row = self.session.scalars(
             update(Job)
-            .where(Job.id == job_id, Job.kind == kind, Job.status == JobStatus.QUEUED)
+            .where(Job.id == job_id, Job.kind == kind, Job.status.in_(_RUNNABLE))
             .values(status=JobStatus.PROCESSING, processed_at=now)
             .returning(Job),
             execution_options={"synchronize_session": False},
@@ -413,7 +428,72 @@ class SqlStore:
         rows = self.session.scalars(
             update(Job)
             .where(Job.id.in_(ids), Job.status.in_(list(WAITING_JOB)))
-            .values(status=JobStatus.QUEUED)
+            .values(status=JobStatus.QUEUED, enqueued_at=now)
+            .returning(Job),
+            execution_options={"synchronize_session": False},
+        ).all()
+        return [_job(r) for r in rows]
+
+    def admission(self, job_id: uuid.UUID) -> Admission | None:
+        """What the limiter needs to know about a node job, or None if there is no such job."""
+        row = self.session.execute(
+            select(
+                Job.status,
+                Job.kind,
+                Job.tenant_id,
+                Job.workflow_id,
+                Job.priority,
+                Job.enqueued_at,
+                Tenant.max_concurrency,
+            )
+            .join(Tenant, Tenant.id == Job.tenant_id)
+            .where(Job.id == job_id)
+        ).one_or_none()
+        if row is None:
+            return None
+        return Admission(
+            job_id=job_id,
+            status=row.status,
+            kind=row.kind,
+            tenant_id=row.tenant_id,
+            workflow_id=row.workflow_id,
+            priority=row.priority,
+            enqueued_at=row.enqueued_at,
+            tenant_concurrency=row.max_concurrency,
+        )
+
+    def park_job(self, job_id: uuid.UUID) -> bool:
+        """queued -> parked: the job waits for a permit without a message in the broker."""
+        return self.transition_job(job_id, JobStatus.QUEUED, JobStatus.PARKED)
+
+    def parked_jobs(self, after: uuid.UUID | None, limit: int) -> list[tuple[uuid.UUID, Priority]]:
+        """Parked jobs in id order from ``after`` (a cursor, so a sweep covers them all)."""
+        query = select(Job.id, Job.priority).where(Job.status == JobStatus.PARKED)
+        if after is not None:
+            query = query.where(Job.id > after)
+        rows = self.session.execute(query.order_by(Job.id).limit(limit)).all()
+        return [(r.id, r.priority) for r in rows]
+
+    def age_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
+        """Low jobs queued since before ``cutoff`` become normal; the caller re-publishes
+        them at normal priority (the old message finds the job taken and is dropped)."""
+        due = (
+            select(Job.id)
+            .where(
+                Job.status == JobStatus.QUEUED,
+                Job.priority == Priority.LOW,
+                Job.enqueued_at < cutoff,
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        ids = list(self.session.scalars(due))
+        if not ids:
+            return []
+        rows = self.session.scalars(
+            update(Job)
+            .where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
+            .values(priority=Priority.NORMAL)
             .returning(Job),
             execution_options={"synchronize_session": False},
         ).all()

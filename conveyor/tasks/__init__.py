@@ -16,7 +16,8 @@ from celery.signals import worker_init, worker_process_init
 
 from conveyor import runtime
 from conveyor.config import get_settings
-from conveyor.scheduler.promoter import Promoter
+from conveyor.exceptions import LimitError
+from conveyor.scheduler.maintenance import Duty, Maintenance
 from conveyor.service import Conveyor
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher
@@ -28,7 +29,16 @@ app = create_app(get_settings())
 
 @lru_cache(maxsize=1)
 def service() -> Conveyor:
-    return Conveyor(runtime.database(), CeleryDispatcher(app), worker=runtime.worker_name())
+    settings = get_settings()
+    return Conveyor(
+        runtime.database(),
+        CeleryDispatcher(app),
+        worker=runtime.worker_name(),
+        limiter=runtime.limiter(),
+        limits=runtime.default_limits(),
+        lease=settings.permit_lease,
+        age_low_after=settings.age_low_after,
+    )
 
 
 def _job_id(raw: Any) -> uuid.UUID | None:
@@ -46,9 +56,17 @@ def start_execution(job_id: str) -> None:
         service().start_execution(parsed)
 
 
-@app.task(name="conveyor.node.run", ignore_result=True)
+@app.task(
+    name="conveyor.node.run",
+    ignore_result=True,
+    autoretry_for=(LimitError,),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    max_retries=None,
+)
 def run_node(job_id: str) -> None:
-    """Run one node and enqueue the successors it makes ready."""
+    """Run one node and enqueue the successors it makes ready. While the limiter (Redis) is
+    unreachable the message is retried with backoff, the job untouched."""
     if (parsed := _job_id(job_id)) is not None:
         service().run_node(parsed)
 
@@ -59,15 +77,24 @@ def promote_due() -> int:
     return service().promote_due()
 
 
-class PromoterStep(bootsteps.StartStopStep):
-    """Runs the promoter thread inside every worker's main process; the blueprint starts it
-    and stops it on warm and cold shutdown alike."""
+class MaintenanceStep(bootsteps.StartStopStep):
+    """Runs the maintenance thread inside every worker's main process; the blueprint starts
+    it and stops it on warm and cold shutdown alike."""
 
-    def create(self, parent: Any) -> Promoter:  # type: ignore[override]
-        return Promoter(service(), get_settings().promote_interval)
+    def create(self, parent: Any) -> Maintenance:  # type: ignore[override]
+        settings, svc = get_settings(), service()
+        duties = [
+            Duty(name="promote", run=svc.promote_due, interval=settings.promote_interval),
+            Duty(name="age", run=svc.age_queued, interval=min(10.0, settings.age_low_after / 4)),
+        ]
+        if svc.gate is not None:
+            duties.append(
+                Duty(name="limits", run=svc.sweep_limits, interval=settings.limits_sweep_interval)
+            )
+        return Maintenance(duties)
 
 
-app.steps["worker"].add(PromoterStep)
+app.steps["worker"].add(MaintenanceStep)
 
 
 @worker_init.connect

@@ -49,4 +49,5 @@ def conveyor_service(celery_session_worker: Any, database_url: str) -> Iterator[
     import conveyor.tasks
 
     services.truncate(database_url)
+    services.clear_limits(REDIS_URL)
     yield conveyor.tasks.service()

@@ -68,6 +68,14 @@ def truncate(url: str) -> None:
     engine.dispose()
 
 
+def clear_limits(url: str, prefix: str = "conveyor:limits") -> None:
+    """Forget every permit and parked job (the limiter's keys only; the broker's stay)."""
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+    client.close()
+
+
 def flush_redis(url: str) -> None:
     client = redis.Redis.from_url(url)
     client.flushdb()
