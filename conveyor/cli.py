@@ -21,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
+from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 from typer.core import TyperGroup
 
@@ -30,7 +31,12 @@ from conveyor.config import get_settings
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.engine.validation import validate
-from conveyor.exceptions import ConfigurationError, ConveyorError, InvalidTransition
+from conveyor.exceptions import (
+    ConfigurationError,
+    ConveyorError,
+    InvalidTransition,
+    TenantNotFound,
+)
 from conveyor.nodes import registered_functions
 from conveyor.store import DEFAULT_TENANT
 
@@ -250,14 +256,90 @@ def workflow_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) ->
         render.out.print(render.workflows_table(rows) if rows else "no workflows; apply one")
 
 
+TenantName = Annotated[str, typer.Argument(help="The tenant's name.")]
+Concurrency = Annotated[
+    int | None,
+    typer.Option(
+        "--concurrency",
+        min=1,
+        help="Node jobs of this tenant that may run at once (default: CONVEYOR_LIMIT_TENANT).",
+    ),
+]
+
+
 @tenants_app.command("create")
-def tenants_create(name: Annotated[str, typer.Argument(help="The tenant's name.")]) -> None:
+def tenants_create(name: TenantName, concurrency: Concurrency = None) -> None:
     """Create a tenant (nothing happens if it exists)."""
     if not 0 < len(name) <= 100:
         usage_error("a tenant name has 1 to 100 characters")
     with _embedded_schema(), runtime.database().transaction() as store:
         tenant_id = store.create_tenant(name)
+        if concurrency is not None:
+            store.set_tenant_concurrency(name, concurrency)
     render.out.print(f"tenant {name}: {tenant_id}", markup=False)
+
+
+@tenants_app.command("limit")
+def tenants_limit(
+    name: TenantName,
+    concurrency: Annotated[
+        int | None, typer.Argument(min=1, help="Its limit; leave out to use the default.")
+    ] = None,
+) -> None:
+    """Set a tenant's concurrency limit, or go back to the default without a number."""
+    with _embedded_schema(), runtime.database().transaction() as store:
+        if not store.set_tenant_concurrency(name, concurrency):
+            raise TenantNotFound(
+                f"no tenant is named {name!r}; create it with `conveyor tenants create {name}`"
+            )
+    shown = concurrency if concurrency is not None else f"default ({get_settings().limit_tenant})"
+    render.out.print(f"tenant {name}: concurrency {shown}", markup=False)
+
+
+@tenants_app.command("list")
+def tenants_list(as_json: JsonFlag = False) -> None:
+    """Every tenant with its concurrency limit."""
+    default = get_settings().limit_tenant
+    with _embedded_schema(), runtime.database().transaction() as store:
+        rows = [
+            {"name": t.name, "id": str(t.id), "concurrency": t.max_concurrency}
+            for t in store.tenants()
+        ]
+    if as_json:
+        render.print_json(rows)
+        return
+    table = Table("name", "id", "concurrency", box=None)
+    for r in rows:
+        limit = r["concurrency"]
+        table.add_row(str(r["name"]), str(r["id"]), str(limit or f"{default} (default)"))
+    render.out.print(table)
+
+
+@app.command("limits")
+def limits_show(as_json: JsonFlag = False) -> None:
+    """Permits in use against each limit, and the jobs waiting for one."""
+    settings = get_settings()
+    limiter = runtime.limiter()
+    if limiter is None:
+        why = "the embedded default" if settings.embedded else "CONVEYOR_LIMITS_ENABLED=false"
+        render.out.print(f"concurrency limits are off ({why})", markup=False)
+        return
+    usages = limiter.snapshot()
+    with runtime.database().transaction() as store:
+        names = {str(t.id): t.name for t in store.tenants()}
+    rows = [render.limit_json(u, names) for u in usages]
+    if as_json:
+        render.print_json(rows)
+        return
+    render.out.print(
+        f"defaults: global {settings.limit_global}, tenant {settings.limit_tenant}, "
+        f"workflow {settings.limit_workflow}",
+        markup=False,
+    )
+    if not rows:
+        render.out.print("no node job has asked for a permit yet", markup=False)
+        return
+    render.out.print(render.limits_table(rows))
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.table import Column, Table
 from rich.text import Text
 
+from conveyor.engine.limits import KeyUsage
 from conveyor.engine.records import WorkflowRecord
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 
@@ -288,7 +289,8 @@ def progress_table(view: ExecutionJson, now: datetime) -> Table:
 
 def _node_status(node: NodeJson, job: JobJson | None) -> str:
     if node["status"] == "queued" and job is not None:
-        return {"retry_wait": "retrying", "scheduled": "waiting"}.get(job["status"], "queued")
+        names = {"retry_wait": "retrying", "scheduled": "waiting", "parked": "parked"}
+        return names.get(job["status"], "queued")
     return node["status"]
 
 
@@ -403,3 +405,42 @@ def live_progress(enabled: bool) -> Iterator[Show]:
         yield show
     if not out.is_terminal:
         out.line()  # a non-interactive Live leaves the cursor after its last frame
+
+
+class LimitJson(TypedDict):
+    scope: str  # global, tenant or workflow
+    name: str  # "" for global, the tenant's name, or tenant/workflow
+    in_use: int
+    limit: int
+    waiting: int
+
+
+def limit_json(usage: KeyUsage, tenant_names: dict[str, str]) -> LimitJson:
+    name = ""
+    if usage.kind == "tenant":
+        tenant_id = usage.key.split(":", 1)[1]
+        name = tenant_names.get(tenant_id, tenant_id)
+    elif usage.kind == "workflow":
+        _, tenant_id, workflow = usage.key.split(":", 2)
+        name = f"{tenant_names.get(tenant_id, tenant_id)}/{workflow}"
+    return {
+        "scope": usage.kind,
+        "name": name,
+        "in_use": usage.in_use,
+        "limit": usage.limit,
+        "waiting": usage.waiting,
+    }
+
+
+def limits_table(rows: Sequence[LimitJson]) -> Table:
+    table = Table("scope", "name", "in use", "limit", "waiting", box=None)
+    for r in rows:
+        full = r["in_use"] >= r["limit"]
+        table.add_row(
+            r["scope"],
+            r["name"],
+            Text(str(r["in_use"]), style="yellow" if full else ""),
+            str(r["limit"]),
+            Text(str(r["waiting"]), style="yellow" if r["waiting"] else ""),
+        )
+    return table

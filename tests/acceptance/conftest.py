@@ -51,6 +51,7 @@ def acceptance_env() -> Iterator[dict[str, str]]:
 def client(acceptance_env: dict[str, str]) -> Iterator[Conveyor]:
     """A service that triggers and reads, as an application would; it runs no worker."""
     services.truncate(ACCEPTANCE_DB_URL)
+    services.clear_limits(ACCEPTANCE_REDIS)
     settings = Settings(database_url=ACCEPTANCE_DB_URL, broker_url=ACCEPTANCE_REDIS)
     database = Database(ACCEPTANCE_DB_URL)
     yield Conveyor(database, CeleryDispatcher(create_app(settings)))

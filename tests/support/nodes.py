@@ -89,3 +89,28 @@ def sleep(seconds: float, ctx: NodeContext) -> dict[str, bool]:
         time.sleep(0.02)
     record(ctx, "slept")
     return {"cancelled": ctx.cancelled}
+
+
+@conveyor.node("test.span")
+def span(tenant: str, workflow: str, seconds: float, ctx: NodeContext) -> dict[str, float]:
+    """Sleep, and record when this run started and ended (for concurrency checks)."""
+    started = time.time()
+    time.sleep(seconds)
+    ended = time.time()
+    with _engine().begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO test_spans (execution_id, node_id, tenant, workflow, started, "
+                "ended, pid) VALUES (:e, :n, :t, :w, :s, :d, :p)"
+            ),
+            {
+                "e": ctx.execution_id,
+                "n": ctx.node_id,
+                "t": tenant,
+                "w": workflow,
+                "s": started,
+                "d": ended,
+                "p": os.getpid(),
+            },
+        )
+    return {"started": started}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,19 @@ CREATE TABLE test_effects (
     at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 )
 """
-TABLES = "job_attempts, jobs, node_states, executions, workflows, tenants, test_effects"
+SPANS_DDL = """
+CREATE TABLE test_spans (
+    id SERIAL PRIMARY KEY,
+    execution_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    started DOUBLE PRECISION NOT NULL,
+    ended DOUBLE PRECISION NOT NULL,
+    pid INTEGER NOT NULL
+)
+"""
+TABLES = "job_attempts, jobs, node_states, executions, workflows, tenants, test_effects, test_spans"
 
 
 def alembic_config(url: str) -> Config:
@@ -58,6 +72,7 @@ def prepare_schema(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text(EFFECTS_DDL))
+        conn.execute(text(SPANS_DDL))
     engine.dispose()
 
 
@@ -108,3 +123,42 @@ def effects(url: str) -> list[dict[str, Any]]:
         rows = conn.execute(text("SELECT * FROM test_effects ORDER BY id")).mappings().all()
     engine.dispose()
     return [dict(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One node run as the node itself saw it: inside the permits it held."""
+
+    execution_id: str
+    node_id: str
+    tenant: str
+    workflow: str
+    started: float
+    ended: float
+
+
+def spans(url: str) -> list[Span]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT execution_id, node_id, tenant, workflow, started, ended "
+                "FROM test_spans ORDER BY started"
+            )
+        ).all()
+    engine.dispose()
+    return [Span(*r) for r in rows]
+
+
+def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
+    """The most intervals open at one instant (an interval ending as another starts does not
+    overlap it)."""
+    events = sorted(
+        [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+        key=lambda e: (e[0], e[1]),
+    )
+    open_now = peak = 0
+    for _, delta in events:
+        open_now += delta
+        peak = max(peak, open_now)
+    return peak
