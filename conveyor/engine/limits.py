@@ -92,6 +92,7 @@ class Acquired:
     jobs this call happened to wake, which the caller must publish."""
 
     permit: Permit | None
+    blocked_by: str = ""  # when parked: the key that had no room (or whose line it joined)
     woken: list[Wake] = field(default_factory=list)
 
 

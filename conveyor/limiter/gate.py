@@ -69,7 +69,7 @@ class Gate:
         if acquired.permit is None:
             if admission.status is JobStatus.QUEUED:
                 self.db.run(lambda s: s.park_job(job_id))
-            log.info("job %s parked: no permit under %s", job_id, request.workflow_key)
+            log.info("job %s parked: waiting for a permit under %s", job_id, acquired.blocked_by)
             return None
         self.keeper.hold(acquired.permit)
         return acquired.permit

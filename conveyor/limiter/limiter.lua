@@ -189,6 +189,10 @@ if op == 'acquire' then
   if redis.call('ZCARD', wq(w)) == 0 and has_room(w) and has_room(t) and has_room(G) then
     return {'granted', take(id, t, w), grants}
   end
+  local blocked = w -- the first full semaphore, or its workflow's line
+  if redis.call('ZCARD', wq(w)) == 0 then
+    if not has_room(w) then blocked = w elseif not has_room(t) then blocked = t else blocked = G end
+  end
   park(id, t, w, cls, enqueued)
   refresh(t, w, false)
   pump(grants)
@@ -203,7 +207,7 @@ if op == 'acquire' then
     end
     return {'granted', mine, others}
   end
-  return {'parked', w, grants}
+  return {'parked', blocked, grants}
 
 elseif op == 'release' then
   -- ARGV: token, tenant key, workflow key

@@ -75,13 +75,11 @@ class RedisLimiter:
             limits.workflow,
             request.enqueued_at_ms,
         )
-        permit = None
-        if _text(status) == "granted":
-            permit = Permit(
-                token=_text(detail),
-                tenant_key=request.tenant_key,
-                workflow_key=request.workflow_key,
-            )
+        if _text(status) != "granted":
+            return Acquired(permit=None, blocked_by=_text(detail), woken=_wakes(woken))
+        permit = Permit(
+            token=_text(detail), tenant_key=request.tenant_key, workflow_key=request.workflow_key
+        )
         return Acquired(permit=permit, woken=_wakes(woken))
 
     def release(self, permit: Permit) -> list[Wake]:

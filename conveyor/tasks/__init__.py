@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import bootsteps
 from celery.signals import worker_init, worker_process_init
+from sqlalchemy.orm import configure_mappers
 
 from conveyor import runtime
 from conveyor.config import get_settings
@@ -79,7 +80,9 @@ def promote_due() -> int:
 
 class MaintenanceStep(bootsteps.StartStopStep):
     """Runs the maintenance thread inside every worker's main process; the blueprint starts
-    it and stops it on warm and cold shutdown alike."""
+    it (after the pool has forked its children) and stops it on warm and cold shutdown."""
+
+    requires = ("celery.worker.components:Pool",)
 
     def create(self, parent: Any) -> Maintenance:  # type: ignore[override]
         settings, svc = get_settings(), service()
@@ -100,6 +103,9 @@ app.steps["worker"].add(MaintenanceStep)
 @worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     runtime.load_imports()
+    # Configure the ORM mappers now, in one thread, before any fork: configuring takes a
+    # global lock that a child forked mid-way would inherit held.
+    configure_mappers()
 
 
 @worker_process_init.connect

@@ -51,7 +51,7 @@ def acceptance_env() -> Iterator[dict[str, str]]:
 def client(acceptance_env: dict[str, str]) -> Iterator[Conveyor]:
     """A service that triggers and reads, as an application would; it runs no worker."""
     services.truncate(ACCEPTANCE_DB_URL)
-    services.clear_limits(ACCEPTANCE_REDIS)
+    services.flush_redis(ACCEPTANCE_REDIS)  # the last test's workers are gone; so go its messages
     settings = Settings(database_url=ACCEPTANCE_DB_URL, broker_url=ACCEPTANCE_REDIS)
     database = Database(ACCEPTANCE_DB_URL)
     yield Conveyor(database, CeleryDispatcher(create_app(settings)))
@@ -93,7 +93,13 @@ def start_worker(
         log = tmp_path / f"{name}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
-                command, cwd=ROOT, env=env or acceptance_env, text=True, stdout=out, stderr=out
+                command,
+                cwd=ROOT,
+                env={**acceptance_env, **(env or {})},
+                text=True,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,  # its own process group: a test can kill it whole
             )
         started.append(process)
         _wait_until_ready(process, log)

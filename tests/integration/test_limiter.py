@@ -64,6 +64,7 @@ def test_permits_are_granted_up_to_the_workflow_limit_then_jobs_park(
     answers = [limiter.acquire(r) for r in reqs]
 
     assert [a.permit is not None for a in answers] == [True, True, False]
+    assert answers[2].blocked_by == reqs[2].workflow_key
     u = usage(limiter)
     assert u["global"] == (2, 100, 1)
     assert u[reqs[0].tenant_key] == (2, 10, 1)
@@ -79,6 +80,7 @@ def test_a_job_blocked_by_one_key_takes_no_permit_under_the_others(
     blocked = limiter.acquire(request(workflow="two", limits=(100, 1, 5)))
 
     assert blocked.permit is None
+    assert blocked.blocked_by == f"tenant:{TENANT_A}"
     u = usage(limiter)
     assert u["global"][0] == 1  # the parked job holds nothing
     assert u[f"workflow:{TENANT_A}:two"][0] == 0

@@ -104,6 +104,10 @@ def wait_for(service: Conveyor, execution_id: uuid.UUID, timeout: float = 30.0) 
         with service.db.transaction() as store:
             row = store.execution_row(execution_id)
             nodes = {n.node_id: n.status.value for n in store.execution_nodes(execution_id)}
+            jobs = {
+                f"{j.node_id or 'start'} job {j.id}": j.status.value
+                for j, _ in store.execution_jobs(execution_id)
+            }
         if row.status in (
             ExecutionStatus.COMPLETED,
             ExecutionStatus.FAILED,
@@ -112,7 +116,8 @@ def wait_for(service: Conveyor, execution_id: uuid.UUID, timeout: float = 30.0) 
             return row
         if time.monotonic() > deadline:
             raise AssertionError(
-                f"execution {execution_id} still {row.status.value} after {timeout} s: {nodes}"
+                f"execution {execution_id} still {row.status.value} after {timeout} s: "
+                f"nodes {nodes}, jobs {jobs}"
             )
         time.sleep(0.05)
 

@@ -1,0 +1,1 @@
+"""Benchmarks: Conveyor measured side by side with raw Celery, on this machine's services."""
