@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Select, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -420,16 +420,19 @@ class SqlStore:
             .where(Job.status.in_(list(WAITING_JOB)), Job.next_run_at <= now)
             .order_by(Job.next_run_at)
             .limit(limit)
-            .with_for_update(skip_locked=True)
         )
-        ids = list(self.session.scalars(due))
+        return self._take(
+            due, Job.status.in_(list(WAITING_JOB)), status=JobStatus.QUEUED, enqueued_at=now
+        )
+
+    def _take(self, due: Select[uuid.UUID], still: Any, **values: Any) -> list[JobRecord]:
+        """Lock the rows ``due`` selects, skipping those another worker holds, and update
+        those that still match ``still``."""
+        ids = list(self.session.scalars(due.with_for_update(skip_locked=True)))
         if not ids:
             return []
         rows = self.session.scalars(
-            update(Job)
-            .where(Job.id.in_(ids), Job.status.in_(list(WAITING_JOB)))
-            .values(status=JobStatus.QUEUED, enqueued_at=now)
-            .returning(Job),
+            update(Job).where(Job.id.in_(ids), still).values(**values).returning(Job),
             execution_options={"synchronize_session": False},
         ).all()
         return [_job(r) for r in rows]
@@ -485,19 +488,8 @@ class SqlStore:
                 Job.enqueued_at < cutoff,
             )
             .limit(limit)
-            .with_for_update(skip_locked=True)
         )
-        ids = list(self.session.scalars(due))
-        if not ids:
-            return []
-        rows = self.session.scalars(
-            update(Job)
-            .where(Job.id.in_(ids), Job.status == JobStatus.QUEUED)
-            .values(priority=Priority.NORMAL)
-            .returning(Job),
-            execution_options={"synchronize_session": False},
-        ).all()
-        return [_job(r) for r in rows]
+        return self._take(due, Job.status == JobStatus.QUEUED, priority=Priority.NORMAL)
 
     # -- attempts -------------------------------------------------------------------------
 

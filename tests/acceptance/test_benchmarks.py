@@ -1,0 +1,25 @@
+"""The benchmarks still run (at a tiny size: they are measurements, never timed tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.acceptance.conftest import ROOT
+
+
+def test_the_limits_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "limits.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.limits", "--executions", "20", "--pairs", "50",
+         "--concurrency", "2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures["throughput"]) == {"limits_on", "limits_off", "raw_celery"}
+    assert all(v > 0 for v in figures["ratios"].values())
+    assert "of raw" in result.stdout
