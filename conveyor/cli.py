@@ -531,3 +531,10 @@ def _demo_run(name: str, payload: Any) -> bool:
     view = wait_for(execution_id, timeout=60, live=True)
     render.print_outcome(view)
     return view["status"] == ExecutionStatus.COMPLETED
+
+
+# -- sub-commands in their own modules (they import the helpers above) -----------------------
+
+from conveyor.cli_schedules import schedules_app  # noqa: E402
+
+app.add_typer(schedules_app, name="schedules")

@@ -71,6 +71,20 @@ class Settings(BaseSettings):
         description="Seconds after which a waiting low-priority job is served as normal.",
     )
 
+    schedule_check_interval: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="Seconds between the due checks beat sends; 60 checks at second 0 of "
+        "every minute.",
+    )
+    schedule_misfire_grace: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds after its slot within which a check still counts a run as on "
+        "time; an older slot is a misfire, handled by the schedule's policy.",
+    )
+
     @field_validator("imports", mode="before")
     @classmethod
     def _split_imports(cls, value: Any) -> Any:

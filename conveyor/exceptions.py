@@ -40,6 +40,14 @@ class TenantNotFound(NotFound):
     """No tenant has that name."""
 
 
+class ScheduleNotFound(NotFound):
+    """No schedule has that name; list them with `conveyor schedules list`."""
+
+
+class ScheduleError(ConveyorError):
+    """The schedule is invalid; check its cron expression, timezone and workflow."""
+
+
 class StoreError(ConveyorError):
     """The database refused the operation."""
 

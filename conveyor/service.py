@@ -27,7 +27,8 @@ from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.exceptions import DispatchError, LimitError, NonRetryableError
 from conveyor.limiter.gate import Gate
 from conveyor.nodes import NodeContext
-from conveyor.store import DEFAULT_TENANT, Database
+from conveyor.scheduler import schedules
+from conveyor.store import DEFAULT_TENANT, Database, SqlStore
 
 log = logging.getLogger("conveyor")
 
@@ -49,12 +50,14 @@ class Conveyor:
         limits: Limits | None = None,
         lease: float = 30.0,
         age_low_after: float = 300.0,
+        misfire_grace: float = 120.0,
     ) -> None:
         self.db = database
         self.dispatcher = dispatcher
         self.worker = worker
         self.cancel_poll = 1.0
         self.age_low_after = age_low_after
+        self.misfire_grace = misfire_grace
         self._rng = random.Random()
         self.gate = (
             Gate(
@@ -73,7 +76,14 @@ class Conveyor:
     def apply(
         self, workflow: Workflow, tenant: str = DEFAULT_TENANT
     ) -> tuple[WorkflowRecord, bool]:
-        return self.db.run(lambda s: runner.apply_workflow(s, tenant, workflow, utcnow()))
+        """Store the definition if it changed, and make its declared schedules match it."""
+
+        def work(store: SqlStore) -> tuple[WorkflowRecord, bool]:
+            applied = runner.apply_workflow(store, tenant, workflow, utcnow())
+            schedules.sync_definition(store, tenant, workflow, utcnow())
+            return applied
+
+        return self.db.run(work)
 
     def trigger(
         self,
@@ -192,6 +202,19 @@ class Conveyor:
                 "%d low-priority job(s) waited past the ageing limit: now normal", len(dispatches)
             )
         return len(dispatches)
+
+    def check_schedules(self, batch: int = 500) -> int:
+        """Start the runs of every due schedule, a batch per transaction, each published
+        after its commit; how many runs were started."""
+        started = 0
+        while True:
+            checked = self.db.run(
+                lambda s: schedules.check_due(s, utcnow(), limit=batch, grace=self.misfire_grace)
+            )
+            self._publish(checked.dispatches)
+            started += len(checked.dispatches)
+            if checked.claimed < batch:
+                return started
 
     def sweep_limits(self) -> int:
         """The limiter's safety net (see :meth:`Gate.sweep`); 0 without limits."""

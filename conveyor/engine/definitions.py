@@ -18,9 +18,10 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conveyor.engine.states import Priority
+from conveyor.scheduler.cron import MisfirePolicy, expression_problem, timezone_problem
 
 NODE_TYPES = ("python", "http", "delay", "condition")
 NodeType = Literal["python", "http", "delay", "condition"]
@@ -66,6 +67,42 @@ class Node(BaseModel):
     continue_on_failure: bool = False
 
 
+class ScheduleSpec(BaseModel):
+    """A cron schedule that starts the workflow; see docs/schedules.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Unique within the tenant; default: the workflow's name.",
+    )
+    cron: str = Field(description="Five fields (minute hour day month weekday) or @daily etc.")
+    timezone: str = Field(default="UTC", description="IANA timezone the expression is read in.")
+    input: dict[str, Any] = Field(default_factory=dict)
+    priority: Priority | None = None
+    misfire: MisfirePolicy = MisfirePolicy.ONCE
+    catch_up: int = Field(
+        default=10, ge=1, le=1000, description="With misfire 'all': missed runs started at most."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        if problem := expression_problem(value):
+            raise ValueError(problem)
+        return " ".join(value.split())
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, value: str) -> str:
+        if problem := timezone_problem(value):
+            raise ValueError(problem)
+        return value
+
+
 class Workflow(BaseModel):
     """A named DAG of nodes; applying a changed one stores a new version."""
 
@@ -83,6 +120,11 @@ class Workflow(BaseModel):
     defaults: Defaults = Field(default_factory=Defaults)
     nodes: list[Node] = Field(min_length=1)
     output: dict[str, Any] | None = None
+    schedules: list[ScheduleSpec] = Field(default_factory=list)
+
+    def schedule_names(self) -> list[str]:
+        """Each declared schedule's name; an unnamed one takes the workflow's."""
+        return [s.name or self.name for s in self.schedules]
 
     def node(self, node_id: str) -> Node:
         for n in self.nodes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -77,10 +78,20 @@ def gated_branch(condition: Node, node_id: str) -> str | None:
 
 
 def template_context(
-    *, execution_id: str, workflow_input: Any, outputs: Mapping[str, Any]
+    *,
+    execution_id: str,
+    workflow_input: Any,
+    outputs: Mapping[str, Any],
+    scheduled_for: datetime | None = None,
 ) -> dict[str, Any]:
-    """The names node templates can use."""
-    return {"input": workflow_input, "nodes": dict(outputs), "execution": {"id": execution_id}}
+    """The names node templates can use; ``execution.scheduled_for`` is the slot (ISO 8601,
+    UTC) of a run a schedule started, else None."""
+    slot = scheduled_for.isoformat() if scheduled_for is not None else None
+    return {
+        "input": workflow_input,
+        "nodes": dict(outputs),
+        "execution": {"id": execution_id, "scheduled_for": slot},
+    }
 
 
 def execution_output(

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority
+from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority, ScheduleOrigin
+from conveyor.scheduler.cron import MisfirePolicy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,7 @@ class ExecutionRecord:
     priority: Priority
     input: Any
     created_at: datetime
+    scheduled_for: datetime | None = None  # the slot, when a schedule started it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,3 +76,22 @@ class Admission:
     priority: Priority
     enqueued_at: datetime
     tenant_concurrency: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleRecord:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    workflow_name: str
+    origin: ScheduleOrigin
+    cron: str
+    timezone: str
+    input: dict[str, Any]
+    priority: Priority | None
+    misfire: MisfirePolicy
+    catch_up: int
+    enabled: bool
+    next_run_at: datetime
+    last_run_at: datetime | None
+    run_count: int

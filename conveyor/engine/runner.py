@@ -172,7 +172,10 @@ def start_execution(
     store.add_node_states(execution.id, shape.waiting_on)
     store.start_execution(execution.id, len(workflow.nodes), now)
     context = planning.template_context(
-        execution_id=str(execution.id), workflow_input=execution.input, outputs={}
+        execution_id=str(execution.id),
+        workflow_input=execution.input,
+        outputs={},
+        scheduled_for=execution.scheduled_for,
     )
     dispatches = [
         d
@@ -241,6 +244,7 @@ def claim_node(
         execution_id=str(execution.id),
         workflow_input=execution.input,
         outputs={need: row.output for need, row in needs.items()},
+        scheduled_for=execution.scheduled_for,
     )
     return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
 
@@ -378,6 +382,7 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
                 execution_id=str(execution.id),
                 workflow_input=execution.input,
                 outputs={need: row.output for need, row in rows.items()},
+                scheduled_for=execution.scheduled_for,
             )
             if d := _enqueue_node(store, execution, successor, workflow, context, now):
                 dispatches.append(d)
@@ -392,7 +397,10 @@ def _finish(store: SqlStore, run: NodeRun, shape: planning.Plan, now: datetime) 
     rows = store.node_rows(execution.id, [n.id for n in run.workflow.nodes])
     outputs = {node_id: row.output for node_id, row in rows.items()}
     context = planning.template_context(
-        execution_id=str(execution.id), workflow_input=execution.input, outputs=outputs
+        execution_id=str(execution.id),
+        workflow_input=execution.input,
+        outputs=outputs,
+        scheduled_for=execution.scheduled_for,
     )
     try:
         output = planning.execution_output(run.workflow, shape.sinks, outputs, context)

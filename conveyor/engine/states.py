@@ -103,3 +103,10 @@ _SOURCE_PRIORITY = {
 class JobKind(StrEnum):
     EXECUTION = "execution"  # plans an execution's DAG (queue workflow-execution)
     NODE = "node"  # runs one node (queue workflow-node)
+
+
+class ScheduleOrigin(StrEnum):
+    DEFINITION = (
+        "definition"  # declared in a workflow definition; applying it updates or removes it
+    )
+    MANUAL = "manual"  # added by `conveyor schedules add` or the API; applies leave it alone

@@ -4,7 +4,8 @@ Templates are Jinja2 in its immutable sandbox: attribute and item access, arithm
 comparisons — never Python's ``eval``. A string that is exactly one ``{{ expression }}`` yields
 the expression's native value (a number stays a number, a dict a dict); any other string with
 ``{{ }}`` renders to text. The names in scope are ``input`` (the execution's input), ``nodes``
-(``nodes.<id>`` is that predecessor's output) and ``execution`` (``execution.id``).
+(``nodes.<id>`` is that predecessor's output) and ``execution`` (``execution.id``, and
+``execution.scheduled_for``: the slot of a run a schedule started).
 """
 
 from __future__ import annotations

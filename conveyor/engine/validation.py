@@ -56,6 +56,7 @@ def validate(
     for index, node in enumerate(nodes):
         errors += _node_errors(_label(nodes, index), node, nodes, known_functions)
     errors += _output_errors(data.get("output"), _ids(nodes))
+    errors += _schedule_errors(data)
     return list(dict.fromkeys(errors))
 
 
@@ -89,6 +90,8 @@ def _pydantic_message(err: Any) -> str:
         return "unknown field; remove it (see docs/definitions.md for the fields)"
     if err["type"] == "missing":
         return "required; add it"
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])
     return str(err["msg"])
 
 
@@ -316,6 +319,27 @@ def _output_errors(output: Any, ids: list[str]) -> list[str]:
                 f"workflow: output.{name} refers to nodes.{ref}, which is not a node of this "
                 f"workflow; fix the name"
             )
+    return errors
+
+
+def _schedule_errors(data: Mapping[str, Any]) -> list[str]:
+    schedules = data.get("schedules")
+    if not isinstance(schedules, list):
+        return []
+    named: dict[str, int] = {}
+    errors = []
+    for index, spec in enumerate(schedules):
+        if not isinstance(spec, Mapping):
+            continue
+        name = spec.get("name") or data.get("name")
+        if not isinstance(name, str):
+            continue
+        if name in named:
+            errors.append(
+                f"workflow: schedules.{index}: schedules {named[name]} and {index} are both "
+                f"named {name!r}; give each a distinct `name`"
+            )
+        named.setdefault(name, index)
     return errors
 
 

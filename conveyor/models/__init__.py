@@ -6,8 +6,18 @@ from conveyor.models.tables import (
     Job,
     JobAttempt,
     NodeState,
+    Schedule,
     Tenant,
     WorkflowVersion,
 )
 
-__all__ = ["Base", "Execution", "Job", "JobAttempt", "NodeState", "Tenant", "WorkflowVersion"]
+__all__ = [
+    "Base",
+    "Execution",
+    "Job",
+    "JobAttempt",
+    "NodeState",
+    "Schedule",
+    "Tenant",
+    "WorkflowVersion",
+]

@@ -27,8 +27,10 @@ from conveyor.engine.states import (
     JobStatus,
     NodeStatus,
     Priority,
+    ScheduleOrigin,
 )
 from conveyor.models.base import Base, JsonType, UTCDateTime, new_id, utcnow
+from conveyor.scheduler.cron import MisfirePolicy
 
 
 def _enum(cls: type[Any], name: str) -> Enum:
@@ -68,9 +70,56 @@ class WorkflowVersion(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class Schedule(Base):
+    """A cron schedule of a workflow. ``next_run_at`` is its earliest slot not yet fired; the
+    check claims rows whose slot has come, starts their runs and advances it, in one
+    transaction."""
+
+    __tablename__ = "schedules"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name"),
+        Index(
+            "ix_schedules_due",
+            "next_run_at",
+            postgresql_where=text("enabled"),
+            sqlite_where=text("enabled"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    workflow_name: Mapped[str] = mapped_column(String(200))
+    origin: Mapped[ScheduleOrigin] = mapped_column(_enum(ScheduleOrigin, "schedule_origin"))
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    input: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    priority: Mapped[Priority | None] = mapped_column(_enum(Priority, "priority"), nullable=True)
+    misfire: Mapped[MisfirePolicy] = mapped_column(_enum(MisfirePolicy, "misfire_policy"))
+    catch_up: Mapped[int] = mapped_column(Integer)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    next_run_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # When the check last started a run of it, and how many runs it has started.
+    last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    run_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class Execution(Base):
     __tablename__ = "executions"
-    __table_args__ = (Index("ix_executions_tenant_created", "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_executions_tenant_created", "tenant_id", "created_at"),
+        # A fire is (schedule, slot): two checks, or two beats, cannot start it twice.
+        Index(
+            "uq_executions_schedule_fire",
+            "schedule_id",
+            "scheduled_for",
+            unique=True,
+            postgresql_where=text("schedule_id IS NOT NULL"),
+            sqlite_where=text("schedule_id IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
@@ -82,6 +131,11 @@ class Execution(Base):
     output: Mapped[Any | None] = mapped_column(JsonType, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     remaining_nodes: Mapped[int] = mapped_column(Integer, default=0)
+    # The schedule and slot that started it (trigger 'schedule'); None otherwise.
+    schedule_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("schedules.id", ondelete="SET NULL"), nullable=True
+    )
+    scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

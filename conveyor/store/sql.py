@@ -32,53 +32,15 @@ from conveyor.exceptions import (
     WorkflowNotFound,
 )
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
+from conveyor.store.rows import execution_record, job_record, workflow_record
+from conveyor.store.schedules import ScheduleQueries
 
 DEFAULT_TENANT = "default"
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
-def _job(row: Job) -> JobRecord:
-    return JobRecord(
-        id=row.id,
-        kind=row.kind,
-        queue=row.queue,
-        status=row.status,
-        priority=row.priority,
-        max_retries=row.max_retries,
-        retry_count=row.retry_count,
-        tenant_id=row.tenant_id,
-        workflow_id=row.workflow_id,
-        execution_id=row.execution_id,
-        node_id=row.node_id,
-    )
-
-
-def _execution(row: Execution) -> ExecutionRecord:
-    return ExecutionRecord(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        workflow_id=row.workflow_id,
-        status=row.status,
-        priority=row.priority,
-        input=row.input,
-        created_at=row.created_at,
-    )
-
-
-def _workflow(row: WorkflowVersion) -> WorkflowRecord:
-    return WorkflowRecord(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        name=row.name,
-        version=row.version,
-        digest=row.digest,
-        definition=row.definition,
-        created_at=row.created_at,
-    )
-
-
-class SqlStore:
+class SqlStore(ScheduleQueries):
     """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
 
     def __init__(self, session: Session) -> None:
@@ -130,13 +92,13 @@ class SqlStore:
             .order_by(WorkflowVersion.version.desc())
             .limit(1)
         )
-        return _workflow(row) if row else None
+        return workflow_record(row) if row else None
 
     def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord:
         row = self.session.get(WorkflowVersion, workflow_id)
         if row is None:
             raise WorkflowNotFound(f"no workflow version has id {workflow_id}")
-        return _workflow(row)
+        return workflow_record(row)
 
     def add_workflow_version(
         self,
@@ -157,7 +119,7 @@ class SqlStore:
         )
         self.session.add(row)
         self.session.flush()
-        return _workflow(row)
+        return workflow_record(row)
 
     def list_workflows(self, tenant_id: uuid.UUID) -> list[WorkflowRecord]:
         newest = (
@@ -175,7 +137,7 @@ class SqlStore:
             .where(WorkflowVersion.tenant_id == tenant_id)
             .order_by(WorkflowVersion.name)
         )
-        return [_workflow(r) for r in rows]
+        return [workflow_record(r) for r in rows]
 
     # -- executions -----------------------------------------------------------------------
 
@@ -211,7 +173,7 @@ class SqlStore:
             raise ExecutionNotFound(
                 f"no execution has id {execution_id}; list them with `conveyor executions list`"
             )
-        return _execution(row)
+        return execution_record(row)
 
     def execution_status(self, execution_id: uuid.UUID) -> ExecutionStatus | None:
         return self.session.scalar(select(Execution.status).where(Execution.id == execution_id))
@@ -385,11 +347,11 @@ class SqlStore:
             .returning(Job),
             execution_options={"synchronize_session": False},
         ).one_or_none()
-        return _job(row) if row else None
+        return job_record(row) if row else None
 
     def job(self, job_id: uuid.UUID) -> JobRecord | None:
         row = self.session.get(Job, job_id)
-        return _job(row) if row else None
+        return job_record(row) if row else None
 
     def transition_job(
         self, job_id: uuid.UUID, expected: JobStatus, new: JobStatus, **values: Any
@@ -435,7 +397,7 @@ class SqlStore:
             update(Job).where(Job.id.in_(ids), still).values(**values).returning(Job),
             execution_options={"synchronize_session": False},
         ).all()
-        return [_job(r) for r in rows]
+        return [job_record(r) for r in rows]
 
     def admission(self, job_id: uuid.UUID) -> Admission | None:
         """What the limiter needs to know about a node job, or None if there is no such job."""

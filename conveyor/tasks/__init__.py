@@ -39,6 +39,7 @@ def service() -> Conveyor:
         limits=runtime.default_limits(),
         lease=settings.permit_lease,
         age_low_after=settings.age_low_after,
+        misfire_grace=settings.schedule_misfire_grace,
     )
 
 
@@ -76,6 +77,12 @@ def run_node(job_id: str) -> None:
 def promote_due() -> int:
     """Publish retry and delay jobs whose time has come (also done by every worker)."""
     return service().promote_due()
+
+
+@app.task(name="conveyor.scheduled.check", ignore_result=True)
+def check_schedules() -> int:
+    """Start the runs of the cron schedules whose time has come (sent by celery beat)."""
+    return service().check_schedules()
 
 
 class MaintenanceStep(bootsteps.StartStopStep):

@@ -7,7 +7,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.schedules import crontab
 from kombu import Queue
 
 from conveyor.config import Settings
@@ -49,8 +52,27 @@ def create_app(settings: Settings) -> Celery:
         task_queue_max_priority=10,
         task_default_priority=3,
     )
+    app.conf.beat_schedule = beat_schedule(settings)
+    # Schedules live in the database; beat's own state is only when it last sent the check.
+    app.conf.beat_scheduler = "celery.beat:Scheduler"
     if settings.embedded:
         # The in-process broker polls its queues, once a second by default: every hop of a
         # workflow would wait for the next poll.
         app.conf.broker_transport_options["polling_interval"] = 0.02
     return app
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """``celery -A conveyor.tasks beat`` sends the due check: at second 0 of every minute by
+    default, else every ``CONVEYOR_SCHEDULE_CHECK_INTERVAL`` seconds. A check that waited in
+    the queue longer than one interval is dropped: the next one does its work. Any number of
+    beats may run; their checks share the due schedules, never firing one slot twice."""
+    interval = settings.schedule_check_interval
+    every: crontab | float = crontab() if interval == 60 else interval
+    return {
+        "conveyor-schedule-check": {
+            "task": "conveyor.scheduled.check",
+            "schedule": every,
+            "options": {"queue": SCHEDULED_QUEUE, "expires": interval},
+        }
+    }

@@ -1,0 +1,47 @@
+"""ORM rows to the frozen records the engine reads (:mod:`conveyor.engine.records`)."""
+
+from __future__ import annotations
+
+from conveyor.engine.records import ExecutionRecord, JobRecord, WorkflowRecord
+from conveyor.models import Execution, Job, WorkflowVersion
+
+
+def job_record(row: Job) -> JobRecord:
+    return JobRecord(
+        id=row.id,
+        kind=row.kind,
+        queue=row.queue,
+        status=row.status,
+        priority=row.priority,
+        max_retries=row.max_retries,
+        retry_count=row.retry_count,
+        tenant_id=row.tenant_id,
+        workflow_id=row.workflow_id,
+        execution_id=row.execution_id,
+        node_id=row.node_id,
+    )
+
+
+def execution_record(row: Execution) -> ExecutionRecord:
+    return ExecutionRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        workflow_id=row.workflow_id,
+        status=row.status,
+        priority=row.priority,
+        input=row.input,
+        created_at=row.created_at,
+        scheduled_for=row.scheduled_for,
+    )
+
+
+def workflow_record(row: WorkflowVersion) -> WorkflowRecord:
+    return WorkflowRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        version=row.version,
+        digest=row.digest,
+        definition=row.definition,
+        created_at=row.created_at,
+    )
