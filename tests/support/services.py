@@ -42,7 +42,10 @@ CREATE TABLE test_spans (
     pid INTEGER NOT NULL
 )
 """
-TABLES = "job_attempts, jobs, node_states, executions, workflows, tenants, test_effects, test_spans"
+TABLES = (
+    "job_attempts, jobs, node_states, executions, schedules, workflows, tenants, "
+    "test_effects, test_spans"
+)
 
 
 def alembic_config(url: str) -> Config:

@@ -417,3 +417,45 @@ def test_a_need_listed_twice_is_refused() -> None:
     errors = validate(workflow(py("a"), py("b", "a", "a")))
 
     assert errors == ["node 'b': needs 'a' more than once; list it once"]
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+def test_declared_schedules_are_valid_with_a_cron_and_a_timezone() -> None:
+    parsed = parse_workflow(
+        workflow(
+            py("a"),
+            schedules=[
+                {"cron": "0  9 * * 1-5", "timezone": "Europe/Paris", "input": {"k": 1}},
+                {"name": "nightly", "cron": "@daily", "misfire": "all", "catch_up": 3},
+            ],
+        )
+    )
+
+    assert parsed.schedule_names() == ["wf", "nightly"]
+    assert parsed.schedules[0].cron == "0 9 * * 1-5"  # whitespace folded
+    assert parsed.schedules[1].timezone == "UTC"
+
+
+def test_an_invalid_schedule_names_the_field_and_what_is_wrong() -> None:
+    errors = validate(
+        workflow(py("a"), schedules=[{"cron": "0 9 * *", "timezone": "America/NewYork"}])
+    )
+
+    assert errors == [
+        "workflow: schedules.0.cron: cron expression '0 9 * *' has 4 field(s); write five "
+        "(minute hour day-of-month month day-of-week), e.g. '0 9 * * 1-5', or a nickname "
+        "such as @daily",
+        "workflow: schedules.0.timezone: unknown timezone 'America/NewYork' (did you mean "
+        "'America/New_York'?); use an IANA name such as 'Europe/Paris', 'America/New_York' "
+        "or 'UTC'",
+    ]
+
+
+def test_two_schedules_with_one_name_are_refused() -> None:
+    error = only_error(workflow(py("a"), schedules=[{"cron": "@daily"}, {"cron": "@hourly"}]))
+
+    assert error == (
+        "workflow: schedules.1: schedules 0 and 1 are both named 'wf'; give each a distinct `name`"
+    )
