@@ -102,8 +102,9 @@ def _say(record: ScheduleRecord, verb: str) -> None:
         if record.enabled
         else "paused"
     )
+    words = shown["description"][:1].lower() + shown["description"][1:]
     render.out.print(
-        f"schedule {record.name} {verb}: {record.workflow_name} {shown['description'].lower()} "
+        f"schedule {record.name} {verb}: {record.workflow_name} {words} "
         f"({record.cron}, {record.timezone}); {when}",
         markup=False,
         soft_wrap=True,

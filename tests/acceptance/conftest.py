@@ -116,15 +116,43 @@ def start_worker(
             process.kill()
 
 
-def _wait_until_ready(process: subprocess.Popen[str], log: Path) -> None:
+@pytest.fixture
+def start_beat(
+    acceptance_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start ``celery -A conveyor.tasks beat`` processes; all are stopped after the test."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(name: str = "beat", env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        log = tmp_path / f"{name}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "conveyor.tasks", "beat",
+                 "--loglevel", "INFO"],
+                cwd=ROOT, env={**acceptance_env, **(env or {})}, text=True, stdout=out,
+                stderr=out, start_new_session=True,
+            )  # fmt: skip
+        started.append(process)
+        _wait_until_ready(process, log, "beat: Starting...")
+        return process
+
+    yield start
+    for process in started:
+        process.terminate()
+    for process in started:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _wait_until_ready(process: subprocess.Popen[str], log: Path, says: str = "ready.") -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if "ready." in log.read_text():
+        if says in log.read_text():
             return
         if process.poll() is not None:
-            raise AssertionError(
-                f"celery worker exited with {process.returncode}:\n{log.read_text()}"
-            )
+            raise AssertionError(f"celery exited with {process.returncode}:\n{log.read_text()}")
         time.sleep(0.1)
     process.kill()
-    raise AssertionError(f"celery worker not ready after 30 s:\n{log.read_text()}")
+    raise AssertionError(f"celery not ready after 30 s:\n{log.read_text()}")

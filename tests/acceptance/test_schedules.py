@@ -1,0 +1,104 @@
+"""Cron schedules with real ``celery beat`` and ``celery worker`` processes, and the
+``conveyor schedules`` command as an operator runs it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from subprocess import Popen
+
+from sqlalchemy import select
+
+from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.models import Execution, Job, JobAttempt
+from conveyor.service import Conveyor
+from tests.acceptance.test_cli import conveyor
+from tests.support.services import wait_for
+
+Start = Callable[..., Popen[str]]
+RECORDER = {
+    "name": "tick",
+    "nodes": [
+        {
+            "id": "add",
+            "type": "python",
+            "config": {"function": "test.add"},
+            "inputs": {"a": 1, "b": 1},
+        }
+    ],
+}
+
+
+def scheduled_runs(client: Conveyor) -> list[tuple[Execution, datetime]]:
+    """Each scheduled execution with the moment its node's first try started."""
+    with client.db.transaction() as store:
+        rows = store.session.execute(
+            select(Execution, JobAttempt.started_at)
+            .join(Job, Job.execution_id == Execution.id)
+            .join(JobAttempt, JobAttempt.job_id == Job.id)
+            .where(Execution.trigger == "schedule", Job.node_id.is_not(None))
+            .order_by(Execution.scheduled_for)
+        ).all()
+        return [(execution, started) for execution, started in rows]
+
+
+def test_two_beats_start_each_minute_once_within_two_seconds_of_the_minute(
+    client: Conveyor, start_worker: Start, start_beat: Start, acceptance_env: dict[str, str]
+) -> None:
+    # Given idle worker pools for the four kinds of work, and two beats sending checks
+    start_worker("workflow-scheduled", concurrency=2, name="scheduled")
+    start_worker("workflow-execution", concurrency=1, name="exec")
+    start_worker("workflow-node", concurrency=1, name="node")
+    start_beat("beat1")
+    start_beat("beat2")
+    # and an every-minute schedule added by an operator, not too close to a minute's end
+    while datetime.now(UTC).second >= 50:
+        time.sleep(0.2)
+    client.apply(parse_workflow(RECORDER))
+    added = conveyor("schedules", "add", "tick", "--cron", "* * * * *", env=acceptance_env)
+    assert added.returncode == 0, added.stderr
+    minute = datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+    # When the next minute comes and goes
+    while datetime.now(UTC) < minute + timedelta(seconds=6):
+        time.sleep(0.2)
+
+    # Then exactly one run started for it, and its node within two seconds of M:00
+    runs = scheduled_runs(client)
+    assert [execution.scheduled_for for execution, _ in runs] == [minute], runs
+    execution, node_started = runs[0]
+    assert wait_for(client, execution.id).status is ExecutionStatus.COMPLETED
+    lag = (node_started - minute).total_seconds()
+    assert 0 <= lag < 2, lag
+    listed = json.loads(conveyor("schedules", "list", "--json", env=acceptance_env).stdout)
+    assert [(s["name"], s["run_count"]) for s in listed] == [("tick", 1)]
+    assert listed[0]["next_run_at"] == (minute + timedelta(minutes=1)).isoformat()
+
+
+def test_the_schedules_command_refuses_bad_input_and_manages_a_schedule(
+    client: Conveyor, acceptance_env: dict[str, str]
+) -> None:
+    client.apply(parse_workflow(RECORDER))
+
+    bad = conveyor("schedules", "add", "tick", "--cron", "0 9 * *", "--timezone",
+                   "Europe/Pariss", env=acceptance_env)  # fmt: skip
+    assert bad.returncode == 1
+    assert "has 4 field(s); write five" in bad.stderr
+    assert "unknown timezone 'Europe/Pariss' (did you mean 'Europe/Paris'?)" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    with client.db.transaction() as store:
+        assert store.schedules(None) == []  # nothing half-written
+
+    good = conveyor("schedules", "add", "tick", "--cron", "0 9 * * 1-5", "--timezone",
+                    "Europe/Paris", "--name", "mornings", env=acceptance_env)  # fmt: skip
+    assert good.returncode == 0, good.stderr
+    assert "tick at 09:00 on Monday through Friday (0 9 * * 1-5, Europe/Paris)" in good.stdout
+    for verb in ("pause", "resume", "remove"):
+        done = conveyor("schedules", verb, "mornings", env=acceptance_env)
+        assert done.returncode == 0, done.stderr
+    gone = conveyor("schedules", "pause", "mornings", env=acceptance_env)
+    assert gone.returncode == 1
+    assert "no schedule named 'mornings'" in gone.stderr
