@@ -35,8 +35,9 @@ NICKNAMES = {
     "@hourly": "0 * * * *",
 }
 FIELDS = "minute hour day-of-month month day-of-week"
-# How many missed slots are counted (for the log) after a long downtime.
-COUNT_LIMIT = 1000
+# Missed slots are counted (for the log) up to this many: counting walks them one by one, and
+# a long downtime of an every-minute schedule has hundreds of thousands.
+COUNT_LIMIT = 100
 
 
 class MisfirePolicy(StrEnum):
@@ -139,7 +140,7 @@ class FirePlan:
 
     fire_at: tuple[datetime, ...]  # the slots to start a run for, oldest first
     next_run_at: datetime  # the first slot after the check
-    missed: int  # slots that passed and start no run (counted up to COUNT_LIMIT)
+    missed: int  # slots that passed and start no run (counted up to about COUNT_LIMIT)
 
 
 def plan_fires(
@@ -159,11 +160,11 @@ def plan_fires(
     """
     following = cron.next_after(due)
     if following > now:  # the common case: only ``due`` has passed
-        slots, next_run_at = [due], following
-    else:
+        passed, next_run_at = [due], following
+    else:  # after downtime: one walk back from now finds the slots to fire and counts the rest
+        passed = cron.latest(now, due, max(catch_up, COUNT_LIMIT))  # newest first
         next_run_at = cron.next_after(now)
-        slots = cron.latest(now, due, catch_up if policy is MisfirePolicy.ALL else 1)[::-1]
+    slots = passed[: catch_up if policy is MisfirePolicy.ALL else 1][::-1]
     if policy is MisfirePolicy.SKIP:
         slots = [s for s in slots if (now - s).total_seconds() <= grace]
-    passed = 1 if following > now else len(cron.latest(now, due, COUNT_LIMIT))
-    return FirePlan(fire_at=tuple(slots), next_run_at=next_run_at, missed=passed - len(slots))
+    return FirePlan(fire_at=tuple(slots), next_run_at=next_run_at, missed=len(passed) - len(slots))

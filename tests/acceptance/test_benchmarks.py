@@ -23,3 +23,18 @@ def test_the_limits_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> Non
     assert set(figures["throughput"]) == {"limits_on", "limits_off", "raw_celery"}
     assert all(v > 0 for v in figures["ratios"].values())
     assert "of raw" in result.stdout
+
+
+def test_the_schedules_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "schedules.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.schedules", "--schedules", "500", "--due", "20",
+         "--rounds", "1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert figures["due"] == 20 and len(figures["check_seconds"]) == 1
+    assert figures["ratios"]["check_vs_raw_publish"] > 0
+    assert "of raw" in result.stdout
