@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conveyor.engine.records import ExecutionRecord, JobRecord, WorkflowRecord
-from conveyor.models import Execution, Job, WorkflowVersion
+from conveyor.engine.records import ExecutionRecord, JobRecord, ScheduleRecord, WorkflowRecord
+from conveyor.models import Execution, Job, Schedule, WorkflowVersion
 
 
 def job_record(row: Job) -> JobRecord:
@@ -44,4 +44,24 @@ def workflow_record(row: WorkflowVersion) -> WorkflowRecord:
         digest=row.digest,
         definition=row.definition,
         created_at=row.created_at,
+    )
+
+
+def schedule_record(row: Schedule) -> ScheduleRecord:
+    return ScheduleRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        workflow_name=row.workflow_name,
+        origin=row.origin,
+        cron=row.cron,
+        timezone=row.timezone,
+        input=row.input,
+        priority=row.priority,
+        misfire=row.misfire,
+        catch_up=row.catch_up,
+        enabled=row.enabled,
+        next_run_at=row.next_run_at,
+        last_run_at=row.last_run_at,
+        run_count=row.run_count,
     )

@@ -30,27 +30,7 @@ from conveyor.engine.states import (
 )
 from conveyor.exceptions import ScheduleError
 from conveyor.models import Execution, Job, Schedule, WorkflowVersion
-from conveyor.store.rows import workflow_record
-
-
-def _schedule(row: Schedule) -> ScheduleRecord:
-    return ScheduleRecord(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        name=row.name,
-        workflow_name=row.workflow_name,
-        origin=row.origin,
-        cron=row.cron,
-        timezone=row.timezone,
-        input=row.input,
-        priority=row.priority,
-        misfire=row.misfire,
-        catch_up=row.catch_up,
-        enabled=row.enabled,
-        next_run_at=row.next_run_at,
-        last_run_at=row.last_run_at,
-        run_count=row.run_count,
-    )
+from conveyor.store.rows import schedule_record, workflow_record
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,13 +66,13 @@ class ScheduleQueries:
                 f"a schedule named {values['name']!r} exists already; pick another name, "
                 f"or remove it first (`conveyor schedules remove {values['name']}`)"
             ) from exc
-        return _schedule(row)
+        return schedule_record(row)
 
     def schedule(self, tenant_id: uuid.UUID, name: str) -> ScheduleRecord | None:
         row = self.session.scalar(
             select(Schedule).where(Schedule.tenant_id == tenant_id, Schedule.name == name)
         )
-        return _schedule(row) if row else None
+        return schedule_record(row) if row else None
 
     def schedules(
         self, tenant_id: uuid.UUID | None, *, workflow: str | None = None
@@ -102,7 +82,7 @@ class ScheduleQueries:
             query = query.where(Schedule.tenant_id == tenant_id)
         if workflow is not None:
             query = query.where(Schedule.workflow_name == workflow)
-        return [_schedule(r) for r in self.session.scalars(query)]
+        return [schedule_record(r) for r in self.session.scalars(query)]
 
     def update_schedule(self, schedule_id: uuid.UUID, now: datetime, **values: Any) -> None:
         self.session.execute(
@@ -123,7 +103,7 @@ class ScheduleQueries:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
-        return [_schedule(r) for r in rows]
+        return [schedule_record(r) for r in rows]
 
     def latest_workflows(
         self, keys: Collection[tuple[uuid.UUID, str]]
