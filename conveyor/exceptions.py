@@ -52,6 +52,27 @@ class StoreError(ConveyorError):
     """The database refused the operation."""
 
 
+class DuplicateExecution(StoreError):
+    """An execution with this idempotency key exists already."""
+
+
+class IdempotencyConflict(ConveyorError):
+    """The Idempotency-Key was used before for another workflow; send a new key."""
+
+
+class AuthError(ConveyorError):
+    """The API key is missing, unknown or revoked; send `Authorization: Bearer <key>` with a
+    key from `conveyor keys create`."""
+
+
+class DuplicateDelivery(ConveyorError):
+    """The endpoint received a delivery with this id already; it is not started again."""
+
+
+class SignatureError(ConveyorError):
+    """The webhook's signature is missing, malformed, expired or does not match."""
+
+
 class DispatchError(ConveyorError):
     """The message could not be published to the broker; the job stays queued in the database."""
 

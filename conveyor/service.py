@@ -11,20 +11,28 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.exc import DataError
 
 from conveyor import nodes
-from conveyor.engine import runner
+from conveyor.engine import credentials, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
-from conveyor.engine.records import Dispatch, WorkflowRecord
+from conveyor.engine.records import Dispatch, TenantRef, WorkflowRecord
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
-from conveyor.exceptions import DispatchError, LimitError, NonRetryableError
+from conveyor.exceptions import (
+    AuthError,
+    DispatchError,
+    DuplicateDelivery,
+    LimitError,
+    NonRetryableError,
+    NotFound,
+    SignatureError,
+)
 from conveyor.limiter.gate import Gate
 from conveyor.nodes import NodeContext
 from conveyor.scheduler import schedules
@@ -81,6 +89,7 @@ class Conveyor:
         def work(store: SqlStore) -> tuple[WorkflowRecord, bool]:
             applied = runner.apply_workflow(store, tenant, workflow, utcnow())
             schedules.sync_definition(store, tenant, workflow, utcnow())
+            subscriptions.sync(store, tenant, workflow)
             return applied
 
         return self.db.run(work)
@@ -95,6 +104,20 @@ class Conveyor:
         source: TriggerSource = TriggerSource.API,
     ) -> uuid.UUID:
         """Start an execution; its start job is published once the row is committed."""
+        return self.start(workflow, input, tenant=tenant, priority=priority, source=source)[0]
+
+    def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        priority: Priority | None = None,
+        source: TriggerSource = TriggerSource.API,
+        idempotency_key: str | None = None,
+    ) -> tuple[uuid.UUID, bool]:
+        """Like :meth:`trigger`; with an idempotency key the tenant used before, the
+        execution it made is returned instead. (execution id, whether it was made before)."""
         result = self.db.run(
             lambda s: runner.trigger(
                 s,
@@ -104,16 +127,63 @@ class Conveyor:
                 priority=priority,
                 source=source,
                 now=utcnow(),
+                idempotency_key=idempotency_key,
             )
         )
+        self._publish_now(result.dispatches, f"execution {result.execution_id}")
+        return result.execution_id, result.replayed
+
+    def emit(self, tenant: str, event_type: str, payload: Any) -> list[uuid.UUID]:
+        """Start every workflow of the tenant that subscribes to the event type."""
+        started = self.db.run(
+            lambda s: subscriptions.emit_event(s, tenant, event_type, payload, utcnow())
+        )
+        self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
+        return [t.execution_id for t in started]
+
+    def authenticate(self, key: str) -> TenantRef:
+        """The tenant an API key acts for, or :class:`AuthError`."""
+        prefix = credentials.key_prefix(key)
+        with self.db.transaction() as store:
+            found = store.api_key(prefix)
+        if found is None or not credentials.key_matches(key, found[0]):
+            raise AuthError()
+        return found[1]
+
+    def receive_webhook(
+        self, endpoint_id: uuid.UUID, body: bytes, headers: Mapping[str, str]
+    ) -> uuid.UUID:
+        """Verify and store a delivery, then hand it to the webhook worker; its id.
+
+        A bad signature stores nothing but a count on the endpoint (and a log line without
+        the body); a delivery id the endpoint received before is a :class:`DuplicateDelivery`.
+        """
+        with self.db.transaction() as store:
+            endpoint = store.endpoint(endpoint_id)
+        if endpoint is None:
+            raise NotFound(f"no webhook endpoint has id {endpoint_id}")
         try:
-            self.dispatcher.publish(result.dispatches)
-        except Exception as exc:
-            raise DispatchError(
-                f"execution {result.execution_id} is stored but its start message could not "
-                f"be published ({exc}); check CONVEYOR_BROKER_URL and that the broker is up"
-            ) from exc
-        return result.execution_id
+            verified = credentials.verify(endpoint.scheme, endpoint.secret, body, headers)
+        except SignatureError as exc:
+            self.db.run(lambda s: s.count_rejected(endpoint.id))
+            log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
+            raise
+        stored = self.db.run(
+            lambda s: s.add_delivery(
+                endpoint, verified.delivery_id, verified.event, verified.payload, utcnow()
+            )
+        )
+        if stored is None:
+            raise DuplicateDelivery(
+                f"delivery {verified.delivery_id!r} was received already; it is not started again"
+            )
+        self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
+        return stored
+
+    def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
+        """The webhook worker: start the workflows a stored delivery matches."""
+        started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
+        self._publish([d for t in started for d in t.dispatches])
 
     def cancel(self, execution_id: uuid.UUID) -> None:
         cancelled = self.db.run(lambda s: runner.cancel_execution(s, execution_id, utcnow()))
@@ -221,6 +291,16 @@ class Conveyor:
         return self.gate.sweep(self.age_low_after) if self.gate is not None else 0
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    def _publish_now(self, dispatches: Sequence[Dispatch], what: str) -> None:
+        """Publish for a caller that must know it failed (an API call, the CLI)."""
+        try:
+            self.dispatcher.publish(dispatches)
+        except Exception as exc:
+            raise DispatchError(
+                f"{what} is stored but its message could not be published ({exc}); check "
+                f"CONVEYOR_BROKER_URL and that the broker is up"
+            ) from exc
 
     def _publish(self, dispatches: Sequence[Dispatch]) -> None:
         if not dispatches:

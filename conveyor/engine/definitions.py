@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -103,6 +103,22 @@ class ScheduleSpec(BaseModel):
         return value
 
 
+EVENT_TYPE = r"^[A-Za-z0-9_.:/-]+$"
+
+
+class WebhookTrigger(BaseModel):
+    """Deliveries to a webhook endpoint of the tenant start the workflow."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str = Field(min_length=1, max_length=100, description="The endpoint's name.")
+    events: list[str] = Field(
+        default_factory=list,
+        description="Only deliveries of these event types (X-GitHub-Event, or the payload's "
+        "'type'); empty: every delivery.",
+    )
+
+
 class Workflow(BaseModel):
     """A named DAG of nodes; applying a changed one stores a new version."""
 
@@ -121,6 +137,11 @@ class Workflow(BaseModel):
     nodes: list[Node] = Field(min_length=1)
     output: dict[str, Any] | None = None
     schedules: list[ScheduleSpec] = Field(default_factory=list)
+    events: list[Annotated[str, Field(min_length=1, max_length=200, pattern=EVENT_TYPE)]] = Field(
+        default_factory=list,
+        description="Application event types (POST /v1/events) that start the workflow.",
+    )
+    webhooks: list[WebhookTrigger] = Field(default_factory=list)
 
     def schedule_names(self) -> list[str]:
         """Each declared schedule's name; an unnamed one takes the workflow's."""

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority, ScheduleOrigin
+from conveyor.engine.states import (
+    DeliveryStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    Priority,
+    ScheduleOrigin,
+    SignatureScheme,
+)
 from conveyor.scheduler.cron import MisfirePolicy
 
 
@@ -95,3 +103,37 @@ class ScheduleRecord:
     next_run_at: datetime
     last_run_at: datetime | None
     run_count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantRef:
+    """Who an API call acts for."""
+
+    id: uuid.UUID
+    name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointRecord:
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    scheme: SignatureScheme
+    secret: str
+    rejected: int
+
+    def __repr__(self) -> str:  # the secret never reaches a log through a repr
+        return f"EndpointRecord(id={self.id}, name={self.name!r}, scheme={self.scheme.value})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeliveryRecord:
+    id: uuid.UUID
+    endpoint_id: uuid.UUID
+    endpoint_name: str
+    tenant_id: uuid.UUID
+    tenant_name: str
+    delivery_id: str
+    event: str | None
+    payload: Any
+    status: DeliveryStatus

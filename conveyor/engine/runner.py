@@ -34,6 +34,8 @@ from conveyor.engine.states import (
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import (
     ConveyorError,
+    DuplicateExecution,
+    IdempotencyConflict,
     InvalidTransition,
     NodeError,
     NodeTimeout,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 class Triggered:
     execution_id: uuid.UUID
     dispatches: list[Dispatch]
+    replayed: bool = False  # an earlier trigger with the same idempotency key made it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,9 +121,16 @@ def trigger(
     now: datetime,
     priority: Priority | None = None,
     source: TriggerSource = TriggerSource.API,
+    idempotency_key: str | None = None,
 ) -> Triggered:
-    """Create the execution and its start job in the caller's transaction."""
+    """Create the execution and its start job in the caller's transaction. With an
+    idempotency key the tenant used before, the execution that key made is returned instead
+    (for the same workflow; another workflow is an :class:`IdempotencyConflict`)."""
     tenant_id = store.tenant_id(tenant)
+    if idempotency_key is not None and (
+        earlier := _replay(store, tenant_id, idempotency_key, workflow_name)
+    ):
+        return earlier
     record = store.latest_workflow(tenant_id, workflow_name)
     if record is None:
         raise WorkflowNotFound(
@@ -129,14 +139,22 @@ def trigger(
         )
     workflow, _ = load_workflow(store, record.id)
     chosen = choose_priority(priority, workflow.priority, source)
-    execution_id = store.add_execution(
-        tenant_id=tenant_id,
-        workflow_id=record.id,
-        input=input if input is not None else {},
-        priority=chosen,
-        trigger=source.value,
-        now=now,
-    )
+    try:
+        execution_id = store.add_execution(
+            tenant_id=tenant_id,
+            workflow_id=record.id,
+            input=input if input is not None else {},
+            priority=chosen,
+            trigger=source.value,
+            now=now,
+            idempotency_key=idempotency_key,
+        )
+    except DuplicateExecution:  # a retry racing this one stored it first
+        assert idempotency_key is not None
+        raced = _replay(store, tenant_id, idempotency_key, workflow_name)
+        if raced is None:
+            raise
+        return raced
     execution = store.execution(execution_id)
     job_id = store.add_job(
         kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, execution=execution, priority=chosen, now=now
@@ -145,6 +163,21 @@ def trigger(
         job_id=job_id, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, priority=chosen
     )
     return Triggered(execution_id=execution_id, dispatches=[dispatch])
+
+
+def _replay(
+    store: SqlStore, tenant_id: uuid.UUID, key: str, workflow_name: str
+) -> Triggered | None:
+    found = store.execution_by_key(tenant_id, key)
+    if found is None:
+        return None
+    execution_id, made_for = found
+    if made_for != workflow_name:
+        raise IdempotencyConflict(
+            f"Idempotency-Key {key!r} already started workflow {made_for!r} (execution "
+            f"{execution_id}); use a new key for {workflow_name!r}"
+        )
+    return Triggered(execution_id=execution_id, dispatches=[], replayed=True)
 
 
 def start_execution(

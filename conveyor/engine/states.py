@@ -103,6 +103,7 @@ _SOURCE_PRIORITY = {
 class JobKind(StrEnum):
     EXECUTION = "execution"  # plans an execution's DAG (queue workflow-execution)
     NODE = "node"  # runs one node (queue workflow-node)
+    WEBHOOK = "webhook"  # turns a delivery into executions (workflow-webhook; a delivery row)
 
 
 class ScheduleOrigin(StrEnum):
@@ -110,3 +111,19 @@ class ScheduleOrigin(StrEnum):
         "definition"  # declared in a workflow definition; applying it updates or removes it
     )
     MANUAL = "manual"  # added by `conveyor schedules add` or the API; applies leave it alone
+
+
+class DeliveryStatus(StrEnum):
+    RECEIVED = "received"  # verified and stored; its message is on workflow-webhook
+    PROCESSED = "processed"  # the webhook worker started the executions it matched
+    UNMATCHED = "unmatched"  # no workflow subscribes to it; nothing started
+
+
+class SubscriptionKind(StrEnum):
+    EVENT = "event"  # an application event type (POST /v1/events) starts the workflow
+    WEBHOOK = "webhook"  # a delivery to a webhook endpoint starts the workflow
+
+
+class SignatureScheme(StrEnum):
+    STANDARD = "standard"  # Standard Webhooks: webhook-id, webhook-timestamp, webhook-signature
+    GITHUB = "github"  # GitHub: X-Hub-Signature-256, X-GitHub-Delivery, X-GitHub-Event

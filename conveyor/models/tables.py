@@ -22,12 +22,15 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from conveyor.engine.states import (
     AttemptStatus,
+    DeliveryStatus,
     ExecutionStatus,
     JobKind,
     JobStatus,
     NodeStatus,
     Priority,
     ScheduleOrigin,
+    SignatureScheme,
+    SubscriptionKind,
 )
 from conveyor.models.base import Base, JsonType, UTCDateTime, new_id, utcnow
 from conveyor.scheduler.cron import MisfirePolicy
@@ -53,6 +56,71 @@ class Tenant(Base):
     # Node jobs of this tenant that may run at once; None means the configured default.
     max_concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    """A tenant's API key. Only its public prefix and the SHA-256 of the whole key are
+    stored: the key is random (256 bits), so a fast hash is enough and a leaked table
+    holds nothing usable."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(32), unique=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class WebhookEndpoint(Base):
+    """Where a third party posts webhooks: ``POST /webhooks/{id}``, signed with ``secret``."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(100))
+    scheme: Mapped[SignatureScheme] = mapped_column(_enum(SignatureScheme, "signature_scheme"))
+    # The HMAC key itself: verifying a signature needs it, so it cannot be hashed.
+    secret: Mapped[str] = mapped_column(String(200))
+    rejected: Mapped[int] = mapped_column(Integer, default=0)  # deliveries refused (signature)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """A verified delivery; its sender's id is unique per endpoint, so a replay is refused."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (UniqueConstraint("endpoint_id", "delivery_id"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("webhook_endpoints.id"))
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    delivery_id: Mapped[str] = mapped_column(String(200))
+    event: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    payload: Mapped[Any] = mapped_column(JsonType)
+    status: Mapped[DeliveryStatus] = mapped_column(_enum(DeliveryStatus, "delivery_status"))
+    executions: Mapped[int] = mapped_column(Integer, default=0)
+    received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Subscription(Base):
+    """A workflow's declared trigger: an event type, or a webhook endpoint (and an optional
+    event filter). Rewritten from the definition on every apply."""
+
+    __tablename__ = "subscriptions"
+    __table_args__ = (Index("ix_subscriptions_source", "tenant_id", "kind", "source"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    workflow_name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[SubscriptionKind] = mapped_column(_enum(SubscriptionKind, "subscription_kind"))
+    source: Mapped[str] = mapped_column(String(200))  # the event type, or the endpoint name
+    events: Mapped[list[str]] = mapped_column(JsonType, default=list)  # webhook event filter
 
 
 class WorkflowVersion(Base):
@@ -110,6 +178,15 @@ class Execution(Base):
     __tablename__ = "executions"
     __table_args__ = (
         Index("ix_executions_tenant_created", "tenant_id", "created_at"),
+        # A retried trigger with the same Idempotency-Key finds the execution it made.
+        Index(
+            "uq_executions_idempotency",
+            "tenant_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+        ),
         # A fire is (schedule, slot): two checks, or two beats, cannot start it twice.
         Index(
             "uq_executions_schedule_fire",
@@ -136,6 +213,7 @@ class Execution(Base):
         ForeignKey("schedules.id", ondelete="SET NULL"), nullable=True
     )
     scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

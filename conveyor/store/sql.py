@@ -26,12 +26,14 @@ from conveyor.engine.states import (
     Priority,
 )
 from conveyor.exceptions import (
+    DuplicateExecution,
     ExecutionNotFound,
     StoreError,
     TenantNotFound,
     WorkflowNotFound,
 )
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
+from conveyor.store.access import AccessQueries
 from conveyor.store.rows import execution_record, job_record, workflow_record
 from conveyor.store.schedules import ScheduleQueries
 
@@ -40,7 +42,7 @@ _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
-class SqlStore(ScheduleQueries):
+class SqlStore(ScheduleQueries, AccessQueries):
     """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
 
     def __init__(self, session: Session) -> None:
@@ -150,21 +152,31 @@ class SqlStore(ScheduleQueries):
         priority: Priority,
         trigger: str,
         now: datetime,
+        idempotency_key: str | None = None,
     ) -> uuid.UUID:
+        """Insert a pending execution; :class:`DuplicateExecution` if the tenant has one with
+        this idempotency key (two retries racing: one inserts, the other finds it)."""
         execution_id = uuid.uuid4()
-        self.session.execute(
-            insert(Execution).values(
-                id=execution_id,
-                tenant_id=tenant_id,
-                workflow_id=workflow_id,
-                status=ExecutionStatus.PENDING,
-                priority=priority,
-                trigger=trigger,
-                input=input,
-                remaining_nodes=0,
-                created_at=now,
-            )
+        statement = insert(Execution).values(
+            id=execution_id,
+            tenant_id=tenant_id,
+            workflow_id=workflow_id,
+            status=ExecutionStatus.PENDING,
+            priority=priority,
+            trigger=trigger,
+            input=input,
+            remaining_nodes=0,
+            created_at=now,
+            idempotency_key=idempotency_key,
         )
+        if idempotency_key is None:
+            self.session.execute(statement)
+            return execution_id
+        try:
+            with self.session.begin_nested():
+                self.session.execute(statement)
+        except IntegrityError as exc:
+            raise DuplicateExecution(f"idempotency key {idempotency_key!r} was used") from exc
         return execution_id
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:

@@ -73,6 +73,13 @@ def run_node(job_id: str) -> None:
         service().run_node(parsed)
 
 
+@app.task(name="conveyor.webhook.deliver", ignore_result=True)
+def deliver_webhook(delivery_id: str) -> None:
+    """Start the workflows a stored webhook delivery matches."""
+    if (parsed := _job_id(delivery_id)) is not None:
+        service().deliver_webhook(parsed)
+
+
 @app.task(name="conveyor.scheduled.promote", ignore_result=True)
 def promote_due() -> int:
     """Publish retry and delay jobs whose time has come (also done by every worker)."""

@@ -12,6 +12,7 @@ from conveyor.engine.states import JobKind, Priority
 TASK_FOR_KIND = {
     JobKind.EXECUTION: "conveyor.execution.start",
     JobKind.NODE: "conveyor.node.run",
+    JobKind.WEBHOOK: "conveyor.webhook.deliver",
 }
 
 # kombu's Redis transport serves lower numbers first; AMQP serves higher numbers first.

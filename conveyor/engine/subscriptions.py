@@ -1,0 +1,119 @@
+"""Application events and webhook deliveries that start workflows: one transaction each, like
+:mod:`conveyor.engine.runner`. The caller publishes the returned dispatches after commit.
+
+A workflow subscribes in its definition (``events:`` and ``webhooks:``); applying it rewrites
+its rows in ``subscriptions``, so finding the workflows an event starts is one indexed read.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from conveyor.engine import runner
+from conveyor.engine.definitions import Workflow
+from conveyor.engine.queues import QUEUE_FOR_KIND
+from conveyor.engine.records import Dispatch
+from conveyor.engine.states import (
+    DeliveryStatus,
+    JobKind,
+    Priority,
+    SubscriptionKind,
+    TriggerSource,
+)
+from conveyor.exceptions import ConveyorError
+
+if TYPE_CHECKING:
+    from conveyor.store.sql import SqlStore
+
+log = logging.getLogger("conveyor.subscriptions")
+
+
+def sync(store: SqlStore, tenant: str, workflow: Workflow) -> None:
+    """Make the workflow's subscriptions those its definition declares."""
+    tenant_id = store.tenant_id(tenant)
+    known = {e.name for e in store.endpoints(tenant_id)}
+    missing = sorted({w.endpoint for w in workflow.webhooks} - known)
+    if missing:
+        raise ConveyorError(
+            f"workflow {workflow.name!r} listens to webhook endpoint(s) {', '.join(missing)} "
+            f"that tenant {tenant!r} does not have; create each with "
+            f"`conveyor webhooks create NAME --tenant {tenant}`"
+        )
+    rows: list[tuple[SubscriptionKind, str, list[str]]] = [
+        (SubscriptionKind.EVENT, e, []) for e in dict.fromkeys(workflow.events)
+    ]
+    rows += [(SubscriptionKind.WEBHOOK, w.endpoint, list(w.events)) for w in workflow.webhooks]
+    store.replace_subscriptions(tenant_id, workflow.name, rows)
+
+
+def emit_event(
+    store: SqlStore, tenant: str, event_type: str, payload: Any, now: datetime
+) -> list[runner.Triggered]:
+    """Start every workflow of the tenant that subscribes to the event type."""
+    names = store.subscribers(store.tenant_id(tenant), SubscriptionKind.EVENT, event_type)
+    return [
+        runner.trigger(
+            store,
+            workflow_name=name,
+            tenant=tenant,
+            input={"event": event_type, "payload": payload},
+            now=now,
+            source=TriggerSource.EVENT,
+        )
+        for name, _ in names
+    ]
+
+
+def delivery_dispatch(delivery_id: uuid.UUID) -> Dispatch:
+    """The message that hands a stored delivery to the webhook worker (high priority)."""
+    return Dispatch(
+        job_id=delivery_id,
+        kind=JobKind.WEBHOOK,
+        queue=QUEUE_FOR_KIND[JobKind.WEBHOOK],
+        priority=Priority.HIGH,
+    )
+
+
+def deliver_webhook(
+    store: SqlStore, delivery_id: uuid.UUID, now: datetime
+) -> list[runner.Triggered]:
+    """Start the workflows a stored delivery matches, once: the delivery row is locked and
+    marked handled in the same transaction."""
+    delivery = store.claim_delivery(delivery_id)
+    if delivery is None:
+        return []  # handled already (a duplicate message), or no such delivery
+    names = [
+        name
+        for name, events in store.subscribers(
+            delivery.tenant_id, SubscriptionKind.WEBHOOK, delivery.endpoint_name
+        )
+        if not events or delivery.event in events
+    ]
+    started = [
+        runner.trigger(
+            store,
+            workflow_name=name,
+            tenant=delivery.tenant_name,
+            input={
+                "event": delivery.event,
+                "delivery_id": delivery.delivery_id,
+                "payload": delivery.payload,
+            },
+            now=now,
+            source=TriggerSource.WEBHOOK,
+        )
+        for name in names
+    ]
+    status = DeliveryStatus.PROCESSED if started else DeliveryStatus.UNMATCHED
+    store.finish_delivery(delivery.id, status, len(started), now)
+    if not started:
+        log.info(
+            "webhook delivery %s to endpoint %s (event %s) matched no workflow",
+            delivery.delivery_id,
+            delivery.endpoint_name,
+            delivery.event,
+        )
+    return started

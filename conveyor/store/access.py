@@ -1,0 +1,253 @@
+"""The SQL of API keys, webhook endpoints and deliveries, and workflow subscriptions (part of
+:class:`SqlStore`). Every read an API call makes is filtered by its tenant here."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from conveyor.engine.records import DeliveryRecord, EndpointRecord, TenantRef
+from conveyor.engine.states import DeliveryStatus, JobStatus, SignatureScheme, SubscriptionKind
+from conveyor.exceptions import ConveyorError
+from conveyor.models import (
+    ApiKey,
+    Execution,
+    Job,
+    Subscription,
+    Tenant,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WorkflowVersion,
+)
+
+
+def _endpoint(row: WebhookEndpoint) -> EndpointRecord:
+    return EndpointRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        scheme=row.scheme,
+        secret=row.secret,
+        rejected=row.rejected,
+    )
+
+
+class AccessQueries:
+    session: Session
+
+    # -- API keys ---------------------------------------------------------------------------
+
+    def add_api_key(
+        self, tenant_id: uuid.UUID, name: str, prefix: str, digest: str, now: datetime
+    ) -> uuid.UUID:
+        key_id = uuid.uuid4()
+        self.session.execute(
+            insert(ApiKey).values(
+                id=key_id, tenant_id=tenant_id, name=name, prefix=prefix, digest=digest,
+                created_at=now,
+            )
+        )  # fmt: skip
+        return key_id
+
+    def api_key(self, prefix: str) -> tuple[str, TenantRef] | None:
+        """The digest of the live key with that prefix and its tenant; None if there is none
+        or it was revoked."""
+        row = self.session.execute(
+            select(ApiKey.digest, Tenant.id, Tenant.name)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
+        ).one_or_none()
+        return (row.digest, TenantRef(id=row.id, name=row.name)) if row else None
+
+    def api_keys(self, tenant_id: uuid.UUID) -> list[ApiKey]:
+        return list(
+            self.session.scalars(
+                select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
+            )
+        )
+
+    def revoke_api_key(self, tenant_id: uuid.UUID, prefix: str, now: datetime) -> bool:
+        result = self.session.execute(
+            update(ApiKey)
+            .where(
+                ApiKey.tenant_id == tenant_id,
+                ApiKey.prefix == prefix,
+                ApiKey.revoked_at.is_(None),
+            )
+            .values(revoked_at=now)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    # -- webhook endpoints and deliveries ------------------------------------------------------
+
+    def add_endpoint(
+        self,
+        tenant_id: uuid.UUID,
+        name: str,
+        scheme: SignatureScheme,
+        secret: str,
+        now: datetime,
+    ) -> EndpointRecord:
+        row = WebhookEndpoint(
+            tenant_id=tenant_id, name=name, scheme=scheme, secret=secret, rejected=0,
+            created_at=now,
+        )  # fmt: skip
+        try:
+            with self.session.begin_nested():
+                self.session.add(row)
+        except IntegrityError as exc:
+            raise ConveyorError(
+                f"a webhook endpoint named {name!r} exists already; pick another name"
+            ) from exc
+        return _endpoint(row)
+
+    def endpoint(self, endpoint_id: uuid.UUID) -> EndpointRecord | None:
+        row = self.session.get(WebhookEndpoint, endpoint_id)
+        return _endpoint(row) if row else None
+
+    def endpoints(self, tenant_id: uuid.UUID) -> list[EndpointRecord]:
+        rows = self.session.scalars(
+            select(WebhookEndpoint)
+            .where(WebhookEndpoint.tenant_id == tenant_id)
+            .order_by(WebhookEndpoint.name)
+        )
+        return [_endpoint(r) for r in rows]
+
+    def count_rejected(self, endpoint_id: uuid.UUID) -> None:
+        self.session.execute(
+            update(WebhookEndpoint)
+            .where(WebhookEndpoint.id == endpoint_id)
+            .values(rejected=WebhookEndpoint.rejected + 1)
+        )
+
+    def add_delivery(
+        self,
+        endpoint: EndpointRecord,
+        delivery_id: str,
+        event: str | None,
+        payload: Any,
+        now: datetime,
+    ) -> uuid.UUID | None:
+        """Store a verified delivery; None if the endpoint has one with that id (a replay)."""
+        row = WebhookDelivery(
+            endpoint_id=endpoint.id, tenant_id=endpoint.tenant_id, delivery_id=delivery_id,
+            event=event, payload=payload, status=DeliveryStatus.RECEIVED, executions=0,
+            received_at=now,
+        )  # fmt: skip
+        try:
+            with self.session.begin_nested():
+                self.session.add(row)
+        except IntegrityError:
+            return None
+        return row.id
+
+    def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
+        """Lock a delivery still waiting for the webhook worker; None once it was handled."""
+        row = self.session.execute(
+            select(WebhookDelivery, WebhookEndpoint.name, Tenant.name)
+            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+            .join(Tenant, Tenant.id == WebhookDelivery.tenant_id)
+            .where(
+                WebhookDelivery.id == delivery_id,
+                WebhookDelivery.status == DeliveryStatus.RECEIVED,
+            )
+            .with_for_update(of=WebhookDelivery)
+        ).one_or_none()
+        if row is None:
+            return None
+        delivery, endpoint_name, tenant_name = row
+        return DeliveryRecord(
+            id=delivery.id,
+            endpoint_id=delivery.endpoint_id,
+            endpoint_name=endpoint_name,
+            tenant_id=delivery.tenant_id,
+            tenant_name=tenant_name,
+            delivery_id=delivery.delivery_id,
+            event=delivery.event,
+            payload=delivery.payload,
+            status=delivery.status,
+        )
+
+    def finish_delivery(
+        self, delivery_id: uuid.UUID, status: DeliveryStatus, executions: int, now: datetime
+    ) -> None:
+        self.session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == delivery_id)
+            .values(status=status, executions=executions, processed_at=now)
+        )
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def replace_subscriptions(
+        self,
+        tenant_id: uuid.UUID,
+        workflow_name: str,
+        rows: Sequence[tuple[SubscriptionKind, str, list[str]]],
+    ) -> None:
+        """The workflow's subscriptions become exactly ``rows`` of (kind, source, events)."""
+        self.session.execute(
+            delete(Subscription).where(
+                Subscription.tenant_id == tenant_id, Subscription.workflow_name == workflow_name
+            )
+        )
+        if rows:
+            self.session.execute(
+                insert(Subscription),
+                [
+                    {"tenant_id": tenant_id, "workflow_name": workflow_name, "kind": kind,
+                     "source": source, "events": events}
+                    for kind, source, events in rows
+                ],
+            )  # fmt: skip
+
+    def subscribers(
+        self, tenant_id: uuid.UUID, kind: SubscriptionKind, source: str
+    ) -> list[tuple[str, list[str]]]:
+        """(workflow name, event filter) of every subscription to ``source``, by name."""
+        rows = self.session.execute(
+            select(Subscription.workflow_name, Subscription.events)
+            .where(
+                Subscription.tenant_id == tenant_id,
+                Subscription.kind == kind,
+                Subscription.source == source,
+            )
+            .order_by(Subscription.workflow_name)
+        ).all()
+        return [(r.workflow_name, list(r.events)) for r in rows]
+
+    # -- tenant-scoped reads --------------------------------------------------------------------
+
+    def execution_by_key(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
+        """The execution a trigger with this Idempotency-Key made, with its workflow's name."""
+        row = self.session.execute(
+            select(Execution.id, WorkflowVersion.name)
+            .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
+            .where(Execution.tenant_id == tenant_id, Execution.idempotency_key == key)
+        ).one_or_none()
+        return (row.id, row.name) if row else None
+
+    def owns_execution(self, tenant_id: uuid.UUID, execution_id: uuid.UUID) -> bool:
+        found = self.session.scalar(
+            select(Execution.id).where(
+                Execution.id == execution_id, Execution.tenant_id == tenant_id
+            )
+        )
+        return found is not None
+
+    def dead_letters(self, tenant_id: uuid.UUID, limit: int) -> list[tuple[Job, str]]:
+        """The tenant's dead-lettered jobs, newest first, with their workflow's name."""
+        rows = self.session.execute(
+            select(Job, WorkflowVersion.name)
+            .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
+            .where(Job.tenant_id == tenant_id, Job.status == JobStatus.DEAD_LETTER)
+            .order_by(Job.created_at.desc())
+            .limit(limit)
+        ).all()
+        return [(job, name) for job, name in rows]
