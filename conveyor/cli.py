@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from typer.core import TyperGroup
 
 from conveyor import cli_render as render
-from conveyor import db, runtime
+from conveyor import db, runtime, views
 from conveyor.config import get_settings
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
@@ -37,7 +37,6 @@ from conveyor.exceptions import (
     InvalidTransition,
     TenantNotFound,
 )
-from conveyor.nodes import registered_functions
 from conveyor.store import DEFAULT_TENANT
 
 if TYPE_CHECKING:  # imported lazily: only the commands that run or steer work need Celery
@@ -136,7 +135,7 @@ def _load_imports() -> None:
 def _known_functions() -> frozenset[str] | None:
     """The registered functions when CONVEYOR_IMPORTS names modules; else no check."""
     _load_imports()
-    return registered_functions() if get_settings().imports else None
+    return runtime.known_functions()
 
 
 @contextmanager
@@ -249,7 +248,7 @@ def workflow_apply(files: Files, tenant: Tenant = DEFAULT_TENANT) -> None:
 def workflow_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
     """The latest version of every workflow of a tenant."""
     with _embedded_schema(), runtime.database().transaction() as store:
-        rows = [render.workflow_json(r) for r in store.list_workflows(store.tenant_id(tenant))]
+        rows = [views.workflow_json(r) for r in store.list_workflows(store.tenant_id(tenant))]
     if as_json:
         render.print_json(rows)
     else:
@@ -360,18 +359,12 @@ def _parse_input(raw: str) -> Any:
         usage_error(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): {raw}")
 
 
-def _execution_view(execution_id: uuid.UUID) -> render.ExecutionJson:
+def _execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
     with runtime.database().transaction() as store:
-        row = store.execution_row(execution_id)
-        return render.execution_json(
-            row,
-            store.workflow(row.workflow_id),
-            store.execution_nodes(execution_id),
-            store.execution_jobs(execution_id),
-        )
+        return views.execution_view(store, execution_id)
 
 
-def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> render.ExecutionJson:
+def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> views.ExecutionJson:
     """Poll the execution until it finishes or ``timeout`` seconds pass; the last view."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with render.live_progress(live) as show:
@@ -385,7 +378,7 @@ def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> rend
             time.sleep(POLL_SECONDS)
 
 
-def _finish(view: render.ExecutionJson, as_json: bool) -> NoReturn:
+def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
     if as_json:
         render.print_json(
             {k: view[k] for k in ("status", "output", "error")} | {"execution_id": view["id"]}
@@ -439,7 +432,7 @@ def _print_started(execution_id: uuid.UUID, as_json: bool) -> None:
         render.out.print(str(execution_id))
 
 
-def _abandon(execution_id: uuid.UUID) -> render.ExecutionJson:
+def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
     """Cancel an execution that is still running when the embedded workers are about to stop:
     nothing else would ever finish it."""
     if not ExecutionStatus(_execution_view(execution_id)["status"]).finished:
@@ -463,7 +456,7 @@ def executions_list(
     with _embedded_schema(), runtime.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
         rows = [
-            render.execution_summary(e, name, version)
+            views.execution_summary(e, name, version)
             for e, name, version in store.list_executions(tenant_id, status=status, limit=limit)
         ]
     if as_json:
@@ -535,6 +528,10 @@ def _demo_run(name: str, payload: Any) -> bool:
 
 # -- sub-commands in their own modules (they import the helpers above) -----------------------
 
+from conveyor.cli_access import keys_app, serve, webhooks_app  # noqa: E402
 from conveyor.cli_schedules import schedules_app  # noqa: E402
 
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(keys_app, name="keys")
+app.add_typer(webhooks_app, name="webhooks")
+app.command("api")(serve)

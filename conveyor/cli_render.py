@@ -21,8 +21,14 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from conveyor.engine.limits import KeyUsage
-from conveyor.engine.records import WorkflowRecord
-from conveyor.models import Execution, Job, JobAttempt, NodeState
+from conveyor.views import (
+    ExecutionJson,
+    ExecutionSummaryJson,
+    JobJson,
+    NodeJson,
+    WorkflowJson,
+    seconds,
+)
 
 # Piped output is not cut at 80 columns, so that ids and errors stay whole.
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -45,171 +51,6 @@ STATUS_STYLE = {
     "processing": "yellow",
     "dead_letter": "red",
 }
-
-
-class AttemptJson(TypedDict):
-    number: int
-    status: str
-    error: str | None
-    worker: str | None
-    started_at: str
-    finished_at: str | None
-    duration: float | None
-    timed_out: bool
-
-
-class JobJson(TypedDict):
-    id: str
-    kind: str
-    node: str | None
-    queue: str
-    status: str
-    priority: str
-    next_run_at: str | None
-    last_error: str | None
-    attempts: list[AttemptJson]
-
-
-class NodeJson(TypedDict):
-    id: str
-    status: str
-    branch: str | None
-    attempts: int
-    output: Any
-    error: str | None
-    started_at: str | None
-    finished_at: str | None
-    duration: float | None
-
-
-class ExecutionSummaryJson(TypedDict):
-    id: str
-    workflow: str
-    version: int
-    status: str
-    priority: str
-    trigger: str
-    error: str | None
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-    duration: float | None
-
-
-class ExecutionJson(ExecutionSummaryJson):
-    input: Any
-    output: Any
-    nodes: list[NodeJson]
-    jobs: list[JobJson]
-
-
-class WorkflowJson(TypedDict):
-    id: str
-    name: str
-    version: int
-    description: str
-    nodes: int
-    digest: str
-    created_at: str
-
-
-# -- JSON ------------------------------------------------------------------------------------
-
-
-def iso(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).isoformat() if value is not None else None
-
-
-def seconds(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return round((end - start).total_seconds(), 3)
-
-
-def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionSummaryJson:
-    return {
-        "id": str(row.id),
-        "workflow": workflow,
-        "version": version,
-        "status": row.status.value,
-        "priority": row.priority.value,
-        "trigger": row.trigger,
-        "error": row.error,
-        "created_at": iso(row.created_at) or "",
-        "started_at": iso(row.started_at),
-        "finished_at": iso(row.finished_at),
-        "duration": seconds(row.started_at, row.finished_at),
-    }
-
-
-def execution_json(
-    row: Execution,
-    workflow: WorkflowRecord,
-    nodes: Sequence[NodeState],
-    jobs: Sequence[tuple[Job, list[JobAttempt]]],
-) -> ExecutionJson:
-    tries = {job.node_id: len(attempts) for job, attempts in jobs if job.node_id}
-    return {
-        **execution_summary(row, workflow.name, workflow.version),
-        "input": row.input,
-        "output": row.output,
-        "nodes": [_node_json(n, tries.get(n.node_id, 0)) for n in nodes],
-        "jobs": [_job_json(job, attempts) for job, attempts in jobs],
-    }
-
-
-def _node_json(row: NodeState, attempts: int) -> NodeJson:
-    return {
-        "id": row.node_id,
-        "status": row.status.value,
-        "branch": row.branch,
-        "attempts": attempts,
-        "output": row.output,
-        "error": row.error,
-        "started_at": iso(row.started_at),
-        "finished_at": iso(row.finished_at),
-        "duration": seconds(row.started_at, row.finished_at),
-    }
-
-
-def _job_json(row: Job, attempts: list[JobAttempt]) -> JobJson:
-    return {
-        "id": str(row.id),
-        "kind": row.kind.value,
-        "node": row.node_id,
-        "queue": row.queue,
-        "status": row.status.value,
-        "priority": row.priority.value,
-        "next_run_at": iso(row.next_run_at),
-        "last_error": row.last_error,
-        "attempts": [_attempt_json(a) for a in attempts],
-    }
-
-
-def _attempt_json(row: JobAttempt) -> AttemptJson:
-    return {
-        "number": row.attempt_number,
-        "status": row.status.value,
-        "error": row.error,
-        "worker": row.worker,
-        "started_at": iso(row.started_at) or "",
-        "finished_at": iso(row.finished_at),
-        "duration": round(row.duration, 3) if row.duration is not None else None,
-        "timed_out": row.timed_out,
-    }
-
-
-def workflow_json(record: WorkflowRecord) -> WorkflowJson:
-    definition = record.definition
-    return {
-        "id": str(record.id),
-        "name": record.name,
-        "version": record.version,
-        "description": str(definition.get("description", "")),
-        "nodes": len(definition.get("nodes", [])),
-        "digest": record.digest,
-        "created_at": iso(record.created_at) or "",
-    }
 
 
 def print_json(value: Any) -> None:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from conveyor import cli_render as render
-from conveyor import runtime
+from conveyor import runtime, views
 from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
@@ -63,8 +63,8 @@ def schedule_json(record: ScheduleRecord) -> ScheduleJson:
         "misfire": record.misfire.value,
         "catch_up": record.catch_up,
         "enabled": record.enabled,
-        "next_run_at": render.iso(record.next_run_at) if record.enabled else None,
-        "last_run_at": render.iso(record.last_run_at),
+        "next_run_at": views.iso(record.next_run_at) if record.enabled else None,
+        "last_run_at": views.iso(record.last_run_at),
         "run_count": record.run_count,
     }
 

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
         "time; an older slot is a misfire, handled by the schedule's policy.",
     )
 
+    webhook_max_bytes: int = Field(
+        default=1_048_576, ge=1024, description="The largest webhook body accepted, in bytes."
+    )
+    api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
+
     @field_validator("imports", mode="before")
     @classmethod
     def _split_imports(cls, value: Any) -> Any:

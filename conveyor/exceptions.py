@@ -7,7 +7,7 @@ class ConveyorError(Exception):
     """Conveyor failed."""
 
     def __init__(self, message: str | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+        super().__init__(message or " ".join((self.__doc__ or "").split()))
 
 
 class ConfigurationError(ConveyorError):

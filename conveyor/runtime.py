@@ -58,3 +58,12 @@ def load_imports(extra: list[str] | None = None) -> None:
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{threading.get_native_id()}"
+
+
+def known_functions() -> frozenset[str] | None:
+    """The registered node functions when CONVEYOR_IMPORTS names modules (definitions are
+    checked against them); None, and no such check, when it names none."""
+    from conveyor.nodes import registered_functions
+
+    load_imports()
+    return registered_functions() if get_settings().imports else None

@@ -1,0 +1,118 @@
+"""The FastAPI application: routes, the error answers, and its wiring at start-up.
+
+Every error a caller can cause answers ``{"detail": "what is wrong and how to fix it"}``
+with the status that fits; a database or broker that cannot be reached answers 503. No
+input answers 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, OperationalError
+
+from conveyor import runtime
+from conveyor.api import rest, webhooks
+from conveyor.config import get_settings
+from conveyor.exceptions import (
+    AuthError,
+    ConveyorError,
+    DefinitionError,
+    DispatchError,
+    DuplicateDelivery,
+    IdempotencyConflict,
+    InvalidTransition,
+    NotFound,
+    SignatureError,
+)
+from conveyor.service import Conveyor
+
+log = logging.getLogger("conveyor.api")
+
+_STATUS: list[tuple[type[ConveyorError], int]] = [
+    (AuthError, 401),
+    (SignatureError, 401),
+    (NotFound, 404),
+    (IdempotencyConflict, 409),
+    (DuplicateDelivery, 409),
+    (InvalidTransition, 409),
+    (DefinitionError, 422),
+    (DispatchError, 503),
+    (ConveyorError, 400),
+]
+
+
+def create_app(service: Conveyor | None = None) -> FastAPI:
+    """The app; without ``service`` it builds the process's own at start-up (and, on the
+    embedded default, migrates SQLite and runs worker threads here)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            if service is None:
+                stack.enter_context(_embedded_workers())
+                from conveyor.tasks import service as process_service
+
+                app.state.service = process_service()
+            else:
+                app.state.service = service
+            runtime.load_imports()
+            yield
+
+    app = FastAPI(
+        title="Conveyor",
+        version="1",
+        summary="Durable DAG workflows on Celery: trigger, inspect and steer them.",
+        lifespan=lifespan,
+    )
+    app.include_router(rest.router)
+    app.include_router(webhooks.router)
+    app.add_exception_handler(ConveyorError, _conveyor_error)  # type: ignore[arg-type]
+    app.add_exception_handler(DataError, _data_error)  # type: ignore[arg-type]
+    app.add_exception_handler(OperationalError, _unavailable)  # type: ignore[arg-type]
+
+    @app.get("/health", tags=["health"])
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _embedded_workers() -> AbstractContextManager[object]:
+    """On the embedded default, the API migrates SQLite and runs the workers itself."""
+    if not get_settings().embedded:
+        return nullcontext()
+    from conveyor import db
+    from conveyor.embedded import embedded_workers
+
+    db.upgrade()
+    return embedded_workers()
+
+
+async def _conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:
+    code = next(code for cls, code in _STATUS if isinstance(exc, cls))
+    body: dict[str, object] = {"detail": str(exc)}
+    if isinstance(exc, DefinitionError):
+        body["errors"] = exc.errors
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
+    return JSONResponse(body, status_code=code, headers=headers)
+
+
+async def _data_error(request: Request, exc: DataError) -> JSONResponse:
+    cause = str(exc.orig).splitlines()[0] if exc.orig else "invalid value"
+    return JSONResponse(
+        {"detail": f"the database refused a value: {cause}; send JSON it can store"},
+        status_code=422,
+    )
+
+
+async def _unavailable(request: Request, exc: OperationalError) -> JSONResponse:
+    log.error("database unavailable: %s", str(exc.orig).splitlines()[0] if exc.orig else exc)
+    return JSONResponse({"detail": "the database is unavailable; try again"}, status_code=503)
+
+
+app = create_app()

@@ -1,0 +1,67 @@
+"""Request and response bodies of the REST API (the JSON shapes of executions and workflows
+are :mod:`conveyor.views`, shared with the CLI)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conveyor.engine.definitions import EVENT_TYPE
+from conveyor.engine.states import Priority
+
+
+class Problem(BaseModel):
+    """What went wrong and how to fix it."""
+
+    detail: str
+    errors: list[str] = Field(default_factory=list)
+
+
+class Applied(BaseModel):
+    name: str
+    version: int
+    stored: bool  # False: the definition was unchanged, no new version
+
+
+class TriggerBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: dict[str, Any] = Field(default_factory=dict)
+    priority: Priority | None = None
+
+
+class Started(BaseModel):
+    id: uuid.UUID
+    replayed: bool  # an earlier call with the same Idempotency-Key made it
+
+
+class Cancelled(BaseModel):
+    id: uuid.UUID
+    status: str
+
+
+class EventBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(min_length=1, max_length=200, pattern=EVENT_TYPE)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventStarted(BaseModel):
+    executions: list[uuid.UUID]
+
+
+class Received(BaseModel):
+    delivery_id: uuid.UUID
+
+
+class DeadLetter(BaseModel):
+    job_id: uuid.UUID
+    execution_id: uuid.UUID
+    workflow: str
+    node: str | None
+    error: str | None
+    tries: int
+    created_at: str

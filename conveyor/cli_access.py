@@ -1,0 +1,157 @@
+"""``conveyor api``, ``conveyor keys`` and ``conveyor webhooks``: serving the HTTP API and the
+credentials that reach it. Secrets (a key, an endpoint's secret) are printed once, when made,
+and never again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from conveyor import cli_render as render
+from conveyor import runtime, views
+from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
+from conveyor.config import get_settings
+from conveyor.engine import credentials
+from conveyor.engine.states import SignatureScheme
+from conveyor.exceptions import ConveyorError
+from conveyor.store import DEFAULT_TENANT
+
+keys_app = _typer("API keys: each acts for one tenant.")
+webhooks_app = _typer("Webhook endpoints: where third parties post signed deliveries.")
+Name = Annotated[str, typer.Option("--name", help="A label to recognise it by.")]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(help="Default: CONVEYOR_API_HOST.")] = None,
+    port: Annotated[int | None, typer.Option(help="Default: CONVEYOR_API_PORT.")] = None,
+) -> None:
+    """Serve the REST API, the webhook receiver and live streams (OpenAPI at /docs)."""
+    import uvicorn
+
+    settings = get_settings()
+    uvicorn.run(
+        "conveyor.api.app:create_app",
+        factory=True,
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level="info",
+    )
+
+
+@keys_app.command("create")
+def keys_create(tenant: Tenant = DEFAULT_TENANT, name: Name = "") -> None:
+    """Make an API key for a tenant; it is shown this once (only its hash is kept)."""
+    made = credentials.new_api_key()
+    with _embedded_schema():
+        runtime.database().run(
+            lambda s: s.add_api_key(s.tenant_id(tenant), name, made.prefix, made.digest, _now())
+        )
+    render.out.print(made.key, markup=False)
+    render.err.print(
+        f"API key {made.prefix} for tenant {tenant}: send it as `Authorization: Bearer <key>`; "
+        f"it is not shown again",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+@keys_app.command("list")
+def keys_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
+    """A tenant's keys, by prefix (the keys themselves are not kept)."""
+    with _embedded_schema(), runtime.database().transaction() as store:
+        rows = [
+            {
+                "prefix": k.prefix,
+                "name": k.name,
+                "created_at": views.iso(k.created_at),
+                "revoked_at": views.iso(k.revoked_at),
+            }
+            for k in store.api_keys(store.tenant_id(tenant))
+        ]
+    if as_json:
+        render.print_json(rows)
+        return
+    table = Table("prefix", "name", "created", "revoked", box=None)
+    for r in rows:
+        table.add_row(r["prefix"], r["name"], r["created_at"], r["revoked_at"] or "")
+    render.out.print(table if rows else "no keys")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    prefix: Annotated[str, typer.Argument(metavar="PREFIX", help="As `keys list` shows it.")],
+    tenant: Tenant = DEFAULT_TENANT,
+) -> None:
+    """Revoke a key at once: every call with it answers 401 from now on."""
+    with _embedded_schema():
+        done = runtime.database().run(
+            lambda s: s.revoke_api_key(s.tenant_id(tenant), prefix, _now())
+        )
+    if not done:
+        raise ConveyorError(
+            f"tenant {tenant!r} has no live key with prefix {prefix!r}; see `conveyor keys list`"
+        )
+    render.out.print(f"API key {prefix} revoked", markup=False)
+
+
+@webhooks_app.command("create")
+def webhooks_create(
+    name: Annotated[str, typer.Argument(help="Workflows name it in `webhooks: [{endpoint: …}]`.")],
+    scheme: Annotated[
+        SignatureScheme, typer.Option(help="standard (Standard Webhooks) or github.")
+    ] = SignatureScheme.STANDARD,
+    secret: Annotated[
+        str | None, typer.Option(help="The sender's secret; default: a new random one.")
+    ] = None,
+    tenant: Tenant = DEFAULT_TENANT,
+) -> None:
+    """Make a webhook endpoint; prints its URL path and, this once, its secret."""
+    if not 0 < len(name) <= 100:
+        usage_error("an endpoint name has 1 to 100 characters")
+    chosen = secret or credentials.new_webhook_secret(scheme)
+    if scheme is SignatureScheme.STANDARD:
+        _check_standard_secret(chosen)
+    with _embedded_schema():
+        endpoint = runtime.database().run(
+            lambda s: s.add_endpoint(s.tenant_id(tenant), name, scheme, chosen, _now())
+        )
+    render.out.print(f"/webhooks/{endpoint.id}", markup=False)
+    render.err.print(
+        f"endpoint {name} ({scheme.value}) for tenant {tenant}; secret (not shown again): {chosen}",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _check_standard_secret(secret: str) -> None:
+    from standardwebhooks import Webhook
+
+    try:
+        Webhook(secret)
+    except Exception:
+        usage_error("a Standard Webhooks secret is base64, optionally after 'whsec_'")
+
+
+@webhooks_app.command("list")
+def webhooks_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
+    """A tenant's endpoints with their URL paths and refused deliveries (no secrets)."""
+    with _embedded_schema(), runtime.database().transaction() as store:
+        rows = [
+            {"name": e.name, "path": f"/webhooks/{e.id}", "scheme": e.scheme.value,
+             "rejected": e.rejected}
+            for e in store.endpoints(store.tenant_id(tenant))
+        ]  # fmt: skip
+    if as_json:
+        render.print_json(rows)
+        return
+    table = Table("name", "path", "scheme", "refused", box=None)
+    for r in rows:
+        table.add_row(str(r["name"]), str(r["path"]), str(r["scheme"]), str(r["rejected"]))
+    render.out.print(table if rows else "no webhook endpoints")
