@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from conveyor import runtime
+from conveyor.engine.credentials import new_api_key
 from conveyor.engine.queues import ALL_QUEUES
 from conveyor.service import Conveyor
 from tests.conftest import PG_ADMIN_URL, REDIS_URL, TEST_DB, TEST_DB_URL
@@ -51,3 +55,42 @@ def conveyor_service(celery_session_worker: Any, database_url: str) -> Iterator[
     services.truncate(database_url)
     services.clear_limits(REDIS_URL)
     yield conveyor.tasks.service()
+
+
+@pytest.fixture(scope="session")
+def api_url(celery_session_worker: Any, database_url: str) -> Iterator[str]:
+    """The API served over real HTTP (uvicorn on a free port) by the service the in-process
+    worker uses."""
+    import uvicorn
+
+    import conveyor.tasks
+    from conveyor.api import create_app
+
+    app = create_app(conveyor.tasks.service())
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, name="api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def make_key(conveyor_service: Conveyor) -> Callable[[str], str]:
+    """Create a tenant (if need be) and an API key for it; the key."""
+
+    def make(tenant: str) -> str:
+        made = new_api_key()
+        with conveyor_service.db.transaction() as store:
+            tenant_id = store.create_tenant(tenant)
+            store.add_api_key(tenant_id, "test", made.prefix, made.digest, datetime.now(UTC))
+        return made.key
+
+    return make

@@ -43,8 +43,8 @@ CREATE TABLE test_spans (
 )
 """
 TABLES = (
-    "job_attempts, jobs, node_states, executions, schedules, workflows, tenants, "
-    "test_effects, test_spans"
+    "job_attempts, jobs, node_states, executions, schedules, workflows, subscriptions, "
+    "webhook_deliveries, webhook_endpoints, api_keys, tenants, test_effects, test_spans"
 )
 
 
