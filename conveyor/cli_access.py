@@ -123,8 +123,9 @@ def webhooks_create(
             lambda s: s.add_endpoint(s.tenant_id(tenant), name, scheme, chosen, _now())
         )
     render.out.print(f"/webhooks/{endpoint.id}", markup=False)
+    shown = "the one you gave" if secret else f"{chosen} (not shown again)"
     render.err.print(
-        f"endpoint {name} ({scheme.value}) for tenant {tenant}; secret (not shown again): {chosen}",
+        f"endpoint {name} ({scheme.value}) for tenant {tenant}; secret: {shown}",
         markup=False,
         soft_wrap=True,
     )

@@ -213,7 +213,7 @@ def test_a_retried_trigger_with_the_same_idempotency_key_makes_one_execution(
                     "/v1/workflows/sum/executions",
                     json={"input": {"a": 2}},
                     headers={"Idempotency-Key": "order-42"},
-                )  # fmt: skip
+                )
             )
 
         threads = [threading.Thread(target=call) for _ in range(8)]
