@@ -13,6 +13,7 @@ import redis
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from conveyor.engine.states import ExecutionStatus
 from conveyor.models import Execution
@@ -79,11 +80,23 @@ def prepare_schema(url: str) -> None:
     engine.dispose()
 
 
-def truncate(url: str) -> None:
+def truncate(url: str, attempts: int = 5) -> None:
+    """Empty every table. A worker thread may still be finishing the last test's work: the
+    TRUNCATE's table locks can then deadlock with its transaction, and PostgreSQL picks the
+    TRUNCATE to fail; it is tried again."""
     engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
-    engine.dispose()
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+                return
+            except OperationalError as exc:
+                if attempt == attempts or getattr(exc.orig, "sqlstate", None) != "40P01":
+                    raise
+                time.sleep(0.1 * attempt)
+    finally:
+        engine.dispose()
 
 
 def clear_limits(url: str, prefix: str = "conveyor:limits") -> None:

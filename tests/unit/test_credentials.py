@@ -71,14 +71,15 @@ def test_a_standard_webhook_signed_by_the_library_verifies() -> None:
     ("change", "says"),
     [
         ({"body": BODY.replace(b"7", b"8")}, "no signature matches the body"),
-        ({"at": datetime.now(UTC) - timedelta(minutes=6)}, "timestamp too old"),
-        ({"at": datetime.now(UTC) + timedelta(minutes=6)}, "timestamp too new"),
+        ({"shift": timedelta(minutes=-6)}, "timestamp too old"),
+        ({"shift": timedelta(minutes=6)}, "timestamp too new"),
         ({"secret": new_webhook_secret(SignatureScheme.STANDARD)}, "no signature matches"),
     ],
 )
 def test_a_tampered_expired_or_foreign_standard_webhook_is_refused(change: dict, says: str) -> None:
     secret = new_webhook_secret(SignatureScheme.STANDARD)
-    headers = standard_headers(change.get("secret", secret), at=change.get("at"))
+    at = datetime.now(UTC) + change.get("shift", timedelta(0))  # now: when the test runs
+    headers = standard_headers(change.get("secret", secret), at=at)
 
     with pytest.raises(SignatureError, match=says):
         verify(SignatureScheme.STANDARD, secret, change.get("body", BODY), headers)
@@ -92,14 +93,14 @@ def test_a_tampered_expired_or_foreign_standard_webhook_is_refused(change: dict,
         {"webhook-id": "m", "webhook-timestamp": "soon", "webhook-signature": "v1,AAAA"},
         {"webhook-id": "m", "webhook-timestamp": "NaN", "webhook-signature": "v1,AAAA"},
         {"webhook-id": "m", "webhook-timestamp": "1e400", "webhook-signature": "v1,AAAA"},
-        {"webhook-id": "m", "webhook-timestamp": str(int(datetime.now(UTC).timestamp())),
-         "webhook-signature": "garbage"},
-        {"webhook-id": "m", "webhook-timestamp": str(int(datetime.now(UTC).timestamp())),
-         "webhook-signature": "v1,@@not-base64@@"},
+        {"webhook-id": "m", "webhook-signature": "garbage"},
+        {"webhook-id": "m", "webhook-signature": "v1,@@not-base64@@"},
     ],
 )  # fmt: skip
 def test_malformed_standard_headers_are_a_signature_error(headers: dict) -> None:
     secret = new_webhook_secret(SignatureScheme.STANDARD)
+    if "webhook-signature" in headers and "webhook-timestamp" not in headers:
+        headers = {**headers, "webhook-timestamp": str(int(datetime.now(UTC).timestamp()))}
 
     with pytest.raises(SignatureError):
         verify(SignatureScheme.STANDARD, secret, BODY, headers)
