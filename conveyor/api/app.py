@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, OperationalError
 
@@ -72,6 +73,7 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
     app.include_router(rest.router)
     app.include_router(webhooks.router)
     app.add_exception_handler(ConveyorError, _conveyor_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(DataError, _data_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _unavailable)  # type: ignore[arg-type]
 
@@ -102,11 +104,22 @@ async def _conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:
     return JSONResponse(body, status_code=code, headers=headers)
 
 
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own validation errors, in the one error shape of this API."""
+    errors = [
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+        for e in exc.errors()
+    ]
+    return JSONResponse(
+        {"detail": f"{len(errors)} invalid value(s) in the request", "errors": errors},
+        status_code=422,
+    )
+
+
 async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     cause = str(exc.orig).splitlines()[0] if exc.orig else "invalid value"
     return JSONResponse(
-        {"detail": f"the database refused a value: {cause}; send JSON it can store"},
-        status_code=422,
+        {"detail": f"the database refused a value of the request: {cause}"}, status_code=422
     )
 
 

@@ -21,6 +21,7 @@ from conveyor.api.schemas import (
     DeadLetter,
     EventBody,
     EventStarted,
+    Problem,
     Started,
     TriggerBody,
 )
@@ -31,7 +32,16 @@ from conveyor.exceptions import ExecutionNotFound, WorkflowNotFound
 from conveyor.runtime import known_functions
 from conveyor.service import Conveyor
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(
+    prefix="/v1",
+    responses={
+        401: {"model": Problem, "description": "No key, or an unknown or revoked one"},
+        404: {"model": Problem, "description": "Not found (or another tenant's)"},
+        409: {"model": Problem, "description": "Conflicts with the current state"},
+        422: {"model": Problem, "description": "Invalid input; `errors` lists every problem"},
+        503: {"model": Problem, "description": "The database or the broker is unreachable"},
+    },
+)
 IdempotencyKey = Annotated[
     str | None,
     Header(
@@ -59,7 +69,12 @@ def list_workflows(service: ServiceDep, tenant: TenantDep) -> list[views.Workflo
         return [views.workflow_json(r) for r in store.list_workflows(tenant.id)]
 
 
-@router.post("/workflows", status_code=status.HTTP_201_CREATED, tags=["workflows"])
+@router.post(
+    "/workflows",
+    status_code=status.HTTP_201_CREATED,
+    tags=["workflows"],
+    responses={200: {"model": Applied, "description": "Unchanged: no new version"}},
+)
 def apply_workflow(
     service: ServiceDep,
     tenant: TenantDep,
@@ -85,7 +100,10 @@ def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> dict[str
 
 
 @router.post(
-    "/workflows/{name}/executions", status_code=status.HTTP_201_CREATED, tags=["executions"]
+    "/workflows/{name}/executions",
+    status_code=status.HTTP_201_CREATED,
+    tags=["executions"],
+    responses={200: {"model": Started, "description": "Replayed: the key's execution"}},
 )
 def trigger(
     name: str,

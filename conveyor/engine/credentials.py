@@ -22,10 +22,11 @@ from typing import Any
 from standardwebhooks import Webhook
 
 from conveyor.engine.states import SignatureScheme
-from conveyor.exceptions import AuthError, SignatureError
+from conveyor.exceptions import AuthError, ConveyorError, SignatureError
 
 KEY_PREFIX = "cvk_"
 TOLERANCE_SECONDS = 300  # a Standard Webhooks timestamp further off than this is refused
+MAX_ID = 200  # characters of a delivery id (and of an event type) that are kept
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,14 +84,15 @@ def verify(
         delivery_id = _standard(secret, body, lowered)
         payload = _json(body)
         event = payload.get("type") if isinstance(payload, dict) else None
-        return Verified(
-            delivery_id=delivery_id,
-            event=event if isinstance(event, str) else None,
-            payload=payload,
-        )
-    delivery_id = _github(secret, body, lowered)
+    else:
+        delivery_id = _github(secret, body, lowered)
+        payload, event = _json(body), lowered.get("x-github-event")
+    if len(delivery_id) > MAX_ID:
+        raise ConveyorError(f"the delivery id is over {MAX_ID} characters; send a shorter one")
     return Verified(
-        delivery_id=delivery_id, event=lowered.get("x-github-event"), payload=_json(body)
+        delivery_id=delivery_id,
+        event=event[:MAX_ID] if isinstance(event, str) else None,
+        payload=payload,
     )
 
 
