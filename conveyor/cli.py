@@ -156,7 +156,7 @@ def _parse_uuid(value: str) -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        usage_error(f"{value!r} is not an execution id; list them with `conveyor executions list`")
+        usage_error(f"{value!r} is not an id (a UUID); list them with `conveyor executions list`")
 
 
 # -- definition files ------------------------------------------------------------------------
@@ -529,9 +529,11 @@ def _demo_run(name: str, payload: Any) -> bool:
 # -- sub-commands in their own modules (they import the helpers above) -----------------------
 
 from conveyor.cli_access import keys_app, serve, webhooks_app  # noqa: E402
+from conveyor.cli_dlq import dlq_app  # noqa: E402
 from conveyor.cli_schedules import schedules_app  # noqa: E402
 
 app.add_typer(schedules_app, name="schedules")
 app.add_typer(keys_app, name="keys")
 app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(dlq_app, name="dlq")
 app.command("api")(serve)

@@ -11,14 +11,14 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.exc import DataError
 
 from conveyor import nodes
-from conveyor.engine import credentials, runner, subscriptions
+from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
@@ -26,6 +26,7 @@ from conveyor.engine.records import Dispatch, TenantRef, WorkflowRecord
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
+    ConveyorError,
     DispatchError,
     DuplicateDelivery,
     LimitError,
@@ -285,6 +286,42 @@ class Conveyor:
             started += len(checked.dispatches)
             if checked.claimed < batch:
                 return started
+
+    def requeue_dead_letters(
+        self, job_ids: Sequence[uuid.UUID], tenant_id: uuid.UUID | None = None
+    ) -> dict[uuid.UUID, str | None]:
+        """Resume each dead letter's execution from it (see :mod:`engine.dead_letters`), each
+        in its own transaction; for each id, None when done or why it was refused."""
+        return self._each(
+            job_ids, lambda s, job_id: dead_letters.requeue(s, job_id, tenant_id, utcnow())
+        )
+
+    def discard_dead_letters(
+        self, job_ids: Sequence[uuid.UUID], tenant_id: uuid.UUID | None = None
+    ) -> dict[uuid.UUID, str | None]:
+        """Move dead letters to the archive; for each id, None when done or why not."""
+
+        def discard(store: SqlStore, job_id: uuid.UUID) -> list[Dispatch]:
+            dead_letters.discard(store, job_id, tenant_id, utcnow())
+            return []
+
+        return self._each(job_ids, discard)
+
+    def _each(
+        self,
+        job_ids: Sequence[uuid.UUID],
+        work: Callable[[SqlStore, uuid.UUID], list[Dispatch]],
+    ) -> dict[uuid.UUID, str | None]:
+        outcomes: dict[uuid.UUID, str | None] = {}
+        for job_id in dict.fromkeys(job_ids):
+            try:
+                dispatches = self.db.run(lambda s, job_id=job_id: work(s, job_id))  # type: ignore[misc]
+            except ConveyorError as exc:
+                outcomes[job_id] = str(exc)
+                continue
+            self._publish(dispatches)
+            outcomes[job_id] = None
+        return outcomes
 
     def sweep_limits(self) -> int:
         """The limiter's safety net (see :meth:`Gate.sweep`); 0 without limits."""

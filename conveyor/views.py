@@ -189,3 +189,40 @@ def workflow_json(record: WorkflowRecord) -> WorkflowJson:
         "digest": record.digest,
         "created_at": iso(record.created_at) or "",
     }
+
+
+class DeadLetterJson(TypedDict):
+    job_id: str
+    execution_id: str
+    tenant: str
+    workflow: str
+    node: str | None
+    status: str  # dead_letter, or discarded (the archive)
+    error: str | None
+    tries: int
+    dead_at: str | None  # when it was dead-lettered (discarded, for the archive)
+
+
+def dead_letter_json(row: Job, workflow: str, tenant: str) -> DeadLetterJson:
+    return {
+        "job_id": str(row.id),
+        "execution_id": str(row.execution_id),
+        "tenant": tenant,
+        "workflow": workflow,
+        "node": row.node_id,
+        "status": row.status.value,
+        "error": row.last_error,
+        "tries": row.tries_before + row.retry_count + 1,
+        "dead_at": iso(row.completed_at),
+    }
+
+
+class DeadLetterDetailJson(DeadLetterJson):
+    attempts: list[AttemptJson]
+
+
+def dead_letter_view(store: SqlStore, job_id: uuid.UUID) -> DeadLetterDetailJson:
+    """A dead letter with every try it ever made."""
+    for job, attempts in store.dead_letter_history(job_id):
+        return {**dead_letter_json(*job), "attempts": [_attempt_json(a) for a in attempts]}
+    raise ValueError(job_id)  # pragma: no cover - the caller checked it exists

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, OperationalError
 
 from conveyor import runtime
-from conveyor.api import rest, webhooks
+from conveyor.api import dead_letters, rest, webhooks
 from conveyor.config import get_settings
 from conveyor.exceptions import (
     AuthError,
@@ -71,6 +71,7 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.include_router(rest.router)
+    app.include_router(dead_letters.router)
     app.include_router(webhooks.router)
     app.add_exception_handler(ConveyorError, _conveyor_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]

@@ -18,7 +18,6 @@ from conveyor.api.deps import ServiceDep, TenantDep
 from conveyor.api.schemas import (
     Applied,
     Cancelled,
-    DeadLetter,
     EventBody,
     EventStarted,
     Problem,
@@ -182,7 +181,7 @@ def execution_events(
     )
 
 
-# -- events and dead letters -------------------------------------------------------------------
+# -- application events -------------------------------------------------------------------------
 
 
 @router.post("/events", status_code=status.HTTP_202_ACCEPTED, tags=["events"])
@@ -190,26 +189,3 @@ def emit_event(body: EventBody, service: ServiceDep, tenant: TenantDep) -> Event
     """Start every workflow of the tenant that subscribes to the event's type (`events:` in
     its definition); each gets ``{"event": type, "payload": payload}`` as input."""
     return EventStarted(executions=service.emit(tenant.name, body.type, body.payload))
-
-
-@router.get("/dead-letters", tags=["dead letters"])
-def dead_letters(
-    service: ServiceDep,
-    tenant: TenantDep,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-) -> list[DeadLetter]:
-    """The tenant's dead-lettered jobs, newest first."""
-    with service.db.transaction() as store:
-        rows = store.dead_letters(tenant.id, limit)
-        return [
-            DeadLetter(
-                job_id=job.id,
-                execution_id=job.execution_id,
-                workflow=workflow,
-                node=job.node_id,
-                error=job.last_error,
-                tries=job.retry_count + 1,
-                created_at=views.iso(job.created_at) or "",
-            )
-            for job, workflow in rows
-        ]

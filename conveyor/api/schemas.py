@@ -57,11 +57,12 @@ class Received(BaseModel):
     delivery_id: uuid.UUID
 
 
-class DeadLetter(BaseModel):
-    job_id: uuid.UUID
-    execution_id: uuid.UUID
-    workflow: str
-    node: str | None
-    error: str | None
-    tries: int
-    created_at: str
+class JobIds(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_ids: list[uuid.UUID] = Field(min_length=1, max_length=1000)
+
+
+class Outcomes(BaseModel):
+    done: list[uuid.UUID]  # requeued, or discarded
+    refused: dict[str, str]  # job id -> why

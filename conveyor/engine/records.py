@@ -28,6 +28,7 @@ class JobRecord:
     priority: Priority
     max_retries: int
     retry_count: int
+    tries_before: int = 0  # tries made before an operator last requeued it
     tenant_id: uuid.UUID
     workflow_id: uuid.UUID
     execution_id: uuid.UUID
@@ -35,8 +36,14 @@ class JobRecord:
 
     @property
     def attempt(self) -> int:
-        """The 1-based number of the try this claim starts."""
+        """The 1-based number of the try this claim starts, as the retry policy counts it
+        (from 1 again after a requeue)."""
         return self.retry_count + 1
+
+    @property
+    def try_number(self) -> int:
+        """The number of its ``job_attempts`` row: every try the job ever made counts."""
+        return self.tries_before + self.retry_count + 1
 
 
 @dataclass(frozen=True, kw_only=True)

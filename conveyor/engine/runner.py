@@ -188,13 +188,13 @@ def start_execution(
     job = store.claim_job(job_id, JobKind.EXECUTION, now)
     if job is None:
         return []  # a duplicate or stale message: the job is not queued any more
-    store.add_attempt(job.id, job.attempt, worker, now)
+    store.add_attempt(job.id, job.try_number, worker, now)
     execution = store.execution(job.execution_id)
     if execution.status is not ExecutionStatus.PENDING:
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
         store.finish_attempt(
             job.id,
-            job.attempt,
+            job.try_number,
             AttemptStatus.FAILED,
             now,
             0.0,
@@ -217,7 +217,7 @@ def start_execution(
     ]
     store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, completed_at=now)
     store.finish_attempt(
-        job.id, job.attempt, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
+        job.id, job.try_number, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
     )
     return dispatches
 
@@ -268,7 +268,7 @@ def claim_node(
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
         store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
         return None
-    store.add_attempt(job.id, job.attempt, worker, now)
+    store.add_attempt(job.id, job.try_number, worker, now)
     store.start_node(execution.id, job.node_id, now)
     workflow, _ = load_workflow(store, execution.workflow_id)
     node = workflow.node(job.node_id)
@@ -300,7 +300,7 @@ def complete_node(
         job.id, JobStatus.PROCESSING, job_status, completed_at=now, last_error=None
     ):
         return []  # reclaimed meanwhile
-    store.finish_attempt(job.id, job.attempt, AttemptStatus.SUCCEEDED, now, duration)
+    store.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
     branch = output.get("branch") if run.node.type == "condition" else None
     store.set_node(
         execution_id,
@@ -330,7 +330,7 @@ def fail_node(
     retryable = is_retryable(error)
     store.finish_attempt(
         job.id,
-        job.attempt,
+        job.try_number,
         AttemptStatus.FAILED,
         now,
         duration,

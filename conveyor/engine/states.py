@@ -30,6 +30,7 @@ class JobStatus(StrEnum):
     SCHEDULED = "scheduled"  # waits in the database until next_run_at (delay nodes)
     COMPLETED = "completed"  # the work is done and its result recorded
     DEAD_LETTER = "dead_letter"  # tries exhausted or not retryable; an operator may requeue
+    DISCARDED = "discarded"  # an operator discarded the dead letter; kept for audit
     CANCELLED = "cancelled"  # its execution was cancelled before the job ran
 
 

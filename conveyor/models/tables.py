@@ -281,6 +281,8 @@ class Job(Base):
     priority: Mapped[Priority] = mapped_column(_enum(Priority, "priority"))
     max_retries: Mapped[int] = mapped_column(Integer, default=0)
     retry_count: Mapped[int] = mapped_column(Integer, default=0)
+    # Tries made before an operator last requeued the job from the dead letters.
+    tries_before: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
     workflow_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("workflows.id"))
     execution_id: Mapped[uuid.UUID] = mapped_column(

@@ -34,6 +34,7 @@ from conveyor.exceptions import (
 )
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
 from conveyor.store.access import AccessQueries
+from conveyor.store.dead_letters import DeadLetterQueries
 from conveyor.store.rows import execution_record, job_record, workflow_record
 from conveyor.store.schedules import ScheduleQueries
 
@@ -42,7 +43,7 @@ _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
-class SqlStore(ScheduleQueries, AccessQueries):
+class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries):
     """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
 
     def __init__(self, session: Session) -> None:

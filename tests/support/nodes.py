@@ -114,3 +114,15 @@ def span(tenant: str, workflow: str, seconds: float, ctx: NodeContext) -> dict[s
             },
         )
     return {"started": started}
+
+
+switches: dict[str, bool] = {}  # in-process worker only: a test turns a failing node good
+
+
+@conveyor.node("test.switch")
+def switch(name: str, ctx: NodeContext) -> dict[str, bool]:
+    """Fail while the switch is off (a broken third party), succeed once a test turns it on."""
+    record(ctx, "try")
+    if not switches.get(name):
+        raise RuntimeError(f"switch {name} is off")
+    return {"on": True}

@@ -138,4 +138,4 @@ def test_show_refuses_an_id_that_is_not_a_uuid_with_exit_2() -> None:
     result = runner.invoke(app, ["executions", "show", "nope"])
 
     assert result.exit_code == 2
-    assert "'nope' is not an execution id" in result.stderr
+    assert "'nope' is not an id (a UUID)" in result.stderr

@@ -1,0 +1,173 @@
+"""``conveyor dlq``: list, show, requeue and discard dead-lettered node jobs without SQL.
+
+A requeue resumes the failed execution from the dead node with a fresh set of tries; a
+discard moves the dead letter to the archive (``list --archived``), never deleting it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from conveyor import cli_render as render
+from conveyor import runtime, views
+from conveyor.cli import (
+    JsonFlag,
+    _embedded_schema,
+    _parse_uuid,
+    _service,
+    _typer,
+    fail,
+    usage_error,
+)
+from conveyor.exceptions import NotFound
+from conveyor.store.dead_letters import DeadLetterFilter
+
+dlq_app = _typer("Dead letters: list, show, requeue, discard.")
+TenantOpt = Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's.")]
+WorkflowOpt = Annotated[str | None, typer.Option(help="Only this workflow's.")]
+NodeOpt = Annotated[str | None, typer.Option(help="Only this node's.")]
+ErrorOpt = Annotated[str | None, typer.Option("--error", help="Whose last error contains this.")]
+OlderOpt = Annotated[
+    float | None, typer.Option("--older-than", min=0, help="Dead for more than this many hours.")
+]
+Ids = Annotated[list[str] | None, typer.Argument(metavar="JOB_ID...", help="Dead letters.")]
+AllFlag = Annotated[
+    bool, typer.Option("--all", help="Every dead letter the filters match (up to --limit).")
+]
+Limit = Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")]
+
+
+def _filter(
+    tenant: str | None,
+    workflow: str | None,
+    node: str | None,
+    error: str | None,
+    older_than: float | None,
+    archived: bool = False,
+) -> DeadLetterFilter:
+    with runtime.database().transaction() as store:
+        tenant_id = store.tenant_id(tenant) if tenant is not None else None
+    before = datetime.now(UTC) - timedelta(hours=older_than) if older_than is not None else None
+    return DeadLetterFilter(
+        tenant_id=tenant_id, workflow=workflow, node=node, error=error, before=before,
+        discarded=archived,
+    )  # fmt: skip
+
+
+def _rows(where: DeadLetterFilter, limit: int) -> list[views.DeadLetterJson]:
+    with runtime.database().transaction() as store:
+        return [views.dead_letter_json(*row) for row in store.dead_letter_rows(where, limit)]
+
+
+@dlq_app.command("list")
+def dlq_list(
+    tenant: TenantOpt = None,
+    workflow: WorkflowOpt = None,
+    node: NodeOpt = None,
+    error: ErrorOpt = None,
+    older_than: OlderOpt = None,
+    archived: Annotated[bool, typer.Option(help="The discarded ones instead.")] = False,
+    limit: Limit = 50,
+    as_json: JsonFlag = False,
+) -> None:
+    """Dead-lettered node jobs, the most recent first."""
+    with _embedded_schema():
+        rows = _rows(_filter(tenant, workflow, node, error, older_than, archived), limit)
+    if as_json:
+        render.print_json(rows)
+        return
+    table = Table("job", "tenant", "workflow", "node", "tries", "dead at", "error", box=None)
+    for r in rows:
+        when, why = render.fmt_time(r["dead_at"]), render.short(r["error"] or "", 60)
+        table.add_row(r["job_id"], r["tenant"], r["workflow"], r["node"] or "", str(r["tries"]),
+                      when, why)  # fmt: skip
+    render.out.print(table if rows else "no dead letters")
+
+
+@dlq_app.command("show")
+def dlq_show(
+    job_id: Annotated[str, typer.Argument(metavar="JOB_ID")], as_json: JsonFlag = False
+) -> None:
+    """One dead letter with every try it made."""
+    parsed = _parse_uuid(job_id)
+    with _embedded_schema(), runtime.database().transaction() as store:
+        if store.dead_letter(parsed, None) is None:
+            raise NotFound(f"no dead letter has id {parsed}; list them with `conveyor dlq list`")
+        view = views.dead_letter_view(store, parsed)
+    if as_json:
+        render.print_json(view)
+        return
+    render.out.print(
+        f"{view['status']} job {view['job_id']}: {view['tenant']}/{view['workflow']} node "
+        f"{view['node']}, execution {view['execution_id']}, {view['tries']} tries",
+        markup=False,
+    )
+    table = Table("try", "status", "worker", "started", "duration", "error", box=None)
+    for a in view["attempts"]:
+        table.add_row(str(a["number"]), render.styled(a["status"]), a["worker"] or "",
+                      render.fmt_time(a["started_at"]), render.fmt_seconds(a["duration"]),
+                      a["error"] or "")  # fmt: skip
+    render.out.print(table)
+
+
+def _chosen(
+    ids: list[str] | None, every: bool, where: DeadLetterFilter, limit: int
+) -> list[uuid.UUID]:
+    if ids and every:
+        usage_error("give job ids or --all with filters, not both")
+    if ids:
+        return [_parse_uuid(i) for i in ids]
+    if not every:
+        usage_error(
+            "give the dead letters' job ids, or --all to act on every one the filters match"
+        )
+    return [uuid.UUID(r["job_id"]) for r in _rows(where, limit)]
+
+
+def _report(outcomes: dict[uuid.UUID, str | None], verb: str) -> None:
+    for job_id, refused in outcomes.items():
+        if refused is None:
+            render.out.print(f"{job_id}: {verb}", markup=False)
+        else:
+            render.err.print(f"{job_id}: {refused}", style="red", markup=False, soft_wrap=True)
+    if any(outcomes.values()):
+        fail(f"{sum(1 for v in outcomes.values() if v)} of {len(outcomes)} not {verb}")
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(
+    ids: Ids = None,
+    every: AllFlag = False,
+    tenant: TenantOpt = None,
+    workflow: WorkflowOpt = None,
+    node: NodeOpt = None,
+    error: ErrorOpt = None,
+    older_than: OlderOpt = None,
+    limit: Limit = 1000,
+) -> None:
+    """Resume each dead letter's execution from it, with a fresh set of tries."""
+    with _embedded_schema():
+        chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
+        _report(_service().requeue_dead_letters(chosen), "requeued")
+
+
+@dlq_app.command("discard")
+def dlq_discard(
+    ids: Ids = None,
+    every: AllFlag = False,
+    tenant: TenantOpt = None,
+    workflow: WorkflowOpt = None,
+    node: NodeOpt = None,
+    error: ErrorOpt = None,
+    older_than: OlderOpt = None,
+    limit: Limit = 1000,
+) -> None:
+    """Move dead letters to the archive (`dlq list --archived`); their executions stay failed."""
+    with _embedded_schema():
+        chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
+        _report(_service().discard_dead_letters(chosen), "discarded")

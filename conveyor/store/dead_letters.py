@@ -1,0 +1,160 @@
+"""The SQL of dead letters: finding them, and the guarded steps of a requeue or a discard
+(part of :class:`SqlStore`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from conveyor.engine.records import JobRecord
+from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, NodeStatus
+from conveyor.models import Execution, Job, JobAttempt, Tenant, WorkflowVersion
+from conveyor.models.tables import NodeState
+from conveyor.store.rows import job_record
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetterFilter:
+    """Which dead letters to list; every field narrows, None does not."""
+
+    tenant_id: uuid.UUID | None = None
+    workflow: str | None = None
+    node: str | None = None
+    error: str | None = None  # a piece of the last error, any case
+    before: datetime | None = None  # dead-lettered before this (older than)
+    discarded: bool = False  # the archive of discarded ones instead
+
+
+class DeadLetterQueries:
+    session: Session
+
+    def dead_letter_rows(self, where: DeadLetterFilter, limit: int) -> list[tuple[Job, str, str]]:
+        """(job, workflow name, tenant name), the most recent first."""
+        status = JobStatus.DISCARDED if where.discarded else JobStatus.DEAD_LETTER
+        query = (
+            select(Job, WorkflowVersion.name, Tenant.name)
+            .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
+            .join(Tenant, Tenant.id == Job.tenant_id)
+            .where(Job.status == status)
+            .order_by(Job.completed_at.desc(), Job.id)
+            .limit(limit)
+        )
+        if where.tenant_id is not None:
+            query = query.where(Job.tenant_id == where.tenant_id)
+        if where.workflow is not None:
+            query = query.where(WorkflowVersion.name == where.workflow)
+        if where.node is not None:
+            query = query.where(Job.node_id == where.node)
+        if where.error is not None:
+            query = query.where(Job.last_error.ilike(f"%{_escaped(where.error)}%", escape="\\"))
+        if where.before is not None:
+            query = query.where(Job.completed_at < where.before)
+        return [(r[0], r[1], r[2]) for r in self.session.execute(query)]
+
+    def dead_letter_history(
+        self, job_id: uuid.UUID
+    ) -> list[tuple[tuple[Job, str, str], list[JobAttempt]]]:
+        """The job with its workflow and tenant names, and every attempt, oldest first."""
+        row = self.session.execute(
+            select(Job, WorkflowVersion.name, Tenant.name)
+            .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
+            .join(Tenant, Tenant.id == Job.tenant_id)
+            .where(Job.id == job_id)
+        ).one_or_none()
+        if row is None:
+            return []
+        attempts = self.session.scalars(
+            select(JobAttempt)
+            .where(JobAttempt.job_id == job_id)
+            .order_by(JobAttempt.attempt_number)
+        )
+        return [((row[0], row[1], row[2]), list(attempts))]
+
+    def dead_letter(self, job_id: uuid.UUID, tenant_id: uuid.UUID | None) -> JobRecord | None:
+        """A dead-lettered (or discarded) node job, locked; None if there is none (of that
+        tenant)."""
+        query = select(Job).where(
+            Job.id == job_id,
+            Job.kind == JobKind.NODE,
+            Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
+        )
+        if tenant_id is not None:
+            query = query.where(Job.tenant_id == tenant_id)
+        row = self.session.scalar(query.with_for_update())
+        return job_record(row) if row else None
+
+    def revive_execution(self, execution_id: uuid.UUID) -> bool:
+        """failed -> running, for a requeue; False if it is not failed."""
+        result = self.session.execute(
+            update(Execution)
+            .where(Execution.id == execution_id, Execution.status == ExecutionStatus.FAILED)
+            .values(status=ExecutionStatus.RUNNING, error=None, finished_at=None, output=None)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def revive_jobs(
+        self, execution_id: uuid.UUID, now: datetime, keep: Collection[str]
+    ) -> list[JobRecord]:
+        """Queue again, with a fresh set of tries, the node jobs the failure stopped: the dead
+        letter and the jobs cancelled with it, but not those of the nodes in ``keep`` (failed
+        and already settled). Earlier tries stay in ``job_attempts``."""
+        rows = self.session.scalars(
+            update(Job)
+            .where(
+                Job.execution_id == execution_id,
+                Job.kind == JobKind.NODE,
+                Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.CANCELLED]),
+                Job.node_id.not_in(list(keep)),
+            )
+            .values(
+                status=JobStatus.QUEUED,
+                tries_before=Job.tries_before + Job.retry_count + 1,
+                retry_count=0,
+                next_run_at=None,
+                completed_at=None,
+                enqueued_at=now,
+            )
+            .returning(Job),
+            execution_options={"synchronize_session": False},
+        ).all()
+        return [job_record(r) for r in rows]
+
+    def revive_nodes(
+        self, execution_id: uuid.UUID, queued: Collection[str], keep: Collection[str]
+    ) -> None:
+        """Nodes whose job was queued again wait for it; the other stopped ones (but those
+        in ``keep``) wait for their needs again."""
+        stopped = (NodeStatus.FAILED, NodeStatus.CANCELLED)
+        base = update(NodeState).where(
+            NodeState.execution_id == execution_id,
+            NodeState.status.in_(stopped),
+            NodeState.node_id.not_in(list(keep)),
+        )
+        cleared = {"error": None, "finished_at": None, "output": None, "branch": None}
+        self.session.execute(
+            base.where(NodeState.node_id.in_(list(queued))).values(
+                status=NodeStatus.QUEUED, **cleared
+            )
+        )
+        self.session.execute(
+            base.where(NodeState.node_id.not_in(list(queued))).values(
+                status=NodeStatus.PENDING, **cleared
+            )
+        )
+
+    def discard_dead_letter(self, job_id: uuid.UUID, now: datetime) -> bool:
+        result = self.session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.DEAD_LETTER)
+            .values(status=JobStatus.DISCARDED, completed_at=now)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def _escaped(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
