@@ -531,9 +531,11 @@ def _demo_run(name: str, payload: Any) -> bool:
 from conveyor.cli_access import keys_app, serve, webhooks_app  # noqa: E402
 from conveyor.cli_dlq import dlq_app  # noqa: E402
 from conveyor.cli_schedules import schedules_app  # noqa: E402
+from conveyor.cli_stats import stats  # noqa: E402
 
 app.add_typer(schedules_app, name="schedules")
 app.add_typer(keys_app, name="keys")
 app.add_typer(webhooks_app, name="webhooks")
 app.add_typer(dlq_app, name="dlq")
+app.command("stats")(stats)
 app.command("api")(serve)

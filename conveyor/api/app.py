@@ -14,9 +14,10 @@ from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanag
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry, make_asgi_app
 from sqlalchemy.exc import DataError, OperationalError
 
-from conveyor import runtime
+from conveyor import metrics, runtime
 from conveyor.api import dead_letters, rest, webhooks
 from conveyor.config import get_settings
 from conveyor.exceptions import (
@@ -78,11 +79,20 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
     app.add_exception_handler(DataError, _data_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _unavailable)  # type: ignore[arg-type]
 
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.SnapshotCollector(lambda: _snapshot(app.state.service)))
+    app.mount("/metrics", make_asgi_app(registry))
+
     @app.get("/health", tags=["health"])
     def health() -> dict[str, str]:
         return {"status": "ok"}
 
     return app
+
+
+def _snapshot(service: Conveyor) -> metrics.Snapshot:
+    limiter = service.gate.limiter if service.gate is not None else None
+    return metrics.take(service.db, get_settings().resolved_broker_url, limiter)
 
 
 def _embedded_workers() -> AbstractContextManager[object]:

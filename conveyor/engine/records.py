@@ -29,6 +29,7 @@ class JobRecord:
     max_retries: int
     retry_count: int
     tries_before: int = 0  # tries made before an operator last requeued it
+    enqueued_at: datetime | None = None  # when it was last queued (created, promoted, requeued)
     tenant_id: uuid.UUID
     workflow_id: uuid.UUID
     execution_id: uuid.UUID

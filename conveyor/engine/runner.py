@@ -188,7 +188,7 @@ def start_execution(
     job = store.claim_job(job_id, JobKind.EXECUTION, now)
     if job is None:
         return []  # a duplicate or stale message: the job is not queued any more
-    store.add_attempt(job.id, job.try_number, worker, now)
+    store.add_attempt(job, worker, now)
     execution = store.execution(job.execution_id)
     if execution.status is not ExecutionStatus.PENDING:
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
@@ -268,7 +268,7 @@ def claim_node(
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
         store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
         return None
-    store.add_attempt(job.id, job.try_number, worker, now)
+    store.add_attempt(job, worker, now)
     store.start_node(execution.id, job.node_id, now)
     workflow, _ = load_workflow(store, execution.workflow_id)
     node = workflow.node(job.node_id)

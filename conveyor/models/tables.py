@@ -313,4 +313,6 @@ class JobAttempt(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     duration: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Seconds from when the job was (last) queued to when this try started.
+    waited: Mapped[float | None] = mapped_column(Float, nullable=True)
     timed_out: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -16,6 +16,7 @@ def job_record(row: Job) -> JobRecord:
         max_retries=row.max_retries,
         retry_count=row.retry_count,
         tries_before=row.tries_before,
+        enqueued_at=row.enqueued_at,
         tenant_id=row.tenant_id,
         workflow_id=row.workflow_id,
         execution_id=row.execution_id,

@@ -37,13 +37,14 @@ from conveyor.store.access import AccessQueries
 from conveyor.store.dead_letters import DeadLetterQueries
 from conveyor.store.rows import execution_record, job_record, workflow_record
 from conveyor.store.schedules import ScheduleQueries
+from conveyor.store.stats import StatsQueries
 
 DEFAULT_TENANT = "default"
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
-class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries):
+class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries):
     """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
 
     def __init__(self, session: Session) -> None:
@@ -468,16 +469,17 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries):
 
     # -- attempts -------------------------------------------------------------------------
 
-    def add_attempt(
-        self, job_id: uuid.UUID, number: int, worker: str | None, now: datetime
-    ) -> None:
+    def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
+        """The row of the try a claim of ``job`` starts, with how long the job waited."""
+        waited = (now - job.enqueued_at).total_seconds() if job.enqueued_at else None
         self.session.execute(
             insert(JobAttempt).values(
-                job_id=job_id,
-                attempt_number=number,
+                job_id=job.id,
+                attempt_number=job.try_number,
                 status=AttemptStatus.RUNNING,
                 worker=worker,
                 started_at=now,
+                waited=max(0.0, waited) if waited is not None else None,
             )
         )
 

@@ -1,4 +1,4 @@
-"""dead letters: tries before a requeue
+"""dead letters: tries before a requeue; how long each try waited in the queue (metrics)
 
 Revision ID: 0005
 Revises: 0004
@@ -27,9 +27,13 @@ def upgrade() -> None:
         batch_op.add_column(
             sa.Column("tries_before", sa.Integer(), server_default=sa.text("0"), nullable=False)
         )
+    with op.batch_alter_table("job_attempts", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("waited", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("job_attempts", schema=None) as batch_op:
+        batch_op.drop_column("waited")
 
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.drop_column("tries_before")

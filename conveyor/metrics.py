@@ -1,0 +1,193 @@
+"""What an operator watches: one snapshot, read from PostgreSQL, the broker and the limiter at
+the moment it is asked for, shown as Prometheus metrics (``GET /metrics`` on the API) and by
+``conveyor stats``. Being read from the source of truth, every process shows the same numbers,
+and they survive restarts.
+
+Metrics (all prefixed ``conveyor_``):
+
+- ``queue_depth{queue,priority}``: messages waiting in the broker (Redis lists; not reserved
+  ones);
+- ``jobs{kind,status}``, ``executions{status}``, ``dead_letters`` and ``discarded``;
+- ``attempts_total{status}``: tries ever, by outcome: ``rate()`` of it is throughput, the
+  ``failed`` share the error rate;
+- ``job_wait_seconds`` and ``job_run_seconds``: histograms of how long tries waited in the
+  queue (queued to started) and ran (started to finished);
+- ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits);
+- ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
+  oldest one's delay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import redis
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from conveyor.engine.limits import KeyUsage
+from conveyor.engine.ports import Limiter
+from conveyor.engine.queues import ALL_QUEUES
+from conveyor.engine.states import Priority
+from conveyor.store import Database
+
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# kombu's Redis transport keeps one list per priority step: the queue's name for step 0, and
+# name + ":" + step for the others. Conveyor publishes on these steps (tasks/dispatch.py).
+REDIS_STEPS = {Priority.HIGH: 0, Priority.NORMAL: 3, Priority.LOW: 6}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Histogram:
+    buckets: list[int]  # cumulative counts at or under each of BOUNDS
+    total: float
+    count: int
+
+    def quantile(self, q: float) -> float | None:
+        """The bound under which a share ``q`` of the values lie (None: no values, or past
+        the last bound)."""
+        if not self.count:
+            return None
+        wanted = q * self.count
+        return next((b for b, n in zip(BOUNDS, self.buckets, strict=True) if n >= wanted), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    taken_at: datetime
+    queue_depth: dict[tuple[str, str], int] | None  # None: the broker is not Redis
+    jobs: dict[tuple[str, str], int]
+    executions: dict[str, int]
+    attempts: dict[str, int]
+    wait: Histogram
+    run: Histogram
+    permits: list[KeyUsage] = field(default_factory=list)
+    schedules_late: int = 0
+    schedule_lag: float = 0.0
+
+    @property
+    def dead_letters(self) -> int:
+        return self.jobs.get(("node", "dead_letter"), 0)
+
+    @property
+    def discarded(self) -> int:
+        return self.jobs.get(("node", "discarded"), 0)
+
+    def depth(self, queue: str | None = None) -> int:
+        return sum(n for (q, _), n in (self.queue_depth or {}).items() if queue in (None, q))
+
+
+def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapshot:
+    now = datetime.now(UTC)
+    with database.transaction() as store:
+        jobs, executions = store.job_counts(), store.execution_counts()
+        attempts = store.attempt_counts()
+        wait = _histogram(*store.histogram("waited", BOUNDS))
+        run = _histogram(*store.histogram("duration", BOUNDS))
+        late, lag = store.schedule_lag(now)
+    return Snapshot(
+        taken_at=now,
+        queue_depth=queue_depth(broker_url),
+        jobs=jobs,
+        executions=executions,
+        attempts=attempts,
+        wait=wait,
+        run=run,
+        permits=limiter.snapshot() if limiter is not None else [],
+        schedules_late=late,
+        schedule_lag=lag,
+    )
+
+
+def _histogram(buckets: list[int], total: float, count: int) -> Histogram:
+    return Histogram(buckets=buckets, total=total, count=count)
+
+
+def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
+    """Messages waiting per (queue, priority) in a Redis broker; None for other brokers."""
+    if not broker_url.startswith(("redis://", "rediss://")):
+        return None
+    client = redis.Redis.from_url(broker_url)
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            keys = [(q, p) for q in ALL_QUEUES for p in Priority]
+            for q, p in keys:
+                step = REDIS_STEPS[p]
+                pipe.llen(q if step == 0 else f"{q}:{step}")
+            return {(q, p.value): int(n) for (q, p), n in zip(keys, pipe.execute(), strict=True)}
+    finally:
+        client.close()
+
+
+class SnapshotCollector(Collector):
+    """Prometheus collector: one fresh snapshot per scrape."""
+
+    def __init__(self, source: Callable[[], Snapshot]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        yield from metric_families(self.source())
+
+
+def metric_families(snap: Snapshot) -> Iterator[Metric]:
+    if snap.queue_depth is not None:
+        depth = GaugeMetricFamily(
+            "conveyor_queue_depth", "Messages waiting in the broker.", labels=["queue", "priority"]
+        )
+        for (queue, priority), n in sorted(snap.queue_depth.items()):
+            depth.add_metric([queue, priority], n)
+        yield depth
+    jobs = GaugeMetricFamily("conveyor_jobs", "Jobs by kind and status.", labels=["kind", "status"])
+    for (kind, status), n in sorted(snap.jobs.items()):
+        jobs.add_metric([kind, status], n)
+    yield jobs
+    executions = GaugeMetricFamily(
+        "conveyor_executions", "Executions by status.", labels=["status"]
+    )
+    for status, n in sorted(snap.executions.items()):
+        executions.add_metric([status], n)
+    yield executions
+    yield GaugeMetricFamily("conveyor_dead_letters", "Dead-lettered node jobs.", snap.dead_letters)
+    yield GaugeMetricFamily(
+        "conveyor_discarded", "Discarded dead letters (archive).", snap.discarded
+    )
+    tries = CounterMetricFamily("conveyor_attempts", "Tries ever, by outcome.", labels=["status"])
+    for status, n in sorted(snap.attempts.items()):
+        tries.add_metric([status], n)
+    yield tries
+    for name, doc, hist in (
+        ("conveyor_job_wait_seconds", "Queued to started, per try.", snap.wait),
+        ("conveyor_job_run_seconds", "Started to finished, per try.", snap.run),
+    ):
+        family = HistogramMetricFamily(name, doc)
+        buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
+        family.add_metric([], [*buckets, ("+Inf", hist.count)], hist.total)
+        yield family
+    if snap.permits:
+        yield from _permit_families(snap.permits)
+    yield GaugeMetricFamily(
+        "conveyor_schedules_late", "Due schedules not yet fired.", snap.schedules_late
+    )
+    yield GaugeMetricFamily(
+        "conveyor_schedule_lag_seconds", "How late the oldest due schedule is.", snap.schedule_lag
+    )
+
+
+def _permit_families(permits: list[KeyUsage]) -> Iterator[Metric]:
+    labels = ["scope", "name"]
+    in_use = GaugeMetricFamily("conveyor_permits_in_use", "Permits held.", labels=labels)
+    limit = GaugeMetricFamily("conveyor_permits_limit", "The limit of the key.", labels=labels)
+    waiting = GaugeMetricFamily("conveyor_permits_waiting", "Jobs parked.", labels=labels)
+    for usage in permits:
+        key = [usage.kind, usage.key.split(":", 1)[1] if ":" in usage.key else ""]
+        in_use.add_metric(key, usage.in_use)
+        limit.add_metric(key, usage.limit)
+        waiting.add_metric(key, usage.waiting)
+    yield from (in_use, limit, waiting)
