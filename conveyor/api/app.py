@@ -13,8 +13,8 @@ from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanag
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry, make_asgi_app
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.exc import DataError, OperationalError
 
 from conveyor import metrics, runtime
@@ -81,7 +81,11 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.SnapshotCollector(lambda: _snapshot(app.state.service)))
-    app.mount("/metrics", make_asgi_app(registry))
+
+    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+    def prometheus() -> PlainTextResponse:
+        """Prometheus metrics (see conveyor/metrics.py), read fresh at each scrape."""
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
     def health() -> dict[str, str]:

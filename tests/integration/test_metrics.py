@@ -1,0 +1,98 @@
+"""The metrics endpoint and `conveyor stats` against real services: Prometheus' own parser
+reads it, and its numbers are the database's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import func, select
+
+from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.models import Job, JobAttempt
+from conveyor.service import Conveyor
+from tests.support.services import wait_for
+
+CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]
+
+
+def run_some(service: Conveyor) -> None:
+    """Three good executions and one that dead-letters after two tries."""
+    good = {
+        "name": "good",
+        "nodes": [
+            {
+                "id": "a",
+                "type": "python",
+                "inputs": {"a": 1, "b": 2},
+                "config": {"function": "test.add"},
+            }
+        ],
+    }
+    bad = {"name": "bad", "defaults": {"retry": {"max_attempts": 2, "backoff": 0.05}},
+           "nodes": [{"id": "f", "type": "python", "inputs": {"message": "boom"},
+                      "config": {"function": "test.fail"}}]}  # fmt: skip
+    service.apply(parse_workflow(good))
+    service.apply(parse_workflow(bad))
+    ids = [service.trigger("good") for _ in range(3)] + [service.trigger("bad")]
+    assert [wait_for(service, i).status for i in ids] == [ExecutionStatus.COMPLETED] * 3 + [
+        ExecutionStatus.FAILED
+    ]
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, api_url: str) -> None:
+    run_some(conveyor_service)
+
+    scraped = samples(httpx.get(f"{api_url}/metrics", timeout=30).text)
+
+    with conveyor_service.db.transaction() as store:
+        tries = store.session.scalar(select(func.count()).select_from(JobAttempt))
+        failed = store.session.scalar(select(func.count()).where(JobAttempt.status == "failed"))
+        node_jobs = store.session.scalar(select(func.count()).where(Job.kind == "node"))
+    assert scraped[("conveyor_dead_letters", ())] == 1
+    assert scraped[("conveyor_executions", (("status", "completed"),))] == 3
+    assert scraped[("conveyor_executions", (("status", "failed"),))] == 1
+    assert scraped[("conveyor_attempts_total", (("status", "failed"),))] == failed == 2
+    assert scraped[("conveyor_job_run_seconds_count", ())] == tries
+    assert scraped[("conveyor_job_wait_seconds_count", ())] == tries
+    assert sum(v for (name, labels), v in scraped.items()
+               if name == "conveyor_jobs" and ("kind", "node") in labels) == node_jobs  # fmt: skip
+    # the broker's queues, each at every priority (empty: the worker took everything)
+    depths = {labels: v for (name, labels), v in scraped.items() if name == "conveyor_queue_depth"}
+    assert len(depths) == 4 * 3
+    assert scraped[("conveyor_schedules_late", ())] == 0
+
+
+def test_conveyor_stats_prints_the_same_numbers(conveyor_service: Conveyor) -> None:
+    run_some(conveyor_service)
+
+    shown = subprocess.run([*CONVEYOR, "stats", "--json"], env=dict(os.environ), text=True,
+                           capture_output=True, timeout=60)  # fmt: skip
+    table = subprocess.run([*CONVEYOR, "stats"], env=dict(os.environ), text=True,
+                           capture_output=True, timeout=60)  # fmt: skip
+
+    assert shown.returncode == 0, shown.stderr
+    stats = json.loads(shown.stdout)
+    assert (stats["dead_letters"], stats["executions"]) == (1, {"completed": 3, "failed": 1})
+    assert stats["attempts"]["failed"] == 2
+    assert "dead letters (discarded)" in table.stdout and "1 (0)" in table.stdout
+
+
+def test_stats_and_metrics_need_no_key_but_v1_does(api_url: str) -> None:
+    # /metrics is for the operator's scraper (protect it at the network edge); /v1 is not
+    assert httpx.get(f"{api_url}/metrics").status_code == 200
+    assert httpx.get(f"{api_url}/v1/executions").status_code == 401
