@@ -91,6 +91,29 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
 
+    alert_interval: float = Field(
+        default=60.0, ge=1, description="Seconds between alert evaluations (one worker a turn)."
+    )
+    alert_webhook_url: str = Field(
+        default="",
+        description="Where firing and resolved alerts are posted as JSON; empty: log only.",
+    )
+    alert_queue_depth: int = Field(
+        default=1000, ge=0, description="Alert above this many queued messages."
+    )
+    alert_wait_p95: float = Field(
+        default=60.0, ge=0, description="Alert when 95 % of recent tries waited longer (s)."
+    )
+    alert_error_rate: float = Field(
+        default=0.25, ge=0, le=1, description="Alert above this failed share of recent tries."
+    )
+    alert_dead_letter_growth: int = Field(
+        default=1, ge=1, description="Alert at this many new dead letters."
+    )
+    alert_schedule_lag: float = Field(
+        default=300.0, ge=0, description="Alert when a due schedule is this late (s)."
+    )
+
     @field_validator("imports", mode="before")
     @classmethod
     def _split_imports(cls, value: Any) -> Any:

@@ -6,12 +6,17 @@ import importlib
 import socket
 import threading
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from conveyor.config import get_settings
 from conveyor.engine.limits import Limits
 from conveyor.exceptions import ConfigurationError
 from conveyor.limiter import RedisLimiter
 from conveyor.store import Database
+
+if TYPE_CHECKING:
+    from conveyor.scheduler.alerting import Alerter
+    from conveyor.service import Conveyor
 
 _imported: set[str] = set()
 _lock = threading.Lock()
@@ -44,6 +49,30 @@ def default_limits() -> Limits:
         global_=settings.limit_global,
         tenant=settings.limit_tenant,
         workflow=settings.limit_workflow,
+    )
+
+
+def alerter(service: Conveyor) -> Alerter:
+    """The alert duty, with the thresholds and webhook of the settings."""
+    from conveyor import metrics
+    from conveyor.alerts import Thresholds
+    from conveyor.scheduler.alerting import Alerter
+
+    settings = get_settings()
+    limiter = service.gate.limiter if service.gate is not None else None
+    thresholds = Thresholds(
+        queue_depth=settings.alert_queue_depth,
+        wait_p95=settings.alert_wait_p95,
+        error_rate=settings.alert_error_rate,
+        dead_letter_growth=settings.alert_dead_letter_growth,
+        schedule_lag=settings.alert_schedule_lag,
+    )
+    return Alerter(
+        service.db,
+        lambda: metrics.take(service.db, settings.resolved_broker_url, limiter),
+        thresholds,
+        interval=settings.alert_interval,
+        webhook_url=settings.alert_webhook_url,
     )
 
 

@@ -2,6 +2,7 @@
 
 from conveyor.models.base import Base
 from conveyor.models.tables import (
+    AlertState,
     ApiKey,
     Execution,
     Job,
@@ -16,6 +17,7 @@ from conveyor.models.tables import (
 )
 
 __all__ = [
+    "AlertState",
     "ApiKey",
     "Base",
     "Execution",

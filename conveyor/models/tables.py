@@ -316,3 +316,15 @@ class JobAttempt(Base):
     # Seconds from when the job was (last) queued to when this try started.
     waited: Mapped[float | None] = mapped_column(Float, nullable=True)
     timed_out: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class AlertState(Base):
+    """The one row alert evaluation shares between workers: when it last ran, the counters
+    it measured (rates are taken between two evaluations) and the rules firing."""
+
+    __tablename__ = "alert_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    evaluated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    counters: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    firing: Mapped[list[str]] = mapped_column(JsonType, default=list)

@@ -5,12 +5,14 @@ time from the source of truth, so every worker process and the API agree (part o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from conveyor.models import Execution, Job, JobAttempt, Schedule
+from conveyor.models import AlertState, Execution, Job, JobAttempt, Schedule
 
 
 class StatsQueries:
@@ -49,6 +51,30 @@ class StatsQueries:
         ).one()
         return [int(n) for n in row[: len(bounds)]], float(row[-2]), int(row[-1])
 
+    def claim_alert_turn(
+        self, now: datetime, interval: float
+    ) -> tuple[dict[str, Any] | None, list[str]] | None:
+        """This process's turn to evaluate the alerts, if the last evaluation (by anyone) is at
+        least ``interval`` seconds old: the counters and firing rules it left."""
+        dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
+        self.session.execute(
+            dialect.insert(AlertState)
+            .values(id=1, evaluated_at=datetime(2000, 1, 1, tzinfo=UTC), counters=None, firing=[])
+            .on_conflict_do_nothing()
+        )
+        row = self.session.execute(
+            update(AlertState)
+            .where(AlertState.id == 1, AlertState.evaluated_at <= now - timedelta(seconds=interval))
+            .values(evaluated_at=now)
+            .returning(AlertState.counters, AlertState.firing)
+        ).one_or_none()
+        return (row.counters, list(row.firing or [])) if row else None
+
+    def save_alert_state(self, counters: dict[str, Any], firing: list[str]) -> None:
+        self.session.execute(
+            update(AlertState).where(AlertState.id == 1).values(counters=counters, firing=firing)
+        )
+
     def schedule_lag(self, now: datetime) -> tuple[int, float]:
         """Enabled schedules whose slot has passed unfired, and the oldest one's delay."""
         count, oldest = self.session.execute(
@@ -59,7 +85,5 @@ class StatsQueries:
         if not count or oldest is None:
             return 0, 0.0
         if oldest.tzinfo is None:  # SQLite hands back naive UTC through an aggregate
-            from datetime import UTC
-
             oldest = oldest.replace(tzinfo=UTC)
         return int(count), (now - oldest).total_seconds()

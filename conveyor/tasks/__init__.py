@@ -108,6 +108,10 @@ class MaintenanceStep(bootsteps.StartStopStep):
             duties.append(
                 Duty(name="limits", run=svc.sweep_limits, interval=settings.limits_sweep_interval)
             )
+        alerter = runtime.alerter(svc)
+        duties.append(
+            Duty(name="alerts", run=alerter.run, interval=min(10.0, settings.alert_interval))
+        )
         return Maintenance(duties)
 
 
