@@ -91,6 +91,14 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
 
+    task_events: bool = Field(
+        default=True, description="Send Celery task events (Flower needs them)."
+    )
+    log_format: str = Field(
+        default="json",
+        pattern="^(json|console)$",
+        description="Worker and beat logs: json (one object a line) or console.",
+    )
     alert_interval: float = Field(
         default=60.0, ge=1, description="Seconds between alert evaluations (one worker a turn)."
     )

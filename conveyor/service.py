@@ -17,13 +17,13 @@ from typing import Any
 
 from sqlalchemy.exc import DataError
 
-from conveyor import nodes
+from conveyor import logs, nodes
 from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import Dispatch, TenantRef, WorkflowRecord
-from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
+from conveyor.engine.states import ExecutionStatus, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
@@ -40,6 +40,20 @@ from conveyor.scheduler import schedules
 from conveyor.store import DEFAULT_TENANT, Database, SqlStore
 
 log = logging.getLogger("conveyor")
+events = logs.get("conveyor.jobs")
+
+
+def _log_failure(
+    job_log: Any, failed: runner.Failed, error: BaseException, duration: float
+) -> None:
+    """A failed try, at the level its outcome deserves."""
+    fields = {"duration": round(duration, 3), "error": logs.short(runner.describe(error))}
+    if failed.outcome is JobStatus.RETRY_WAIT:
+        job_log.warning("retry scheduled", retry_in=round(failed.retry_in or 0.0, 3), **fields)
+    elif failed.outcome is JobStatus.DEAD_LETTER:
+        job_log.error("dead-lettered", **fields)
+    else:
+        job_log.info("job stopped", outcome=failed.outcome and failed.outcome.value, **fields)
 
 
 def utcnow() -> datetime:
@@ -219,8 +233,18 @@ class Conveyor:
         """Claim a node job, run the node outside any transaction, record the outcome."""
         run = self.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), self.worker))
         if run is None:
-            log.info("job %s is not queued any more; message dropped", job_id)
+            events.info("message dropped", job_id=str(job_id), reason="job not queued any more")
             return
+        job_log = events.bind(
+            job_id=str(run.job.id),
+            execution_id=str(run.execution.id),
+            node_id=run.node.id,
+            tenant_id=str(run.execution.tenant_id),
+            workflow=run.workflow.name,
+            queue=run.job.queue,
+            attempt=run.attempt,
+        )
+        job_log.info("job received")
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
         )
@@ -229,32 +253,36 @@ class Conveyor:
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
         except Exception as exc:
-            duration, error = time.monotonic() - started, exc
-            log.warning(
-                "node %s of execution %s failed (attempt %s): %s",
-                run.node.id,
-                run.execution.id,
-                run.attempt,
-                runner.describe(error),
-            )
-            dispatches = self.db.run(
-                lambda s: runner.fail_node(s, run, error, utcnow(), duration, self._rng)
-            )
+            duration = time.monotonic() - started
+            failed = self._record_failure(run, exc, duration)
+            _log_failure(job_log, failed, exc, duration)
+            dispatches = failed.dispatches
         else:
             duration = time.monotonic() - started
-            dispatches = self._record_success(run, output, duration)
+            dispatches = self._record_success(run, output, duration, job_log)
         finally:
             watcher.set()
         self._publish(dispatches)
 
-    def _record_success(self, run: runner.NodeRun, output: Any, duration: float) -> list[Dispatch]:
+    def _record_success(
+        self, run: runner.NodeRun, output: Any, duration: float, job_log: Any
+    ) -> list[Dispatch]:
         try:
-            return self.db.run(lambda s: runner.complete_node(s, run, output, utcnow(), duration))
+            dispatches = self.db.run(
+                lambda s: runner.complete_node(s, run, output, utcnow(), duration)
+            )
         except DataError as exc:  # the database refused the output: trying again cannot help
             error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
-            return self.db.run(
-                lambda s: runner.fail_node(s, run, error, utcnow(), duration, self._rng)
-            )
+            failed = self._record_failure(run, error, duration)
+            _log_failure(job_log, failed, error, duration)
+            return failed.dispatches
+        job_log.info("job completed", duration=round(duration, 3))
+        return dispatches
+
+    def _record_failure(
+        self, run: runner.NodeRun, error: BaseException, duration: float
+    ) -> runner.Failed:
+        return self.db.run(lambda s: runner.fail_node(s, run, error, utcnow(), duration, self._rng))
 
     def promote_due(self, limit: int = 500) -> int:
         """Publish the retry and delay jobs whose time has come; how many were published."""

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from conveyor.engine.records import Dispatch, JobRecord
-from conveyor.engine.runner import load_workflow
+from conveyor.engine.runner import dispatch_of, load_workflow
 from conveyor.engine.states import JobStatus
 from conveyor.exceptions import InvalidTransition, NotFound
 
@@ -44,7 +44,7 @@ def requeue(
     tolerated = {n.id for n in workflow.nodes if n.continue_on_failure}
     revived = store.revive_jobs(job.execution_id, now, keep=tolerated)
     store.revive_nodes(job.execution_id, {j.node_id for j in revived if j.node_id}, tolerated)
-    return [Dispatch(job_id=j.id, kind=j.kind, queue=j.queue, priority=j.priority) for j in revived]
+    return [dispatch_of(j) for j in revived]
 
 
 def discard(store: SqlStore, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:

@@ -42,6 +42,11 @@ class JobRecord:
         return self.retry_count + 1
 
     @property
+    def label(self) -> str:
+        node = f" node={self.node_id}" if self.node_id else ""
+        return f"execution={self.execution_id}{node}"
+
+    @property
     def try_number(self) -> int:
         """The number of its ``job_attempts`` row: every try the job ever made counts."""
         return self.tries_before + self.retry_count + 1
@@ -78,6 +83,7 @@ class Dispatch:
     kind: JobKind
     queue: str
     priority: Priority
+    label: str = ""  # for operators (Flower shows it as the task's arguments)
 
 
 @dataclass(frozen=True, kw_only=True)

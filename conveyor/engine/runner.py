@@ -55,6 +55,15 @@ class Triggered:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Failed:
+    """What a failed try led to."""
+
+    dispatches: list[Dispatch]
+    outcome: JobStatus | None  # retry_wait, dead_letter or cancelled; None: taken meanwhile
+    retry_in: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeRun:
     """A claimed node job with everything needed to run it outside any transaction."""
 
@@ -160,7 +169,11 @@ def trigger(
         kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, execution=execution, priority=chosen, now=now
     )
     dispatch = Dispatch(
-        job_id=job_id, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, priority=chosen
+        job_id=job_id,
+        kind=JobKind.EXECUTION,
+        queue=EXECUTION_QUEUE,
+        priority=chosen,
+        label=f"execution={execution_id} workflow={workflow.name}",
     )
     return Triggered(execution_id=execution_id, dispatches=[dispatch])
 
@@ -250,7 +263,13 @@ def _enqueue_node(
     store.set_node(execution.id, node.id, NodeStatus.QUEUED, expected=NodeStatus.PENDING)
     if next_run_at is not None:
         return None  # held in the database; the promoter publishes it when due
-    return Dispatch(job_id=job_id, kind=JobKind.NODE, queue=NODE_QUEUE, priority=execution.priority)
+    return Dispatch(
+        job_id=job_id,
+        kind=JobKind.NODE,
+        queue=NODE_QUEUE,
+        priority=execution.priority,
+        label=f"execution={execution.id} node={node.id}",
+    )
 
 
 # -- running a node ------------------------------------------------------------------------
@@ -323,7 +342,7 @@ def fail_node(
     now: datetime,
     duration: float,
     rng: random.Random | None = None,
-) -> list[Dispatch]:
+) -> Failed:
     """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     message = describe(error)
@@ -343,14 +362,15 @@ def fail_node(
             job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now, last_error=message
         )
         store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
-        return []
+        return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
     decision = retry.decide_failure(
         run.workflow.retry_for(run.node), attempt=job.attempt, retryable=retryable, rng=rng
     )
     if decision.retry_in is not None:
-        if store.schedule_retry(job.id, now + timedelta(seconds=decision.retry_in), message):
-            store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
-        return []
+        if not store.schedule_retry(job.id, now + timedelta(seconds=decision.retry_in), message):
+            return Failed(dispatches=[], outcome=None)
+        store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
+        return Failed(dispatches=[], outcome=JobStatus.RETRY_WAIT, retry_in=decision.retry_in)
     if not store.transition_job(
         job.id,
         JobStatus.PROCESSING,
@@ -358,10 +378,10 @@ def fail_node(
         completed_at=now,
         last_error=f"{message} ({decision.reason})",
     ):
-        return []
+        return Failed(dispatches=[], outcome=None)
     store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
     if run.node.continue_on_failure:
-        return _settle(store, run, now)
+        return Failed(dispatches=_settle(store, run, now), outcome=JobStatus.DEAD_LETTER)
     store.cancel_unstarted(execution_id, now)
     store.finish_execution(
         execution_id,
@@ -369,7 +389,7 @@ def fail_node(
         now,
         error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
     )
-    return []
+    return Failed(dispatches=[], outcome=JobStatus.DEAD_LETTER)
 
 
 def is_retryable(error: BaseException) -> bool:
@@ -467,15 +487,18 @@ def cancel_execution(store: SqlStore, execution_id: uuid.UUID, now: datetime) ->
 
 def promote_due(store: SqlStore, now: datetime, limit: int = 500) -> list[Dispatch]:
     """Queue the retry and delay jobs whose time has come."""
-    return [_dispatch(j) for j in store.promote_due(now, limit)]
+    return [dispatch_of(j) for j in store.promote_due(now, limit)]
 
 
 def age_queued(
     store: SqlStore, now: datetime, age_after: float, limit: int = 500
 ) -> list[Dispatch]:
     """Serve low jobs queued longer than ``age_after`` seconds as normal (re-published)."""
-    return [_dispatch(j) for j in store.age_queued(now - timedelta(seconds=age_after), limit)]
+    return [dispatch_of(j) for j in store.age_queued(now - timedelta(seconds=age_after), limit)]
 
 
-def _dispatch(job: JobRecord) -> Dispatch:
-    return Dispatch(job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority)
+def dispatch_of(job: JobRecord) -> Dispatch:
+    """The message that publishes a job."""
+    return Dispatch(
+        job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority, label=job.label
+    )

@@ -74,6 +74,7 @@ def delivery_dispatch(delivery_id: uuid.UUID) -> Dispatch:
         kind=JobKind.WEBHOOK,
         queue=QUEUE_FOR_KIND[JobKind.WEBHOOK],
         priority=Priority.HIGH,
+        label=f"delivery={delivery_id}",
     )
 
 

@@ -12,10 +12,10 @@ from functools import lru_cache
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import worker_init, worker_process_init
+from celery.signals import setup_logging, worker_init, worker_process_init
 from sqlalchemy.orm import configure_mappers
 
-from conveyor import runtime
+from conveyor import logs, runtime
 from conveyor.config import get_settings
 from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
@@ -116,6 +116,12 @@ class MaintenanceStep(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(MaintenanceStep)
+
+
+@setup_logging.connect
+def _on_setup_logging(loglevel: Any = logging.INFO, **_: Any) -> None:
+    # Connected, this replaces Celery's own logging set-up: every record becomes one JSON line.
+    logs.configure(get_settings().log_format, loglevel or logging.INFO)
 
 
 @worker_init.connect

@@ -50,6 +50,9 @@ def create_app(settings: Settings) -> Celery:
             "queue_order_strategy": "priority",
         },
         task_queue_max_priority=10,
+        # Flower (and `celery events`) see every task: sent, received, started, done.
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         task_default_priority=3,
     )
     app.conf.beat_schedule = beat_schedule(settings)

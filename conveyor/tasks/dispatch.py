@@ -35,4 +35,5 @@ class CeleryDispatcher:
                     queue=d.queue,
                     priority=self._priority[d.priority],
                     producer=producer,
+                    argsrepr=f"job={d.job_id} {d.label}".rstrip(),
                 )
