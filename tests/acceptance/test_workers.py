@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Callable
 from subprocess import Popen
 
@@ -70,3 +72,36 @@ def test_separate_worker_pools_run_a_diamond_with_a_flaky_branch(
     workers = {a.worker for _, attempts in jobs.values() for a in attempts}
     assert len(workers) >= 2  # planned by one process, nodes run by pool children
     assert [e["node_id"] for e in effects(ACCEPTANCE_DB_URL)].count("join") == 1
+
+
+def test_sigterm_lets_a_running_node_finish_before_the_worker_exits(
+    client: Conveyor, start_worker: Callable[..., Popen[str]]
+) -> None:
+    # Given a node worker in the middle of a two-second node
+    start_worker("workflow-execution", concurrency=1, name="exec")
+    node_worker = start_worker("workflow-node", concurrency=1, name="node")
+    client.apply(parse_workflow({"name": "long", "nodes": [
+        python_node("nap", "test.sleep", [], seconds=2)]}))  # fmt: skip
+    execution_id = client.trigger("long")
+    deadline = time.monotonic() + 20
+    while not _running(client, execution_id):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    # When the operator stops it with SIGTERM (a deploy, a scale-down)
+    node_worker.send_signal(signal.SIGTERM)
+
+    # Then the node finishes, its outcome is recorded, and the worker exits cleanly
+    assert node_worker.wait(timeout=30) == 0
+    done = wait_for(client, execution_id, timeout=5)
+    assert done.status is ExecutionStatus.COMPLETED
+    assert done.output == {"nap": {"cancelled": False}}
+
+
+def _running(client: Conveyor, execution_id: object) -> bool:
+    with client.db.transaction() as store:
+        return any(
+            job.status is JobStatus.PROCESSING
+            for job, _ in store.execution_jobs(execution_id)  # type: ignore[arg-type]
+            if job.node_id
+        )
