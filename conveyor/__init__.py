@@ -2,6 +2,7 @@
 
 from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
+from conveyor.enqueue import enqueue
 from conveyor.exceptions import ConveyorError, DefinitionError, NodeError, NonRetryableError
 from conveyor.nodes import NodeContext, node
 
@@ -19,5 +20,6 @@ __all__ = [
     "Priority",
     "RetryPolicy",
     "Workflow",
+    "enqueue",
     "node",
 ]

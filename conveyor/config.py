@@ -91,6 +91,22 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
 
+    heartbeat_interval: float = Field(
+        default=5.0, gt=0, description="Seconds between a running node job's heartbeats."
+    )
+    heartbeat_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="A processing job whose heartbeat is older is reclaimed (its worker died).",
+    )
+    recover_interval: float = Field(
+        default=30.0, ge=1, description="Seconds between recovery sweeps (sent by beat)."
+    )
+    lost_after: float = Field(
+        default=60.0,
+        gt=0,
+        description="A job queued this long is re-published if the broker cannot hold its message.",
+    )
     task_events: bool = Field(
         default=True, description="Send Celery task events (Flower needs them)."
     )

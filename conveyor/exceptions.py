@@ -112,6 +112,10 @@ class NodeTimeout(NodeError):
     """The node ran past its timeout."""
 
 
+class WorkerLost(NodeError):
+    """The worker running the node stopped sending heartbeats (killed, or its host failed)."""
+
+
 class NodeCancelled(NodeError):
     """The execution was cancelled while the node was running."""
 

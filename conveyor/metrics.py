@@ -14,7 +14,8 @@ Metrics (all prefixed ``conveyor_``):
   queue (queued to started) and ran (started to finished);
 - ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits);
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
-  oldest one's delay.
+  oldest one's delay;
+- ``recovered_total{what}``: jobs of dead workers reclaimed, lost messages re-published.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Snapshot:
     permits: list[KeyUsage] = field(default_factory=list)
     schedules_late: int = 0
     schedule_lag: float = 0.0
+    recovered: dict[str, int] = field(default_factory=dict)  # by the recovery sweep, ever
 
     @property
     def dead_letters(self) -> int:
@@ -92,6 +94,7 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         wait = _histogram(*store.histogram("waited", BOUNDS))
         run = _histogram(*store.histogram("duration", BOUNDS))
         late, lag = store.schedule_lag(now)
+        recovered = store.recovery_counts()
     return Snapshot(
         taken_at=now,
         queue_depth=queue_depth(broker_url),
@@ -103,6 +106,7 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         permits=limiter.snapshot() if limiter is not None else [],
         schedules_late=late,
         schedule_lag=lag,
+        recovered=recovered,
     )
 
 
@@ -124,6 +128,24 @@ def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
             return {(q, p.value): int(n) for (q, p), n in zip(keys, pipe.execute(), strict=True)}
     finally:
         client.close()
+
+
+def broker_holds(broker_url: str) -> dict[str, int] | None:
+    """An upper bound of the messages a Redis broker holds per queue: those waiting, plus
+    every reserved one (kombu keeps them in one ``unacked`` hash for all queues). None for
+    other brokers."""
+    depth = queue_depth(broker_url)
+    if depth is None:
+        return None
+    client = redis.Redis.from_url(broker_url)
+    try:
+        reserved = int(client.hlen("unacked"))
+    finally:
+        client.close()
+    held: dict[str, int] = {}
+    for (queue, _), n in depth.items():
+        held[queue] = held.get(queue, reserved) + n
+    return held
 
 
 class SnapshotCollector(Collector):
@@ -172,6 +194,12 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
         yield family
     if snap.permits:
         yield from _permit_families(snap.permits)
+    recovered = CounterMetricFamily(
+        "conveyor_recovered", "Repairs by the recovery sweep, ever.", labels=["what"]
+    )
+    for what in ("reclaimed", "republished"):
+        recovered.add_metric([what], snap.recovered.get(what, 0))
+    yield recovered
     yield GaugeMetricFamily(
         "conveyor_schedules_late", "Due schedules not yet fired.", snap.schedules_late
     )

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import DataError
@@ -81,6 +81,7 @@ class Conveyor:
         self.cancel_poll = 1.0
         self.age_low_after = age_low_after
         self.misfire_grace = misfire_grace
+        self.heartbeat_interval = 5.0
         self._rng = random.Random()
         self.gate = (
             Gate(
@@ -130,6 +131,7 @@ class Conveyor:
         priority: Priority | None = None,
         source: TriggerSource = TriggerSource.API,
         idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
@@ -143,6 +145,7 @@ class Conveyor:
                 source=source,
                 now=utcnow(),
                 idempotency_key=idempotency_key,
+                dedupe_key=dedupe_key,
             )
         )
         self._publish_now(result.dispatches, f"execution {result.execution_id}")
@@ -248,7 +251,7 @@ class Conveyor:
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
         )
-        watcher = self._watch_cancel(run.execution.id, ctx)
+        watcher = self._watch_cancel(run.execution.id, ctx, run.job.id)
         started = time.monotonic()
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
@@ -351,6 +354,57 @@ class Conveyor:
             outcomes[job_id] = None
         return outcomes
 
+    def recover(
+        self,
+        *,
+        heartbeat_timeout: float,
+        lost_after: float,
+        broker_holds: Callable[[], dict[str, int] | None] = lambda: None,
+        batch: int = 500,
+    ) -> dict[str, int]:
+        """The recovery sweep; how many of each it repaired (also counted in the database).
+
+        - ``reclaimed``: node jobs processing whose heartbeat is older than
+          ``heartbeat_timeout``: their try failed (worker lost), the retry policy decides;
+        - ``republished``: jobs queued for over ``lost_after`` seconds whose queue in the broker
+          holds fewer messages than there are such jobs (``broker_holds``: messages per queue,
+          reserved ones included; None when it cannot tell, and then each is re-published):
+          a message was lost (Redis flushed, a crash between commit and publish). A duplicate
+          is harmless: the job is claimed once.
+        """
+        now = utcnow()
+
+        def reclaim(store: SqlStore) -> list[runner.Failed]:
+            stale = store.stale_processing(now - timedelta(seconds=heartbeat_timeout), batch)
+            failed = [runner.reclaim(store, job, now, self._rng) for job in stale]
+            store.count_recovered("reclaimed", len(failed))
+            return failed
+
+        reclaimed = self.db.run(reclaim)
+        for failed in reclaimed:
+            self._publish(failed.dispatches)
+        with self.db.transaction() as store:
+            stale = store.stale_queued(now - timedelta(seconds=lost_after), batch)
+            waiting = store.stale_deliveries(now - timedelta(seconds=lost_after), batch)
+        messages = [runner.dispatch_of(job) for job in stale]
+        messages += [subscriptions.delivery_dispatch(d) for d in waiting]
+        by_queue: dict[str, list[Dispatch]] = {}
+        for message in messages:
+            by_queue.setdefault(message.queue, []).append(message)
+        held = broker_holds()
+        lost = [
+            message
+            for queue, waiting_there in by_queue.items()
+            if held is None or held.get(queue, 0) < len(waiting_there)
+            for message in waiting_there
+        ]
+        self._publish(lost)
+        self.db.run(lambda s: s.count_recovered("republished", len(lost)))
+        done = {"reclaimed": len(reclaimed), "republished": len(lost)}
+        if any(done.values()):
+            log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
+        return done
+
     def sweep_limits(self) -> int:
         """The limiter's safety net (see :meth:`Gate.sweep`); 0 without limits."""
         return self.gate.sweep(self.age_low_after) if self.gate is not None else 0
@@ -377,18 +431,31 @@ class Conveyor:
             # recovery sweep's work (durability issue). The error is logged loudly meanwhile.
             log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))
 
-    def _watch_cancel(self, execution_id: uuid.UUID, ctx: NodeContext) -> threading.Event:
-        """Poll the execution's status while the node runs; set ctx's cancel flag if it ends."""
+    def _watch_cancel(
+        self, execution_id: uuid.UUID, ctx: NodeContext, job_id: uuid.UUID
+    ) -> threading.Event:
+        """While the node runs: poll its execution's status and set ctx's cancel flag if it
+        ends; renew the job's heartbeat every ``heartbeat_interval`` (so that the recovery
+        sweep tells a long node from a dead worker)."""
         done = threading.Event()
 
         def watch() -> None:
+            beat_at = time.monotonic() + self.heartbeat_interval
             while not done.wait(self.cancel_poll):
+                beat = time.monotonic() >= beat_at
                 try:
                     with self.db.transaction() as store:
-                        status = store.execution_status(execution_id)
+                        if beat:
+                            status = store.heartbeat(job_id, utcnow())
+                            beat_at = time.monotonic() + self.heartbeat_interval
+                        else:
+                            status = store.execution_status(execution_id)
                 except Exception:  # keep watching: a passing database error must not end it
                     log.warning("could not read the status of execution %s", execution_id)
                     continue
+                if status is None and beat:  # reclaimed by the recovery sweep
+                    ctx.cancel_event.set()
+                    return
                 if status is not None and status is not ExecutionStatus.RUNNING:
                     ctx.cancel_event.set()
                     return

@@ -40,6 +40,7 @@ from conveyor.exceptions import (
     NodeError,
     NodeTimeout,
     TemplateError,
+    WorkerLost,
     WorkflowNotFound,
 )
 
@@ -131,14 +132,14 @@ def trigger(
     priority: Priority | None = None,
     source: TriggerSource = TriggerSource.API,
     idempotency_key: str | None = None,
+    dedupe_key: str | None = None,
 ) -> Triggered:
     """Create the execution and its start job in the caller's transaction. With an
     idempotency key the tenant used before, the execution that key made is returned instead
-    (for the same workflow; another workflow is an :class:`IdempotencyConflict`)."""
+    (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
+    deduplication key, a pending or running execution with that key is returned instead."""
     tenant_id = store.tenant_id(tenant)
-    if idempotency_key is not None and (
-        earlier := _replay(store, tenant_id, idempotency_key, workflow_name)
-    ):
+    if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
         return earlier
     record = store.latest_workflow(tenant_id, workflow_name)
     if record is None:
@@ -157,10 +158,10 @@ def trigger(
             trigger=source.value,
             now=now,
             idempotency_key=idempotency_key,
+            dedupe_key=dedupe_key,
         )
     except DuplicateExecution:  # a retry racing this one stored it first
-        assert idempotency_key is not None
-        raced = _replay(store, tenant_id, idempotency_key, workflow_name)
+        raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
         if raced is None:
             raise
         return raced
@@ -178,19 +179,29 @@ def trigger(
     return Triggered(execution_id=execution_id, dispatches=[dispatch])
 
 
-def _replay(
-    store: SqlStore, tenant_id: uuid.UUID, key: str, workflow_name: str
+def _earlier(
+    store: SqlStore,
+    tenant_id: uuid.UUID,
+    workflow_name: str,
+    idempotency_key: str | None,
+    dedupe_key: str | None,
 ) -> Triggered | None:
-    found = store.execution_by_key(tenant_id, key)
-    if found is None:
-        return None
-    execution_id, made_for = found
-    if made_for != workflow_name:
-        raise IdempotencyConflict(
-            f"Idempotency-Key {key!r} already started workflow {made_for!r} (execution "
-            f"{execution_id}); use a new key for {workflow_name!r}"
-        )
-    return Triggered(execution_id=execution_id, dispatches=[], replayed=True)
+    """The execution an earlier trigger with the same key made (any status for an
+    idempotency key, pending or running for a deduplication key)."""
+    for key, found in (
+        (idempotency_key, idempotency_key and store.execution_by_key(tenant_id, idempotency_key)),
+        (dedupe_key, dedupe_key and store.active_by_dedupe(tenant_id, dedupe_key)),
+    ):
+        if not found:
+            continue
+        execution_id, made_for = found
+        if made_for != workflow_name:
+            raise IdempotencyConflict(
+                f"key {key!r} already started workflow {made_for!r} (execution "
+                f"{execution_id}); use another key for {workflow_name!r}"
+            )
+        return Triggered(execution_id=execution_id, dispatches=[], replayed=True)
+    return None
 
 
 def start_execution(
@@ -390,6 +401,22 @@ def fail_node(
         error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
     )
     return Failed(dispatches=[], outcome=JobStatus.DEAD_LETTER)
+
+
+def reclaim(
+    store: SqlStore, job: JobRecord, now: datetime, rng: random.Random | None = None
+) -> Failed:
+    """A node job whose worker stopped sending heartbeats: its try failed (the worker may
+    have died of the node itself), and the retry policy decides what comes next."""
+    execution = store.execution(job.execution_id)
+    workflow, _ = load_workflow(store, job.workflow_id)
+    assert job.node_id is not None
+    run = NodeRun(
+        job=job, execution=execution, workflow=workflow, node=workflow.node(job.node_id),
+        context={},
+    )  # fmt: skip
+    error = WorkerLost("the worker running it stopped sending heartbeats")
+    return fail_node(store, run, error, now, 0.0, rng)
 
 
 def is_retryable(error: BaseException) -> bool:

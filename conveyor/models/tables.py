@@ -187,6 +187,15 @@ class Execution(Base):
             postgresql_where=text("idempotency_key IS NOT NULL"),
             sqlite_where=text("idempotency_key IS NOT NULL"),
         ),
+        # One active execution per deduplication key: a second trigger finds the first.
+        Index(
+            "uq_executions_active_dedupe",
+            "tenant_id",
+            "dedupe_key",
+            unique=True,
+            postgresql_where=text("dedupe_key IS NOT NULL AND status IN ('pending', 'running')"),
+            sqlite_where=text("dedupe_key IS NOT NULL AND status IN ('pending', 'running')"),
+        ),
         # A fire is (schedule, slot): two checks, or two beats, cannot start it twice.
         Index(
             "uq_executions_schedule_fire",
@@ -214,6 +223,7 @@ class Execution(Base):
     )
     scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -266,6 +276,12 @@ class Job(Base):
             sqlite_where=text("status = 'parked'"),
         ),
         Index(
+            "ix_jobs_processing_heartbeat",
+            "heartbeat_at",
+            postgresql_where=text("status = 'processing'"),
+            sqlite_where=text("status = 'processing'"),
+        ),
+        Index(
             "ix_jobs_queued_low",
             "enqueued_at",
             postgresql_where=text("status = 'queued' AND priority = 'low'"),
@@ -295,6 +311,8 @@ class Job(Base):
     # When the job last became queued (created, promoted, requeued): what ageing counts from.
     enqueued_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Renewed while a worker runs the job; a stale one means the worker died (recovery).
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
@@ -328,3 +346,12 @@ class AlertState(Base):
     evaluated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     counters: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
     firing: Mapped[list[str]] = mapped_column(JsonType, default=list)
+
+
+class RecoveryCount(Base):
+    """How many of each thing the recovery sweep has repaired, ever (a metric)."""
+
+    __tablename__ = "recovery_counts"
+
+    what: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0)

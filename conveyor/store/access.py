@@ -174,6 +174,20 @@ class AccessQueries:
             status=delivery.status,
         )
 
+    def stale_deliveries(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:
+        """Deliveries stored before ``cutoff`` and still waiting for the webhook worker."""
+        return list(
+            self.session.scalars(
+                select(WebhookDelivery.id)
+                .where(
+                    WebhookDelivery.status == DeliveryStatus.RECEIVED,
+                    WebhookDelivery.received_at < cutoff,
+                )
+                .order_by(WebhookDelivery.received_at)
+                .limit(limit)
+            )
+        )
+
     def finish_delivery(
         self, delivery_id: uuid.UUID, status: DeliveryStatus, executions: int, now: datetime
     ) -> None:

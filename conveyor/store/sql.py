@@ -35,6 +35,7 @@ from conveyor.exceptions import (
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
 from conveyor.store.access import AccessQueries
 from conveyor.store.dead_letters import DeadLetterQueries
+from conveyor.store.recovery import RecoveryQueries
 from conveyor.store.rows import execution_record, job_record, workflow_record
 from conveyor.store.schedules import ScheduleQueries
 from conveyor.store.stats import StatsQueries
@@ -44,7 +45,7 @@ _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
-class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries):
+class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, RecoveryQueries):
     """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
 
     def __init__(self, session: Session) -> None:
@@ -155,6 +156,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries):
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
     ) -> uuid.UUID:
         """Insert a pending execution; :class:`DuplicateExecution` if the tenant has one with
         this idempotency key (two retries racing: one inserts, the other finds it)."""
@@ -170,15 +172,16 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries):
             remaining_nodes=0,
             created_at=now,
             idempotency_key=idempotency_key,
+            dedupe_key=dedupe_key,
         )
-        if idempotency_key is None:
+        if idempotency_key is None and dedupe_key is None:
             self.session.execute(statement)
             return execution_id
         try:
             with self.session.begin_nested():
                 self.session.execute(statement)
         except IntegrityError as exc:
-            raise DuplicateExecution(f"idempotency key {idempotency_key!r} was used") from exc
+            raise DuplicateExecution("its idempotency or deduplication key is taken") from exc
         return execution_id
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
@@ -357,7 +360,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries):
         row = self.session.scalars(
             update(Job)
             .where(Job.id == job_id, Job.kind == kind, Job.status.in_(_RUNNABLE))
-            .values(status=JobStatus.PROCESSING, processed_at=now)
+            .values(status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now)
             .returning(Job),
             execution_options={"synchronize_session": False},
         ).one_or_none()

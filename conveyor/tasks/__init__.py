@@ -15,7 +15,7 @@ from celery import bootsteps
 from celery.signals import setup_logging, worker_init, worker_process_init
 from sqlalchemy.orm import configure_mappers
 
-from conveyor import logs, runtime
+from conveyor import logs, metrics, runtime
 from conveyor.config import get_settings
 from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
@@ -31,7 +31,7 @@ app = create_app(get_settings())
 @lru_cache(maxsize=1)
 def service() -> Conveyor:
     settings = get_settings()
-    return Conveyor(
+    made = Conveyor(
         runtime.database(),
         CeleryDispatcher(app),
         worker=runtime.worker_name(),
@@ -41,6 +41,8 @@ def service() -> Conveyor:
         age_low_after=settings.age_low_after,
         misfire_grace=settings.schedule_misfire_grace,
     )
+    made.heartbeat_interval = settings.heartbeat_interval
+    return made
 
 
 def _job_id(raw: Any) -> uuid.UUID | None:
@@ -90,6 +92,21 @@ def promote_due() -> int:
 def check_schedules() -> int:
     """Start the runs of the cron schedules whose time has come (sent by celery beat)."""
     return service().check_schedules()
+
+
+@app.task(name="conveyor.scheduled.recover", ignore_result=True)
+def recover() -> dict[str, int]:
+    """The recovery sweep (sent by beat): reclaim jobs of dead workers, re-publish lost
+    messages; then promote due retries and sweep the limiter, as every worker does too."""
+    settings = get_settings()
+    done = service().recover(
+        heartbeat_timeout=settings.heartbeat_timeout,
+        lost_after=settings.lost_after,
+        broker_holds=lambda: metrics.broker_holds(settings.resolved_broker_url),
+    )
+    service().promote_due()
+    service().sweep_limits()
+    return done
 
 
 class MaintenanceStep(bootsteps.StartStopStep):

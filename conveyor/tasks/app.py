@@ -72,10 +72,16 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     beats may run; their checks share the due schedules, never firing one slot twice."""
     interval = settings.schedule_check_interval
     every: crontab | float = crontab() if interval == 60 else interval
+    recover = settings.recover_interval
     return {
         "conveyor-schedule-check": {
             "task": "conveyor.scheduled.check",
             "schedule": every,
             "options": {"queue": SCHEDULED_QUEUE, "expires": interval},
-        }
+        },
+        "conveyor-recover": {
+            "task": "conveyor.scheduled.recover",
+            "schedule": recover,
+            "options": {"queue": SCHEDULED_QUEUE, "expires": recover},
+        },
     }

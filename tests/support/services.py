@@ -45,7 +45,8 @@ CREATE TABLE test_spans (
 """
 TABLES = (
     "job_attempts, jobs, node_states, executions, schedules, workflows, subscriptions, "
-    "webhook_deliveries, webhook_endpoints, api_keys, tenants, alert_state, test_effects, "
+    "webhook_deliveries, webhook_endpoints, api_keys, tenants, alert_state, recovery_counts, "
+    "test_effects, "
     "test_spans"
 )
 

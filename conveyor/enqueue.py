@@ -1,0 +1,89 @@
+"""Transactional enqueue: an application starts a workflow inside its own transaction.
+
+    with Session(engine) as session, session.begin():
+        session.add(Invoice(...))
+        conveyor.enqueue(session, "send-invoice", {"invoice_id": 7})
+    # committed: the execution exists and its message is sent; rolled back: neither
+
+The execution and its start job are written with the caller's session (the same database
+holds Conveyor's tables); the message is published only after that transaction commits, and
+never if it rolls back. If the publish itself fails after the commit, the job stays queued and
+the recovery sweep sends it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from conveyor.engine import runner
+from conveyor.engine.ports import Dispatcher
+from conveyor.engine.records import Dispatch
+from conveyor.engine.states import Priority, TriggerSource
+from conveyor.store import DEFAULT_TENANT, SqlStore
+
+log = logging.getLogger("conveyor.enqueue")
+
+
+def enqueue(
+    session: Session,
+    workflow: str,
+    input: Any = None,
+    *,
+    tenant: str = DEFAULT_TENANT,
+    priority: Priority | None = None,
+    source: TriggerSource = TriggerSource.API,
+    dedupe_key: str | None = None,
+    dispatcher: Dispatcher | None = None,
+) -> uuid.UUID:
+    """Create an execution in the caller's transaction; its id. With ``dedupe_key``, a
+    pending or running execution with that key is returned instead of a new one."""
+    result = runner.trigger(
+        SqlStore(session),
+        workflow_name=workflow,
+        tenant=tenant,
+        input=input,
+        now=datetime.now(UTC),
+        priority=priority,
+        source=source,
+        dedupe_key=dedupe_key,
+    )
+    if result.dispatches:
+        _pending(session, dispatcher).extend(result.dispatches)
+    return result.execution_id
+
+
+_KEY = "conveyor.pending"
+
+
+def _pending(session: Session, dispatcher: Dispatcher | None) -> list[Dispatch]:
+    """The messages waiting for this session's commit; the first call hooks the session."""
+    if _KEY not in session.info:
+        session.info[_KEY] = []
+        sender = dispatcher or _process_dispatcher()
+        event.listen(session, "after_commit", lambda s: _send(s, sender))
+        event.listen(session, "after_rollback", lambda s: s.info[_KEY].clear())
+    pending: list[Dispatch] = session.info[_KEY]
+    return pending
+
+
+def _send(session: Session, dispatcher: Dispatcher) -> None:
+    dispatches, session.info[_KEY] = session.info[_KEY], []
+    if not dispatches:
+        return
+    try:
+        dispatcher.publish(dispatches)
+    except Exception:  # committed: the recovery sweep re-publishes queued jobs
+        log.exception("publishing %d job(s) after commit failed", len(dispatches))
+
+
+def _process_dispatcher() -> Dispatcher:
+    from conveyor.tasks import app
+    from conveyor.tasks.dispatch import CeleryDispatcher
+
+    return CeleryDispatcher(app)

@@ -1,0 +1,87 @@
+"""The SQL of the recovery sweep and of running jobs' heartbeats (part of :class:`SqlStore`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from conveyor.engine.records import JobRecord
+from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus
+from conveyor.models import Execution, Job, RecoveryCount, WorkflowVersion
+from conveyor.store.rows import job_record
+
+_ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+
+
+class RecoveryQueries:
+    session: Session
+
+    def heartbeat(self, job_id: uuid.UUID, now: datetime) -> ExecutionStatus | None:
+        """Renew a running job's heartbeat; its execution's status (None if the job is no
+        longer processing: reclaimed, or finished)."""
+        renewed = self.session.scalar(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING)
+            .values(heartbeat_at=now)
+            .returning(Job.execution_id)
+        )
+        if renewed is None:
+            return None
+        return self.session.scalar(select(Execution.status).where(Execution.id == renewed))
+
+    def stale_processing(self, cutoff: datetime, limit: int) -> list[JobRecord]:
+        """Node jobs processing whose heartbeat stopped before ``cutoff``, locked (skipping
+        those another sweep holds)."""
+        rows = self.session.scalars(
+            select(Job)
+            .where(
+                Job.status == JobStatus.PROCESSING,
+                Job.kind == JobKind.NODE,
+                Job.heartbeat_at < cutoff,
+            )
+            .order_by(Job.heartbeat_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        return [job_record(r) for r in rows]
+
+    def stale_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
+        """Jobs queued since before ``cutoff``: their message may be lost."""
+        rows = self.session.scalars(
+            select(Job)
+            .where(Job.status == JobStatus.QUEUED, Job.enqueued_at < cutoff)
+            .order_by(Job.enqueued_at)
+            .limit(limit)
+        )
+        return [job_record(r) for r in rows]
+
+    def active_by_dedupe(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
+        """The pending or running execution with this deduplication key, and its workflow."""
+        row = self.session.execute(
+            select(Execution.id, WorkflowVersion.name)
+            .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
+            .where(
+                Execution.tenant_id == tenant_id,
+                Execution.dedupe_key == key,
+                Execution.status.in_(_ACTIVE),
+            )
+        ).one_or_none()
+        return (row.id, row.name) if row else None
+
+    def count_recovered(self, what: str, n: int) -> None:
+        if n <= 0:
+            return
+        dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
+        statement = dialect.insert(RecoveryCount).values(what=what, count=n)
+        self.session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["what"], set_={"count": RecoveryCount.count + n}
+            )
+        )
+
+    def recovery_counts(self) -> dict[str, int]:
+        return {r.what: r.count for r in self.session.scalars(select(RecoveryCount))}

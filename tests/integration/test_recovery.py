@@ -1,0 +1,197 @@
+"""Durability mechanisms against real PostgreSQL, Redis and the in-process worker: enqueue in
+the caller's transaction, active-execution deduplication, heartbeats, and the recovery sweep
+that reclaims dead workers' jobs and re-publishes lost messages."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+import conveyor
+from conveyor.engine import runner
+from conveyor.engine.states import ExecutionStatus, JobStatus, TriggerSource
+from conveyor.engine.validation import parse_workflow
+from conveyor.models import Execution, Job
+from conveyor.service import Conveyor, utcnow
+from tests.support.services import effects, wait_for
+
+
+def add_flow(service: Conveyor, name: str = "adder", seconds: float = 0.0) -> None:
+    node = {"id": "add", "type": "python", "config": {"function": "test.sleep_add"},
+            "inputs": {"a": 1, "b": 2, "seconds": seconds}}  # fmt: skip
+    service.apply(parse_workflow({"name": name, "nodes": [node]}))
+
+
+def executions(service: Conveyor) -> int:
+    with service.db.transaction() as store:
+        return int(store.session.scalar(select(func.count()).select_from(Execution)) or 0)
+
+
+def age(service: Conveyor, **values: Any) -> None:
+    """Move every job's clocks back, as if the time had passed."""
+    with service.db.transaction() as store:
+        store.session.execute(update(Job).values(**values))
+
+
+# -- enqueue in the application's transaction --------------------------------------------------
+
+
+def test_enqueue_commits_with_the_callers_transaction_and_only_then_publishes(
+    conveyor_service: Conveyor,
+) -> None:
+    add_flow(conveyor_service)
+    with Session(conveyor_service.db.engine) as session, session.begin():
+        execution_id = conveyor.enqueue(session, "adder", {"order": 1})
+        # inside the transaction: nothing is visible to others, nothing is sent yet
+        assert executions(conveyor_service) == 0
+
+    assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.COMPLETED
+
+
+def test_enqueue_in_a_rolled_back_transaction_leaves_nothing_and_sends_nothing(
+    conveyor_service: Conveyor,
+) -> None:
+    add_flow(conveyor_service)
+    with Session(conveyor_service.db.engine) as session:
+        with pytest.raises(RuntimeError), session.begin():
+            conveyor.enqueue(session, "adder")
+            raise RuntimeError("the application's own work failed")
+        with session.begin():  # a later commit of the same session must not send it either
+            pass
+
+    time.sleep(0.5)
+    assert executions(conveyor_service) == 0
+    assert effects(conveyor_service.db.url) == []
+
+
+# -- deduplication -----------------------------------------------------------------------------
+
+
+def test_a_dedupe_key_returns_the_active_execution_and_frees_once_it_finishes(
+    conveyor_service: Conveyor,
+) -> None:
+    add_flow(conveyor_service, seconds=0.5)
+
+    first, replayed = conveyor_service.start("adder", dedupe_key="customer-9")
+    again, replayed_again = conveyor_service.start("adder", dedupe_key="customer-9")
+    assert (again, replayed, replayed_again) == (first, False, True)
+    assert wait_for(conveyor_service, first).status is ExecutionStatus.COMPLETED
+
+    later, replayed_later = conveyor_service.start("adder", dedupe_key="customer-9")
+    assert later != first and not replayed_later
+
+
+# -- heartbeats and the recovery sweep ---------------------------------------------------------
+
+
+def test_a_running_node_renews_its_heartbeat(
+    conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(conveyor_service, "heartbeat_interval", 0.2)
+    monkeypatch.setattr(conveyor_service, "cancel_poll", 0.1)
+    add_flow(conveyor_service, seconds=1.5)
+    execution_id = conveyor_service.trigger("adder")
+
+    beats = set()
+    deadline = time.monotonic() + 10
+    while len(beats) < 3:
+        assert time.monotonic() < deadline, beats
+        with conveyor_service.db.transaction() as store:
+            beats.update(
+                store.session.scalars(
+                    select(Job.heartbeat_at).where(
+                        Job.execution_id == execution_id,
+                        Job.node_id.is_not(None),
+                        Job.status == JobStatus.PROCESSING,
+                    )
+                )
+            )
+        time.sleep(0.1)
+    assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.COMPLETED
+
+
+def test_a_job_whose_worker_died_is_reclaimed_and_retried_to_completion(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a node job claimed by a worker that then died (no outcome, no heartbeat)
+    add_flow(conveyor_service)
+    made = conveyor_service.db.run(
+        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+                                 now=utcnow(), source=TriggerSource.API)
+    )  # fmt: skip
+    conveyor_service.db.run(lambda s: runner.start_execution(s, made.dispatches[0].job_id,
+                                                             utcnow()))  # fmt: skip
+    with conveyor_service.db.transaction() as store:
+        node_job = next(j.id for j, _ in store.execution_jobs(made.execution_id) if j.node_id)
+    assert conveyor_service.db.run(lambda s: runner.claim_node(s, node_job, utcnow(), "dead"))
+    age(conveyor_service, heartbeat_at=utcnow() - timedelta(minutes=5))
+
+    # When the recovery sweep runs
+    done = conveyor_service.recover(heartbeat_timeout=60, lost_after=3600)
+
+    # Then the try counts as failed (worker lost), and the retry runs it to completion
+    assert done == {"reclaimed": 1, "republished": 0}
+    assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
+    with conveyor_service.db.transaction() as store:
+        [attempts] = [a for j, a in store.execution_jobs(made.execution_id) if j.node_id]
+        counts = store.recovery_counts()
+    assert [a.status.value for a in attempts] == ["failed", "succeeded"]
+    assert "stopped sending heartbeats" in (attempts[0].error or "")
+    assert counts["reclaimed"] == 1
+
+
+def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a committed execution whose start message never reached the broker
+    add_flow(conveyor_service)
+    made = conveyor_service.db.run(
+        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+                                 now=utcnow(), source=TriggerSource.API)
+    )  # fmt: skip
+    age(conveyor_service, enqueued_at=utcnow() - timedelta(minutes=5))
+
+    # When the broker says it holds a message for that queue, nothing is re-sent
+    held = conveyor_service.recover(
+        heartbeat_timeout=60, lost_after=60, broker_holds=lambda: {"workflow-execution": 1}
+    )
+    # and when it holds none, the message is sent again and the execution runs
+    empty = conveyor_service.recover(heartbeat_timeout=60, lost_after=60, broker_holds=dict)
+
+    assert held["republished"] == 0 and empty["republished"] == 1
+    assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
+    with conveyor_service.db.transaction() as store:
+        assert store.recovery_counts()["republished"] == 1
+
+
+def test_a_duplicate_message_changes_nothing(conveyor_service: Conveyor) -> None:
+    add_flow(conveyor_service)
+    made = conveyor_service.db.run(
+        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+                                 now=utcnow(), source=TriggerSource.API)
+    )  # fmt: skip
+
+    conveyor_service.dispatcher.publish(made.dispatches * 3)
+
+    assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
+    time.sleep(0.3)
+    assert len(effects(conveyor_service.db.url)) == 1
+
+
+def test_unknown_and_malformed_job_ids_are_dropped(conveyor_service: Conveyor) -> None:
+    import conveyor.tasks as tasks
+
+    tasks.app.send_task("conveyor.node.run", args=[str(uuid.uuid4())], queue="workflow-node")
+    tasks.app.send_task("conveyor.node.run", args=["not-a-uuid"], queue="workflow-node")
+    tasks.app.send_task("conveyor.execution.start", args=[None], queue="workflow-execution")
+    add_flow(conveyor_service)
+
+    execution_id = conveyor_service.trigger("adder")  # the workers go on as before
+
+    assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.COMPLETED
