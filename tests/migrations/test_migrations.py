@@ -68,3 +68,40 @@ def test_downgrade_round_trip_leaves_nothing_then_rebuilds(empty_database: str) 
 
     command.upgrade(config, "head")
     assert schema_drift(empty_database) == []
+
+
+ROWS_AT_0002 = [
+    "INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'x', '2026-01-01')",
+    "INSERT INTO workflows (id, tenant_id, name, version, digest, definition, created_at) "
+    "VALUES ('w1', 't1', 'w', 1, 'd', '{}', '2026-01-01')",
+    "INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input, "
+    "remaining_nodes, created_at) VALUES ('e1', 't1', 'w1', 'running', 'high', 'api', '{}', 1, "
+    "'2026-01-01')",
+    "INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count, "
+    "tenant_id, workflow_id, execution_id, created_at, enqueued_at) VALUES ('j1', 'node', 'q', "
+    "'{}', 'processing', 'high', 0, 0, 't1', 'w1', 'e1', '2026-01-01', '2026-01-01')",
+    "INSERT INTO node_states (execution_id, node_id, status, waiting_on) "
+    "VALUES ('e1', 'a', 'running', 0)",
+]
+
+
+def test_upgrading_an_embedded_database_keeps_its_work(sqlite_url: str) -> None:
+    # Given an embedded (SQLite) database at 0002 with an execution, a job and a node running
+    config = alembic_config(sqlite_url)
+    command.upgrade(config, "0002")
+    engine = make_engine(sqlite_url)
+    with engine.begin() as conn:
+        for statement in ROWS_AT_0002:
+            conn.exec_driver_sql(statement)
+    engine.dispose()
+
+    # When it is upgraded (SQLite rebuilds altered tables: copy, drop, rename)
+    command.upgrade(config, "head")
+
+    # Then nothing cascaded away with a dropped table
+    engine = make_engine(sqlite_url)
+    with engine.connect() as conn:
+        counts = [conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar()
+                  for t in ("executions", "jobs", "node_states")]  # fmt: skip
+    engine.dispose()
+    assert counts == [1, 1, 1]
