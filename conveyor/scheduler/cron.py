@@ -69,7 +69,9 @@ class Cron:
 
     def latest(self, moment: datetime, since: datetime, count: int) -> list[datetime]:
         """Up to ``count`` fire times in ``[since, moment]``, newest first."""
-        start = moment.astimezone(self.zone).replace(microsecond=0) + timedelta(seconds=1)
+        # Add in UTC, then convert: adding to a local time would reset its fold, reading the
+        # second 01:xx of a fall-back night as the first, an hour earlier.
+        start = (moment.replace(microsecond=0) + timedelta(seconds=1)).astimezone(self.zone)
         found: list[datetime] = []
         for fire in CronSim(_expanded(self.expression), start, reverse=True):
             at = fire.astimezone(UTC)

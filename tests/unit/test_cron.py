@@ -89,6 +89,16 @@ def test_nicknames_mean_their_five_field_expressions() -> None:
     assert parse_cron("@hourly", "UTC").next_after(utc(2026, 5, 5, 13, 1)) == utc(2026, 5, 5, 14)
 
 
+def test_a_late_check_in_the_repeated_hour_finds_the_slots_of_that_real_hour() -> None:
+    # 2026-11-01 in New York, the second 01:00-02:00 (EST) is 06:00-07:00 UTC
+    cron = parse_cron("*/15 * * * *", "America/New_York")
+
+    found = cron.latest(utc(2026, 11, 1, 6, 20), since=utc(2026, 11, 1, 5, 0), count=10)
+
+    assert found[:2] == [utc(2026, 11, 1, 6, 15), utc(2026, 11, 1, 6, 0)]
+    assert len(found) == 6  # 05:00 to 06:15 UTC: both 01:xx hours, every quarter
+
+
 def test_latest_lists_the_newest_fire_times_first_within_the_window() -> None:
     cron = parse_cron("*/10 * * * *", "UTC")
 
