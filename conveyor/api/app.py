@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from sqlalchemy.exc import DataError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from conveyor import metrics, runtime
 from conveyor.api import dead_letters, rest, webhooks
@@ -78,6 +78,7 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(DataError, _data_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _unavailable)  # type: ignore[arg-type]
+    app.add_exception_handler(IntegrityError, _conflict)  # type: ignore[arg-type]
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.SnapshotCollector(lambda: _snapshot(app.state.service)))
@@ -135,6 +136,13 @@ async def _data_error(request: Request, exc: DataError) -> JSONResponse:
     cause = str(exc.orig).splitlines()[0] if exc.orig else "invalid value"
     return JSONResponse(
         {"detail": f"the database refused a value of the request: {cause}"}, status_code=422
+    )
+
+
+async def _conflict(request: Request, exc: IntegrityError) -> JSONResponse:
+    return JSONResponse(
+        {"detail": "a concurrent change to the same object won; read it again and retry"},
+        status_code=409,
     )
 
 

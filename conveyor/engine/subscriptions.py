@@ -53,7 +53,8 @@ def emit_event(
     store: SqlStore, tenant: str, event_type: str, payload: Any, now: datetime
 ) -> list[runner.Triggered]:
     """Start every workflow of the tenant that subscribes to the event type."""
-    names = store.subscribers(store.tenant_id(tenant), SubscriptionKind.EVENT, event_type)
+    rows = store.subscribers(store.tenant_id(tenant), SubscriptionKind.EVENT, event_type)
+    # once a workflow, even if two applies racing left its subscription twice
     return [
         runner.trigger(
             store,
@@ -63,7 +64,7 @@ def emit_event(
             now=now,
             source=TriggerSource.EVENT,
         )
-        for name, _ in names
+        for name in sorted({name for name, _ in rows})
     ]
 
 
@@ -86,13 +87,15 @@ def deliver_webhook(
     delivery = store.claim_delivery(delivery_id)
     if delivery is None:
         return []  # handled already (a duplicate message), or no such delivery
-    names = [
-        name
-        for name, events in store.subscribers(
-            delivery.tenant_id, SubscriptionKind.WEBHOOK, delivery.endpoint_name
-        )
-        if not events or delivery.event in events
-    ]
+    names = sorted(
+        {
+            name
+            for name, events in store.subscribers(
+                delivery.tenant_id, SubscriptionKind.WEBHOOK, delivery.endpoint_name
+            )
+            if not events or delivery.event in events
+        }
+    )
     started = [
         runner.trigger(
             store,

@@ -334,6 +334,11 @@ def _schedule_errors(data: Mapping[str, Any]) -> list[str]:
         name = spec.get("name") or data.get("name")
         if not isinstance(name, str):
             continue
+        if not spec.get("name") and len(name) > 100:
+            errors.append(
+                f"workflow: schedules.{index}: the workflow's name is too long to name the "
+                f"schedule (100 characters at most); give it a `name`"
+            )
         if name in named:
             errors.append(
                 f"workflow: schedules.{index}: schedules {named[name]} and {index} are both "

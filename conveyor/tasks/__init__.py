@@ -39,7 +39,8 @@ def service() -> Conveyor:
         limits=runtime.default_limits(),
         lease=settings.permit_lease,
         age_low_after=settings.age_low_after,
-        misfire_grace=settings.schedule_misfire_grace,
+        # a slot checked by the next regular check is never a misfire
+        misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made
