@@ -126,3 +126,20 @@ def switch(name: str, ctx: NodeContext) -> dict[str, bool]:
     if not switches.get(name):
         raise RuntimeError(f"switch {name} is off")
     return {"on": True}
+
+
+@conveyor.node("test.chaos_effect")
+def chaos_effect(seconds: float, ctx: NodeContext) -> dict[str, str]:
+    """The side effect of a careful node author: keyed by ctx.idempotency_key, so that a node
+    run again (a worker killed after the effect, a duplicate) leaves one effect row (whose
+    `runs` counts the re-runs)."""
+    time.sleep(seconds)
+    with _engine().begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO chaos_effects (key) VALUES (:k) "
+                "ON CONFLICT (key) DO UPDATE SET runs = chaos_effects.runs + 1"
+            ),
+            {"k": ctx.idempotency_key},
+        )
+    return {"key": ctx.idempotency_key}
