@@ -2,10 +2,14 @@
 :mod:`conveyor.engine.runner`; the caller publishes the returned dispatches after commit.
 
 Requeue resumes the failed execution from the dead node: the execution runs again, the dead
-job and every node job the failure cancelled are queued with a fresh set of tries (their
-earlier tries stay in the history), and nodes that were waiting wait again. Nodes that had
-finished keep their outputs. Discard moves the dead letter to the archive (status
-``discarded``): nothing is ever deleted.
+job and every node job the failure stopped are queued with a fresh set of tries (their
+earlier tries stay in the history), nodes that were waiting wait again, and the execution's
+counters are recounted from its nodes' states (a node that finished as the failure committed
+was never counted). Completed nodes keep their outputs; a node the failure cancelled runs
+again, even if it had run to its end (it may have stopped early on ``ctx.cancelled``), which
+is why node authors key side effects with ``ctx.idempotency_key``.
+
+Discard moves the dead letter to the archive (status ``discarded``): nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import uuid
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from conveyor.engine import planning
 from conveyor.engine.records import Dispatch, JobRecord
-from conveyor.engine.runner import dispatch_of, load_workflow
-from conveyor.engine.states import JobStatus
+from conveyor.engine.runner import dispatch_of, enqueue_ready, load_workflow
+from conveyor.engine.states import JobStatus, NodeStatus
 from conveyor.exceptions import InvalidTransition, NotFound
 
 if TYPE_CHECKING:
@@ -35,16 +40,39 @@ def requeue(
             f"dead letter {job_id}: its execution went on without node {job.node_id!r} "
             f"(continue_on_failure), so it cannot resume from it; trigger a new execution"
         )
-    if not store.revive_execution(job.execution_id):
+    if store.has_discarded(job.execution_id):
+        raise InvalidTransition(
+            f"dead letter {job_id}: another dead letter of its execution was discarded, so "
+            f"it cannot complete; trigger a new execution"
+        )
+    if not store.revive_execution(job.execution_id):  # locks the execution row
         status = store.execution(job.execution_id).status
         raise InvalidTransition(
             f"dead letter {job_id}: its execution is {status.value}; only a failed execution "
             f"resumes from its dead letter (discard this one instead)"
         )
-    tolerated = {n.id for n in workflow.nodes if n.continue_on_failure}
-    revived = store.revive_jobs(job.execution_id, now, keep=tolerated)
-    store.revive_nodes(job.execution_id, {j.node_id for j in revived if j.node_id}, tolerated)
-    return [dispatch_of(j) for j in revived]
+    node_ids = [n.id for n in workflow.nodes]
+    before = store.node_rows(job.execution_id, node_ids)
+    keep = {  # failed, tolerated, and settled long ago: they stay as they are
+        n.id
+        for n in workflow.nodes
+        if n.continue_on_failure and before[n.id].status is NodeStatus.FAILED
+    }
+    revived = store.revive_jobs(job.execution_id, now, keep)
+    store.revive_nodes(job.execution_id, {j.node_id for j in revived if j.node_id}, keep)
+    rows = store.node_rows(job.execution_id, node_ids)
+    resumed = planning.resume(
+        workflow, {i: planning.NeedState(status=r.status, branch=r.branch) for i, r in rows.items()}
+    )
+    for node_id in resumed.skip:
+        store.set_node(job.execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
+    store.recount(job.execution_id, resumed.waiting_on, resumed.remaining)
+    execution = store.execution(job.execution_id)
+    started = [enqueue_ready(store, execution, workflow, workflow.node(n), now)
+               for n in resumed.enqueue]  # fmt: skip
+    return [dispatch_of(j) for j in revived if j.status is JobStatus.QUEUED] + [
+        d for d in started if d is not None
+    ]
 
 
 def discard(store: SqlStore, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:

@@ -113,3 +113,51 @@ def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
     if seconds < 0:
         raise NonRetryableError(f"delay seconds {seconds} is negative")
     return seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed:
+    """How a failed execution goes on after its dead letter is requeued."""
+
+    skip: list[str]  # pending nodes that settle as skipped now
+    enqueue: list[str]  # pending nodes whose needs have all settled: they run now
+    waiting_on: dict[str, int]  # every unsettled node: its needs not settled yet
+    remaining: int  # nodes not settled (the execution's counter)
+
+
+# After a requeue, a failed node is one that failed and was tolerated (continue_on_failure):
+# the others were reset to run again.
+_SETTLED_ON_RESUME = frozenset({NodeStatus.COMPLETED, NodeStatus.SKIPPED, NodeStatus.FAILED})
+
+
+def resume(workflow: Workflow, states: Mapping[str, NeedState]) -> Resumed:
+    """Recount an execution from its nodes' states, as a requeue leaves them: the counters
+    kept while it ran may have drifted while it was failed (a node that finished as the
+    failure committed was never counted)."""
+    current = dict(states)
+    skip: list[str] = []
+    enqueue: list[str] = []
+    changed = True
+    while changed:  # a skip can make its successors ready (or skipped) in turn
+        changed = False
+        for node in workflow.nodes:
+            if current[node.id].status is not NodeStatus.PENDING or node.id in enqueue:
+                continue
+            needs = {n: current[n] for n in dict.fromkeys(node.needs)}
+            if not all(s.status in _SETTLED_ON_RESUME for s in needs.values()):
+                continue
+            if readiness(workflow, node, needs) is Readiness.SKIP:
+                current[node.id] = NeedState(status=NodeStatus.SKIPPED)
+                skip.append(node.id)
+                changed = True
+            else:
+                enqueue.append(node.id)
+    unsettled = [n for n in workflow.nodes if current[n.id].status not in _SETTLED_ON_RESUME]
+    waiting = {
+        n.id: sum(
+            1 for need in dict.fromkeys(n.needs)
+            if current[need].status not in _SETTLED_ON_RESUME
+        )
+        for n in unsettled
+    }  # fmt: skip
+    return Resumed(skip=skip, enqueue=enqueue, waiting_on=waiting, remaining=len(unsettled))

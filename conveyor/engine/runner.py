@@ -246,6 +246,20 @@ def start_execution(
     return dispatches
 
 
+def enqueue_ready(
+    store: SqlStore, execution: ExecutionRecord, workflow: Workflow, node: Node, now: datetime
+) -> Dispatch | None:
+    """Enqueue a node whose needs have all settled, with their outputs in its context."""
+    rows = store.node_rows(execution.id, node.needs)
+    context = planning.template_context(
+        execution_id=str(execution.id),
+        workflow_input=execution.input,
+        outputs={need: row.output for need, row in rows.items()},
+        scheduled_for=execution.scheduled_for,
+    )
+    return _enqueue_node(store, execution, node, workflow, context, now)
+
+
 def _enqueue_node(
     store: SqlStore,
     execution: ExecutionRecord,
@@ -317,7 +331,7 @@ def complete_node(
 ) -> list[Dispatch]:
     """Record a successful try and start every successor that became ready."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
-    status = store.execution_status(execution_id)
+    status = _status(store, execution_id)
     cancelled = status is not None and status.finished
     # A node that returns after its execution was cancelled (or failed elsewhere) keeps its
     # output for inspection but is recorded as cancelled: it may have stopped on ctx.cancelled.
@@ -367,7 +381,7 @@ def fail_node(
         error=message,
         timed_out=isinstance(error, NodeTimeout),
     )
-    status = store.execution_status(execution_id)
+    status = _status(store, execution_id)
     if status is not None and status.finished:  # stopped because it was cancelled or failed
         store.transition_job(
             job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now, last_error=message
@@ -401,6 +415,15 @@ def fail_node(
         error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
     )
     return Failed(dispatches=[], outcome=JobStatus.DEAD_LETTER)
+
+
+def _status(store: SqlStore, execution_id: uuid.UUID) -> ExecutionStatus | None:
+    """The execution's status for a node's outcome: a finished one is read again under its
+    row lock, so that an operator's requeue resuming it is seen, not raced."""
+    status = store.execution_status(execution_id)
+    if status is not None and status.finished:
+        status = store.execution_status(execution_id, lock=True)
+    return status
 
 
 def reclaim(

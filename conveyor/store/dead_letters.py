@@ -8,7 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import JobRecord
@@ -100,9 +100,14 @@ class DeadLetterQueries:
     def revive_jobs(
         self, execution_id: uuid.UUID, now: datetime, keep: Collection[str]
     ) -> list[JobRecord]:
-        """Queue again, with a fresh set of tries, the node jobs the failure stopped: the dead
-        letter and the jobs cancelled with it, but not those of the nodes in ``keep`` (failed
-        and already settled). Earlier tries stay in ``job_attempts``."""
+        """Give the node jobs the failure stopped (the dead letter, and the jobs cancelled
+        with it) a fresh set of tries, but not those of the nodes in ``keep`` (failed and
+        already settled): queued, or scheduled again if they were waiting for a time still
+        to come (a delay). Their tries so far stay in ``job_attempts``, numbered on."""
+        tried = (
+            select(func.count()).where(JobAttempt.job_id == Job.id).correlate(Job).scalar_subquery()
+        )
+        later = Job.next_run_at.is_not(None) & (Job.next_run_at > now)
         rows = self.session.scalars(
             update(Job)
             .where(
@@ -112,10 +117,10 @@ class DeadLetterQueries:
                 Job.node_id.not_in(list(keep)),
             )
             .values(
-                status=JobStatus.QUEUED,
-                tries_before=Job.tries_before + Job.retry_count + 1,
+                status=case((later, JobStatus.SCHEDULED), else_=JobStatus.QUEUED),
+                tries_before=tried,
                 retry_count=0,
-                next_run_at=None,
+                next_run_at=case((later, Job.next_run_at), else_=None),
                 completed_at=None,
                 enqueued_at=now,
             )
@@ -127,8 +132,8 @@ class DeadLetterQueries:
     def revive_nodes(
         self, execution_id: uuid.UUID, queued: Collection[str], keep: Collection[str]
     ) -> None:
-        """Nodes whose job was queued again wait for it; the other stopped ones (but those
-        in ``keep``) wait for their needs again."""
+        """Nodes whose job was revived wait for it; the other stopped ones (but those in
+        ``keep``) wait for their needs again."""
         stopped = (NodeStatus.FAILED, NodeStatus.CANCELLED)
         base = update(NodeState).where(
             NodeState.execution_id == execution_id,
@@ -145,6 +150,28 @@ class DeadLetterQueries:
             base.where(NodeState.node_id.not_in(list(queued))).values(
                 status=NodeStatus.PENDING, **cleared
             )
+        )
+
+    def recount(self, execution_id: uuid.UUID, waiting_on: dict[str, int], remaining: int) -> None:
+        """Set the counters a resumed execution goes on with."""
+        for node_id, count in waiting_on.items():
+            self.session.execute(
+                update(NodeState)
+                .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
+                .values(waiting_on=count)
+            )
+        self.session.execute(
+            update(Execution).where(Execution.id == execution_id).values(remaining_nodes=remaining)
+        )
+
+    def has_discarded(self, execution_id: uuid.UUID) -> bool:
+        return (
+            self.session.scalar(
+                select(Job.id)
+                .where(Job.execution_id == execution_id, Job.status == JobStatus.DISCARDED)
+                .limit(1)
+            )
+            is not None
         )
 
     def discard_dead_letter(self, job_id: uuid.UUID, now: datetime) -> bool:

@@ -192,8 +192,13 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             )
         return execution_record(row)
 
-    def execution_status(self, execution_id: uuid.UUID) -> ExecutionStatus | None:
-        return self.session.scalar(select(Execution.status).where(Execution.id == execution_id))
+    def execution_status(
+        self, execution_id: uuid.UUID, *, lock: bool = False
+    ) -> ExecutionStatus | None:
+        """The status; with ``lock``, read under the row lock (waits for a requeue that is
+        changing it)."""
+        query = select(Execution.status).where(Execution.id == execution_id)
+        return self.session.scalar(query.with_for_update() if lock else query)
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
         result = self.session.execute(

@@ -163,3 +163,48 @@ def test_over_the_api_a_tenant_repairs_only_its_own_dead_letters(
         mine = http.post("/v1/dead-letters/requeue", json=body, headers=b).json()
     assert mine == {"done": [str(theirs.id)], "refused": {}}
     assert wait_for(conveyor_service, theirs.execution_id).status is ExecutionStatus.COMPLETED
+
+
+def test_requeue_revives_a_tolerant_sibling_the_failure_stopped(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a -> charge (fails) and a -> notify (continue_on_failure, still running when
+    # charge dies), both -> finish
+    test_nodes.switches["s7"] = False
+    flow = fragile("tolerant-sibling", "s7")
+    flow["nodes"][2]["continue_on_failure"] = True  # `slow` tolerates failure
+    conveyor_service.apply(parse_workflow(flow))
+    execution_id = conveyor_service.trigger("tolerant-sibling")
+    assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.FAILED
+    job = dead(conveyor_service, execution_id)
+
+    # When the dead letter is requeued once the cause is fixed
+    test_nodes.switches["s7"] = True
+    assert conveyor_service.requeue_dead_letters([job.id]) == {job.id: None}
+
+    # Then the sibling stopped by the failure runs again too, and the execution completes
+    assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.COMPLETED
+
+
+def test_requeue_is_refused_when_a_dead_letter_of_the_execution_was_discarded(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a failed execution with two dead letters (two failures committing at once), the
+    # first of them discarded
+    from sqlalchemy import update
+
+    from conveyor.models import Job
+
+    execution_id, first = failed_run(conveyor_service, "s8")
+    with conveyor_service.db.transaction() as store:
+        [second] = [j.id for j, _ in store.execution_jobs(execution_id) if j.node_id == "slow"]
+        store.session.execute(
+            update(Job).where(Job.id == second).values(status=JobStatus.DEAD_LETTER)
+        )
+    conveyor_service.discard_dead_letters([first.id])
+
+    # When the other one is requeued, it is refused: the execution could never complete
+    outcomes = conveyor_service.requeue_dead_letters([second])
+
+    assert "another dead letter of its execution was discarded" in (outcomes[second] or "")
+    assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.FAILED

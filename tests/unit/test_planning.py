@@ -180,3 +180,46 @@ def test_execution_output_with_template_renders_it_from_nodes_input_and_executio
     result = execution_output(wf, plan(wf).sinks, outputs, _context(outputs))
 
     assert result == {"first": 2, "sum": 5, "label": "run e-1 for 7"}
+
+
+# -- resuming a failed execution after a requeue -----------------------------------------------
+
+
+def resume_of(definition: dict, statuses: dict[str, str]) -> Any:
+    from conveyor.engine.planning import NeedState, resume
+    from conveyor.engine.states import NodeStatus
+    from conveyor.engine.validation import parse_workflow
+
+    workflow = parse_workflow(definition)
+    return resume(workflow, {n: NeedState(status=NodeStatus(s)) for n, s in statuses.items()})
+
+
+def node_(node_id: str, *needs: str, **extra: Any) -> dict:
+    return {"id": node_id, "type": "python", "config": {"function": "f"}, "needs": list(needs),
+            **extra}  # fmt: skip
+
+
+def test_resume_recounts_a_join_whose_finished_branch_was_never_counted() -> None:
+    # a -> (x, y) -> z: x is the requeued dead letter (queued again); y completed as the
+    # failure committed, so its completion never reached z's counter
+    flow = {"name": "d", "nodes": [node_("a"), node_("x", "a"), node_("y", "a"),
+                                   node_("z", "x", "y")]}  # fmt: skip
+
+    resumed = resume_of(flow, {"a": "completed", "x": "queued", "y": "completed",
+                               "z": "pending"})  # fmt: skip
+
+    assert resumed.waiting_on == {"x": 0, "z": 1}  # z waits for x only
+    assert resumed.remaining == 2 and resumed.enqueue == [] and resumed.skip == []
+
+
+def test_resume_enqueues_a_node_left_pending_whose_needs_all_settled() -> None:
+    # a tolerated failure (continue_on_failure) and a completion: the join can run now
+    nodes = [node_("a"), node_("n", "a", continue_on_failure=True), node_("c", "a"),
+             node_("j", "n", "c"), node_("k", "a")]  # fmt: skip
+    flow = {"name": "d", "nodes": nodes}
+
+    resumed = resume_of(flow, {"a": "completed", "n": "failed", "c": "completed",
+                               "j": "pending", "k": "queued"})  # fmt: skip
+
+    assert resumed.enqueue == ["j"] and resumed.remaining == 2
+    assert resumed.waiting_on == {"j": 0, "k": 0}
