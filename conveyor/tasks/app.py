@@ -55,6 +55,10 @@ def create_app(settings: Settings) -> Celery:
         task_send_sent_event=settings.task_events,
         task_default_priority=3,
     )
+    if settings.resolved_broker_url.startswith(("redis://", "rediss://")):
+        # kombu's Redis transport, but a malformed message is dropped instead of stopping
+        # the worker (see transport.py)
+        app.conf.broker_transport = "conveyor.tasks.transport:GuardedTransport"
     app.conf.beat_schedule = beat_schedule(settings)
     # Schedules live in the database; beat's own state is only when it last sent the check.
     app.conf.beat_scheduler = "celery.beat:Scheduler"

@@ -1,0 +1,119 @@
+"""Chaos tier: real `celery worker` and `celery beat` processes on a database and Redis db of
+their own, killed, flushed and flooded while executions run.
+
+The recovery settings are shortened so that a scenario recovers in seconds: heartbeats every
+0.3 s, a job reclaimed 3 s after its last one, a queued job's message re-sent after 2 s, a
+recovery sweep every second.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from conveyor.config import Settings
+from conveyor.service import Conveyor
+from conveyor.store import Database
+from conveyor.tasks.app import create_app
+from conveyor.tasks.dispatch import CeleryDispatcher
+from tests.conftest import PG_ADMIN_URL, REDIS_DB, RUN_ID
+from tests.support import services
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAOS_REDIS = f"redis://127.0.0.1:6379/{REDIS_DB + 2}"
+CHAOS_DB = f"conveyor_chaos_{RUN_ID}"
+CHAOS_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + CHAOS_DB
+FAST_RECOVERY = {
+    "CONVEYOR_HEARTBEAT_INTERVAL": "0.3",
+    "CONVEYOR_HEARTBEAT_TIMEOUT": "3",
+    "CONVEYOR_LOST_AFTER": "2",
+    "CONVEYOR_RECOVER_INTERVAL": "1",
+    "CONVEYOR_PERMIT_LEASE": "3",
+    "CONVEYOR_LIMITS_SWEEP_INTERVAL": "0.5",
+    "CONVEYOR_PROMOTE_INTERVAL": "0.1",
+    "CONVEYOR_LOG_FORMAT": "console",
+    "CONVEYOR_LIMIT_TENANT": "50",
+    "CONVEYOR_LIMIT_WORKFLOW": "50",
+}
+EFFECTS_DDL = """
+CREATE TABLE chaos_effects (
+    key TEXT PRIMARY KEY,
+    runs INTEGER NOT NULL DEFAULT 1
+)
+"""
+
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture(scope="session")
+def chaos_env() -> Iterator[dict[str, str]]:
+    services.create_database(PG_ADMIN_URL, CHAOS_DB)
+    services.prepare_schema(CHAOS_DB_URL)
+    engine = create_engine(CHAOS_DB_URL)
+    with engine.begin() as conn:
+        conn.execute(text(EFFECTS_DDL))
+    engine.dispose()
+    services.flush_redis(CHAOS_REDIS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(
+        CONVEYOR_DATABASE_URL=CHAOS_DB_URL,
+        CONVEYOR_BROKER_URL=CHAOS_REDIS,
+        CONVEYOR_REDIS_URL=CHAOS_REDIS,
+        CONVEYOR_IMPORTS="tests.support.nodes",
+        PYTHONPATH=str(ROOT),
+        **FAST_RECOVERY,
+    )
+    yield env
+    services.drop_database(PG_ADMIN_URL, CHAOS_DB)
+    services.flush_redis(CHAOS_REDIS)
+
+
+@pytest.fixture
+def chaos_client(chaos_env: dict[str, str]) -> Iterator[Conveyor]:
+    services.truncate(CHAOS_DB_URL)
+    engine = create_engine(CHAOS_DB_URL)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE chaos_effects"))
+    engine.dispose()
+    services.flush_redis(CHAOS_REDIS)
+    settings = Settings(database_url=CHAOS_DB_URL, broker_url=CHAOS_REDIS)
+    database = Database(CHAOS_DB_URL)
+    yield Conveyor(database, CeleryDispatcher(create_app(settings)))
+    database.dispose()
+
+
+@pytest.fixture
+def spawn(chaos_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
+    """Start `celery -A conveyor.tasks worker|beat ARGS...`; all are killed after the test."""
+    started: list[subprocess.Popen[str]] = []
+    count = iter(range(1000))
+
+    def start(*args: str, ready: str = "ready.") -> subprocess.Popen[str]:
+        log = tmp_path / f"{args[0]}-{next(count)}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "conveyor.tasks", *args],
+                cwd=ROOT, env=chaos_env, text=True, stdout=out, stderr=out,
+                start_new_session=True,
+            )  # fmt: skip
+        started.append(process)
+        deadline = time.monotonic() + 30
+        while ready not in log.read_text():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)

@@ -1,0 +1,223 @@
+"""Nothing lost, nothing run twice, while workers are killed, the broker is flushed and
+messages are duplicated or malformed. Each scenario runs 200 executions of a fan-out workflow
+(a root, four parallel nodes, a join) whose nodes write an idempotency-keyed effect, and then
+checks that every execution completed, every node's effect exists exactly once, and no
+concurrency permit is left held."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from subprocess import Popen
+
+import pytest
+import redis
+from kombu import Connection
+from sqlalchemy import create_engine, text
+
+from conveyor.engine.runner import dispatch_of
+from conveyor.engine.states import ExecutionStatus, JobStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.limiter import RedisLimiter
+from conveyor.service import Conveyor
+from tests.chaos.conftest import CHAOS_DB_URL, CHAOS_REDIS, Spawn
+from tests.conftest import RUN_ID
+
+# Slow by nature (each scenario drains 1,200 node runs on a small machine): minutes, not 2 s.
+pytestmark = pytest.mark.timeout(420)
+
+EXECUTIONS = 200
+FANOUT = 4
+NODES = FANOUT + 2
+NODE_SECONDS = 0.05
+
+
+def fanout() -> dict:
+    def effect(node_id: str, needs: list[str]) -> dict:
+        return {"id": node_id, "type": "python", "needs": needs,
+                "config": {"function": "test.chaos_effect"},
+                "inputs": {"seconds": NODE_SECONDS}}  # fmt: skip
+
+    middle = [effect(f"part{i}", ["root"]) for i in range(FANOUT)]
+    return {
+        "name": "fanout",
+        "concurrency": 50,
+        "defaults": {"retry": {"max_attempts": 10, "backoff": 0.2, "jitter": 0.1}},
+        "nodes": [effect("root", []), *middle, effect("join", [n["id"] for n in middle])],
+    }
+
+
+class Cluster:
+    """Beat, a planning worker and two node workers, with a way to replace node workers."""
+
+    def __init__(self, spawn: Spawn) -> None:
+        self.spawn = spawn
+        self.serial = 0
+        spawn("beat", "--loglevel", "INFO", ready="beat: Starting...")
+        self.planner = self._worker(
+            "workflow-execution,workflow-scheduled,workflow-webhook", "plan"
+        )
+        self.nodes = [self.add_node_worker(), self.add_node_worker()]
+
+    def _worker(self, queues: str, name: str) -> Popen[str]:
+        self.serial += 1
+        return self.spawn(
+            "worker", "-Q", queues, "-c", "4", "-n", f"{name}{self.serial}-{RUN_ID}@%h",
+            "--loglevel", "INFO", "--without-mingle", "--without-gossip",
+        )  # fmt: skip
+
+    def add_node_worker(self) -> Popen[str]:
+        return self._worker("workflow-node", "node")
+
+    def replace(self, old: Popen[str], how: signal.Signals) -> None:
+        os.killpg(old.pid, how)
+        old.wait(timeout=60)
+        self.nodes[self.nodes.index(old)] = self.add_node_worker()
+
+
+def start_all(client: Conveyor) -> list[uuid.UUID]:
+    client.apply(parse_workflow(fanout()))
+    return [client.trigger("fanout", {"n": i}) for i in range(EXECUTIONS)]
+
+
+def assert_nothing_lost_nothing_twice(client: Conveyor, ids: list[uuid.UUID]) -> None:
+    deadline = time.monotonic() + 180
+    while (unfinished := _unfinished(client, ids)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not unfinished, f"{len(unfinished)} executions unfinished, e.g. {unfinished[:3]}"
+    with client.db.transaction() as store:
+        statuses = {store.execution(i).status for i in ids}
+    assert statuses == {ExecutionStatus.COMPLETED}
+    engine = create_engine(CHAOS_DB_URL)
+    with engine.connect() as conn:
+        keys = conn.execute(text("SELECT key FROM chaos_effects")).scalars().all()
+    engine.dispose()
+    expected = {f"{i}:{node}" for i in ids
+                for node in ["root", "join", *(f"part{p}" for p in range(FANOUT))]}  # fmt: skip
+    assert set(keys) == expected and len(keys) == EXECUTIONS * NODES
+    _assert_no_permit_held()
+
+
+def _unfinished(client: Conveyor, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    with client.db.transaction() as store:
+        return [i for i in ids if not store.execution(i).status.finished]
+
+
+def _assert_no_permit_held() -> None:
+    limiter = RedisLimiter.from_url(CHAOS_REDIS)
+    deadline = time.monotonic() + 20  # a killed worker's leases lapse after 3 s
+    while True:
+        usage = limiter.snapshot()
+        if not any(u.in_use or u.waiting for u in usage):
+            return
+        assert time.monotonic() < deadline, usage
+        time.sleep(0.2)
+
+
+def during(seconds: float, action: Callable[[], None]) -> threading.Thread:
+    """Run ``action`` after ``seconds`` in the background (the chaos), while work runs."""
+
+    def later() -> None:
+        time.sleep(seconds)
+        action()
+
+    thread = threading.Thread(target=later, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_sigkilled_node_workers_lose_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
+    cluster = Cluster(spawn)
+    ids = start_all(chaos_client)
+
+    for _ in range(4):  # kill a node worker outright, pool and all, and start another
+        time.sleep(1.5)
+        cluster.replace(cluster.nodes[0], signal.SIGKILL)
+
+    assert_nothing_lost_nothing_twice(chaos_client, ids)
+
+
+def test_a_flushed_broker_loses_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
+    Cluster(spawn)
+    ids = start_all(chaos_client)
+    client = redis.Redis.from_url(CHAOS_REDIS)
+
+    time.sleep(1.0)
+    client.flushdb()  # every waiting message, reserved message and permit: gone
+    client.close()
+
+    assert_nothing_lost_nothing_twice(chaos_client, ids)
+
+
+def test_every_message_delivered_twice_runs_each_node_once(
+    chaos_client: Conveyor, spawn: Spawn
+) -> None:
+    Cluster(spawn)
+    doubled: set[uuid.UUID] = set()
+    stop = threading.Event()
+
+    def duplicate() -> None:  # a second message for every job that is queued
+        while not stop.is_set():
+            with chaos_client.db.transaction() as store:
+                queued = store.stale_queued(store_now(), 1000)
+            fresh = [j for j in queued if j.id not in doubled and j.status is JobStatus.QUEUED]
+            chaos_client.dispatcher.publish([dispatch_of(j) for j in fresh])
+            doubled.update(j.id for j in fresh)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=duplicate, daemon=True)
+    thread.start()
+    ids = start_all(chaos_client)
+    try:
+        assert_nothing_lost_nothing_twice(chaos_client, ids)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert len(doubled) >= EXECUTIONS  # the duplicates were really sent
+    engine = create_engine(CHAOS_DB_URL)
+    with engine.connect() as conn:
+        reruns = conn.execute(text("SELECT count(*) FROM chaos_effects WHERE runs > 1")).scalar()
+    engine.dispose()
+    assert reruns == 0  # a duplicate message never ran a node again
+
+
+def store_now() -> datetime:
+    """A cutoff after now: every queued job is 'stale' for the duplicating thread."""
+    return datetime.now(UTC) + timedelta(seconds=1)
+
+
+def test_sigterm_restarts_lose_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
+    cluster = Cluster(spawn)
+    ids = start_all(chaos_client)
+
+    for _ in range(3):  # warm shutdowns, as a deploy does them
+        time.sleep(1.0)
+        cluster.replace(cluster.nodes[0], signal.SIGTERM)
+
+    assert_nothing_lost_nothing_twice(chaos_client, ids)
+
+
+def test_malformed_messages_and_unknown_jobs_disturb_nothing(
+    chaos_client: Conveyor, spawn: Spawn
+) -> None:
+    cluster = Cluster(spawn)
+    ids = start_all(chaos_client)
+    client = redis.Redis.from_url(CHAOS_REDIS)
+
+    for queue in ("workflow-node", "workflow-execution"):
+        client.lpush(queue, b"not json at all", b'{"body": "?"}', b"\x00\xff")
+    client.close()
+    with Connection(CHAOS_REDIS) as connection:
+        from conveyor.tasks import app
+
+        for args in ([str(uuid.uuid4())], ["not-a-uuid"], [None], []):
+            app.send_task("conveyor.node.run", args=args, queue="workflow-node",
+                          connection=connection)  # fmt: skip
+
+    assert_nothing_lost_nothing_twice(chaos_client, ids)
+    assert all(w.poll() is None for w in [cluster.planner, *cluster.nodes])  # none died
