@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -221,3 +222,18 @@ def test_malformed_messages_and_unknown_jobs_disturb_nothing(
 
     assert_nothing_lost_nothing_twice(chaos_client, ids)
     assert all(w.poll() is None for w in [cluster.planner, *cluster.nodes])  # none died
+
+
+def test_a_postgresql_restart_loses_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
+    Cluster(spawn)
+    ids = start_all(chaos_client)
+
+    time.sleep(1.5)  # mid-run: every connection of every process is cut
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    restarted = subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert restarted.returncode == 0, restarted.stderr
+
+    assert_nothing_lost_nothing_twice(chaos_client, ids)
