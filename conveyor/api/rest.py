@@ -121,6 +121,7 @@ def trigger(
         priority=body.priority,
         source=TriggerSource.API,
         idempotency_key=idempotency_key,
+        dedupe_key=body.dedupe_key,
     )
     if replayed:
         response.status_code = status.HTTP_200_OK

@@ -30,6 +30,12 @@ class TriggerBody(BaseModel):
 
     input: dict[str, Any] = Field(default_factory=dict)
     priority: Priority | None = None
+    dedupe_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="While an execution with this key is pending or running, return it.",
+    )
 
 
 class Started(BaseModel):
