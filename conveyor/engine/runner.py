@@ -228,12 +228,7 @@ def start_execution(
     workflow, shape = load_workflow(store, execution.workflow_id)
     store.add_node_states(execution.id, shape.waiting_on)
     store.start_execution(execution.id, len(workflow.nodes), now)
-    context = planning.template_context(
-        execution_id=str(execution.id),
-        workflow_input=execution.input,
-        outputs={},
-        scheduled_for=execution.scheduled_for,
-    )
+    context = _context(execution, {})
     dispatches = [
         d
         for root in shape.roots
@@ -246,17 +241,22 @@ def start_execution(
     return dispatches
 
 
+def _context(execution: ExecutionRecord, outputs: dict[str, Any]) -> dict[str, Any]:
+    """What a node's templates see: the execution and its needs' outputs."""
+    return planning.template_context(
+        execution_id=str(execution.id),
+        workflow_input=execution.input,
+        outputs=outputs,
+        scheduled_for=execution.scheduled_for,
+    )
+
+
 def enqueue_ready(
     store: SqlStore, execution: ExecutionRecord, workflow: Workflow, node: Node, now: datetime
 ) -> Dispatch | None:
     """Enqueue a node whose needs have all settled, with their outputs in its context."""
     rows = store.node_rows(execution.id, node.needs)
-    context = planning.template_context(
-        execution_id=str(execution.id),
-        workflow_input=execution.input,
-        outputs={need: row.output for need, row in rows.items()},
-        scheduled_for=execution.scheduled_for,
-    )
+    context = _context(execution, {need: row.output for need, row in rows.items()})
     return _enqueue_node(store, execution, node, workflow, context, now)
 
 
@@ -317,12 +317,7 @@ def claim_node(
     workflow, _ = load_workflow(store, execution.workflow_id)
     node = workflow.node(job.node_id)
     needs = store.node_rows(execution.id, node.needs)
-    context = planning.template_context(
-        execution_id=str(execution.id),
-        workflow_input=execution.input,
-        outputs={need: row.output for need, row in needs.items()},
-        scheduled_for=execution.scheduled_for,
-    )
+    context = _context(execution, {need: row.output for need, row in needs.items()})
     return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
 
 
@@ -481,12 +476,7 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
                 settled += 1
                 frontier.append(successor_id)
                 continue
-            context = planning.template_context(
-                execution_id=str(execution.id),
-                workflow_input=execution.input,
-                outputs={need: row.output for need, row in rows.items()},
-                scheduled_for=execution.scheduled_for,
-            )
+            context = _context(execution, {need: row.output for need, row in rows.items()})
             if d := _enqueue_node(store, execution, successor, workflow, context, now):
                 dispatches.append(d)
     remaining = store.settle_nodes(execution.id, settled)  # last: it locks the execution row
@@ -499,12 +489,7 @@ def _finish(store: SqlStore, run: NodeRun, shape: planning.Plan, now: datetime) 
     execution = run.execution
     rows = store.node_rows(execution.id, [n.id for n in run.workflow.nodes])
     outputs = {node_id: row.output for node_id, row in rows.items()}
-    context = planning.template_context(
-        execution_id=str(execution.id),
-        workflow_input=execution.input,
-        outputs=outputs,
-        scheduled_for=execution.scheduled_for,
-    )
+    context = _context(execution, outputs)
     try:
         output = planning.execution_output(run.workflow, shape.sinks, outputs, context)
     except ConveyorError as exc:
