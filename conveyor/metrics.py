@@ -15,7 +15,8 @@ Metrics (all prefixed ``conveyor_``):
 - ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits);
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
   oldest one's delay;
-- ``recovered_total{what}``: jobs of dead workers reclaimed, lost messages re-published.
+- ``recovered_total{what}``: jobs of dead workers reclaimed, lost messages re-published, and
+  the limiter's repairs (lapsed grants taken back, parked jobs it lost re-published).
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
     recovered = CounterMetricFamily(
         "conveyor_recovered", "Repairs by the recovery sweep, ever.", labels=["what"]
     )
-    for what in ("reclaimed", "republished"):
+    for what in sorted({"reclaimed", "republished", "lapsed_grants", "lost_parked",
+                        *snap.recovered}):  # fmt: skip
         recovered.add_metric([what], snap.recovered.get(what, 0))
     yield recovered
     yield GaugeMetricFamily(

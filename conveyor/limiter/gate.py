@@ -91,6 +91,8 @@ class Gate:
         self.publish(
             [Dispatch(job_id=j, kind=JobKind.NODE, queue=NODE_QUEUE, priority=p) for j, p in lost]
         )
+        if report.lapsed_grants or lost:  # repairs: counted, as the recovery sweep's are
+            self.db.run(lambda s: _count(s, report.lapsed_grants, len(lost)))
         if report.aged or report.lapsed_grants or lost:
             log.info(
                 "limits sweep: %d aged, %d lapsed grants, %d woken, %d lost parked re-published",
@@ -137,3 +139,8 @@ class Gate:
     def _wake(self, woken: Sequence[Wake]) -> None:
         if woken:
             self.publish(woken_dispatches(woken))
+
+
+def _count(store: SqlStore, lapsed_grants: int, lost_parked: int) -> None:
+    store.count_recovered("lapsed_grants", lapsed_grants)
+    store.count_recovered("lost_parked", lost_parked)
