@@ -25,17 +25,7 @@ from conveyor.models import (
     WebhookEndpoint,
     WorkflowVersion,
 )
-
-
-def _endpoint(row: WebhookEndpoint) -> EndpointRecord:
-    return EndpointRecord(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        name=row.name,
-        scheme=row.scheme,
-        secret=row.secret,
-        rejected=row.rejected,
-    )
+from conveyor.store.rows import endpoint_record
 
 
 class AccessQueries:
@@ -105,11 +95,11 @@ class AccessQueries:
             raise ConveyorError(
                 f"a webhook endpoint named {name!r} exists already; pick another name"
             ) from exc
-        return _endpoint(row)
+        return endpoint_record(row)
 
     def endpoint(self, endpoint_id: uuid.UUID) -> EndpointRecord | None:
         row = self.session.get(WebhookEndpoint, endpoint_id)
-        return _endpoint(row) if row else None
+        return endpoint_record(row) if row else None
 
     def endpoints(self, tenant_id: uuid.UUID) -> list[EndpointRecord]:
         rows = self.session.scalars(
@@ -117,7 +107,7 @@ class AccessQueries:
             .where(WebhookEndpoint.tenant_id == tenant_id)
             .order_by(WebhookEndpoint.name)
         )
-        return [_endpoint(r) for r in rows]
+        return [endpoint_record(r) for r in rows]
 
     def count_rejected(self, endpoint_id: uuid.UUID) -> None:
         self.session.execute(

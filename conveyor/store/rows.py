@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from conveyor.engine.records import ExecutionRecord, JobRecord, ScheduleRecord, WorkflowRecord
-from conveyor.models import Execution, Job, Schedule, WorkflowVersion
+from conveyor.engine.records import (
+    EndpointRecord,
+    ExecutionRecord,
+    JobRecord,
+    ScheduleRecord,
+    WorkflowRecord,
+)
+from conveyor.models import Execution, Job, Schedule, WebhookEndpoint, WorkflowVersion
 
 
 def job_record(row: Job) -> JobRecord:
@@ -66,4 +72,15 @@ def schedule_record(row: Schedule) -> ScheduleRecord:
         next_run_at=row.next_run_at,
         last_run_at=row.last_run_at,
         run_count=row.run_count,
+    )
+
+
+def endpoint_record(row: WebhookEndpoint) -> EndpointRecord:
+    return EndpointRecord(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        scheme=row.scheme,
+        secret=row.secret,
+        rejected=row.rejected,
     )
