@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from functools import lru_cache
 
 import redis
-from celery import Celery
+from celery import Celery, chord
 from celery.signals import worker_ready
 
 import conveyor
@@ -44,3 +45,39 @@ def _announce(sender: object = None, **_: object) -> None:
     ready_dir = os.environ.get("BENCH_READY_DIR")
     if ready_dir:
         open(os.path.join(ready_dir, str(os.getpid())), "w").close()
+
+
+# -- the raw-Celery twins of the comparison benchmark (benchmarks.compare) -----------------
+# A chord needs a result backend: the same Redis. Only the chord's members keep results.
+raw.conf.result_backend = os.environ.get("BENCH_BROKER_URL", "cache+memory://")
+raw.conf.task_default_queue = "raw"  # the chord's tasks too
+
+
+@raw.task(name="bench.raw_count")
+def raw_count(counter_key: str, target: int) -> None:
+    """Count; the task that brings the count to ``target`` records when it ran."""
+    if _redis().incr(counter_key) == target:
+        _redis().set(f"{counter_key}:done", time.time())
+
+
+@raw.task(name="bench.raw_started")
+def raw_started(key: str) -> None:
+    """Record when the task started (the latency benchmark's apply_async -> start)."""
+    _redis().rpush(key, time.time())
+
+
+@raw.task(name="bench.raw_member", ignore_result=False)
+def raw_member() -> None:
+    """A chord member: no work, a result for the chord to count."""
+
+
+@raw.task(name="bench.raw_join")
+def raw_join(_results: object, key: str) -> None:
+    """The chord's callback: records when the fan-in ran."""
+    _redis().set(key, time.time())
+
+
+@raw.task(name="bench.raw_root")
+def raw_root(n: int, key: str) -> None:
+    """The root of the fan-out: starts a chord of ``n`` members and the join."""
+    chord([raw_member.s() for _ in range(n)])(raw_join.s(key))

@@ -1,0 +1,401 @@
+"""Conveyor beside raw Celery, in one run on the same Redis, PostgreSQL and worker settings:
+
+1. fan-out / fan-in: one root, N parallel no-op nodes and a join, against a root task that
+   starts a Celery chord of N no-op tasks and a callback (time per node);
+2. throughput: one-node executions drained by fresh workers, against plain Celery tasks with
+   ``acks_late`` (nodes per second);
+3. latency: trigger -> node start and trigger -> execution completed over sequential runs on
+   idle workers, against apply_async -> task start (p50 / p95 / p99);
+4. scale: the throughput again with finished jobs already in the tables.
+
+    python -m benchmarks [--fanout 200,2000] [--executions 10000] [--latency-runs 500]
+                         [--scale-rows 1000000] [--concurrency 4] [--json results.json]
+
+Needs PostgreSQL and Redis as the tests do (a database of its own; Redis db 14, flushed).
+Both sides run real ``celery worker`` processes with the same concurrency, prefetch 1 and late
+acks; Conveyor's limits are on but never binding (what taking permits costs, not waiting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import redis
+from sqlalchemy import func, select, text
+
+from benchmarks import harness
+from conveyor.config import Settings
+from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.models import Execution, NodeState
+from conveyor.service import Conveyor
+from conveyor.store import Database
+from conveyor.tasks.app import create_app
+from conveyor.tasks.dispatch import CeleryDispatcher
+
+NOOP = {"function": "bench.noop"}
+ONE_NODE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": NOOP}]}
+LIMITS = {
+    "CONVEYOR_LIMIT_GLOBAL": "100000",
+    "CONVEYOR_LIMIT_TENANT": "100000",
+    "CONVEYOR_LIMIT_WORKFLOW": "100000",
+}
+
+
+def fanout_definition(n: int) -> dict[str, Any]:
+    members = [f"n{i}" for i in range(n)]
+    return {
+        "name": f"fanout{n}",
+        "nodes": [
+            {"id": "root", "type": "python", "config": NOOP},
+            *({"id": m, "type": "python", "needs": ["root"], "config": NOOP} for m in members),
+            {"id": "join", "type": "python", "needs": members, "config": NOOP},
+        ],
+    }
+
+
+class Bench:
+    """The services, a client of Conveyor, and the worker settings both sides share."""
+
+    def __init__(self, svc: harness.Services, concurrency: int) -> None:
+        self.svc = svc
+        self.concurrency = concurrency
+        self.database = Database(svc.database_url)
+        app = create_app(Settings(database_url=svc.database_url, broker_url=svc.redis_url))
+        self.client = Conveyor(self.database, CeleryDispatcher(app))
+        self.redis = redis.Redis.from_url(svc.redis_url)
+        self.env = svc.env(**LIMITS)
+
+    @contextmanager
+    def conveyor_workers(self) -> Iterator[float]:
+        specs = [("workflow-execution", 1), ("workflow-node", self.concurrency)]
+        with harness.workers("conveyor.tasks", specs, self.env) as ready:
+            yield ready
+
+    @contextmanager
+    def raw_workers(self) -> Iterator[float]:
+        with harness.workers("benchmarks.nodes:raw", [("raw", self.concurrency)], self.env) as r:
+            yield r
+
+    def raw_app(self) -> Any:
+        from benchmarks.nodes import raw
+
+        raw.conf.broker_url = self.svc.redis_url
+        raw.conf.result_backend = self.svc.redis_url
+        return raw
+
+    def finished_at(self, execution_id: uuid.UUID, timeout: float) -> datetime:
+        """Wait for an execution to complete; when it finished (the worker's clock)."""
+        deadline = time.monotonic() + timeout
+        query = select(Execution.status, Execution.finished_at).where(Execution.id == execution_id)
+        with self.database.engine.connect() as conn:
+            while True:
+                status, finished = conn.execute(query).one()
+                if status is ExecutionStatus.COMPLETED:
+                    return finished  # type: ignore[no-any-return]
+                if status.finished:
+                    raise RuntimeError(f"execution {execution_id} ended {status.value}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"execution {execution_id} not completed in {timeout} s")
+                conn.rollback()
+                time.sleep(0.002)
+
+
+# -- 1. fan-out / fan-in -------------------------------------------------------------------
+
+
+def fanout(bench: Bench, n: int) -> dict[str, float]:
+    """Seconds per node from trigger to the join's end, for Conveyor and for a chord."""
+    bench.client.apply(parse_workflow(fanout_definition(n)))
+    with bench.conveyor_workers():
+        started = time.time()
+        made = bench.client.trigger(f"fanout{n}")
+        finished = bench.finished_at(made, timeout=120 + n)
+        conveyor = (finished.timestamp() - started) / (n + 2)
+
+    raw, key = bench.raw_app(), f"bench:chord:{uuid.uuid4().hex[:6]}"
+    with bench.raw_workers():
+        started = time.time()
+        raw.send_task("bench.raw_root", args=[n, key], queue="raw")
+        deadline = time.monotonic() + 120 + n
+        while (done := bench.redis.get(key)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the chord's callback did not run")
+            time.sleep(0.005)
+        chord = (float(done) - started) / (n + 2)
+    return {"conveyor_s_per_node": conveyor, "raw_s_per_node": chord}
+
+
+# -- 2. and 4. throughput ------------------------------------------------------------------
+
+
+def conveyor_throughput(bench: Bench, n: int) -> float:
+    """Nodes per second: n one-node executions queued, then drained by fresh workers."""
+    made = [bench.client.trigger("one") for _ in range(n)]
+    ids = set(made)
+    with bench.conveyor_workers():
+        ready = time.time()
+        _wait_completed(bench, ids, timeout=120 + n / 10)
+    with bench.database.engine.connect() as conn:
+        last = conn.execute(
+            select(func.max(Execution.finished_at)).where(Execution.id.in_(made))
+        ).scalar_one()
+    return n / (last.timestamp() - ready)
+
+
+def _wait_completed(bench: Bench, ids: set[uuid.UUID], timeout: float) -> None:
+    """Poll (every 0.2 s: the poll must not be the load) until every execution completed."""
+    deadline = time.monotonic() + timeout
+    query = select(func.count()).where(
+        Execution.status == ExecutionStatus.COMPLETED, Execution.id.in_(list(ids))
+    )
+    with bench.database.engine.connect() as conn:
+        while conn.execute(query).scalar_one() < len(ids):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"executions not completed after {timeout:.0f} s")
+            conn.rollback()
+            time.sleep(0.2)
+
+
+def raw_throughput(bench: Bench, n: int) -> float:
+    """Tasks per second: the same no-op as n plain Celery tasks (acks late), drained."""
+    raw, key = bench.raw_app(), f"bench:count:{uuid.uuid4().hex[:6]}"
+    with raw.producer_or_acquire() as producer:
+        for _ in range(n):
+            raw.send_task("bench.raw_count", args=[key, n], queue="raw", producer=producer)
+    with bench.raw_workers():
+        ready = time.time()
+        deadline = time.monotonic() + 120 + n / 10
+        while (done := bench.redis.get(f"{key}:done")) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("raw tasks not drained")
+            time.sleep(0.05)
+    return n / (float(done) - ready)
+
+
+# -- 3. latency ----------------------------------------------------------------------------
+
+
+def conveyor_latency(bench: Bench, runs: int) -> dict[str, list[float]]:
+    """Seconds from trigger to node start and to execution completed, run after run."""
+    to_start, to_done = [], []
+    with bench.conveyor_workers():
+        for _ in range(5):  # warm: connections, imports, the definition cache
+            bench.finished_at(bench.client.trigger("one"), timeout=30)
+        for _ in range(runs):
+            started = time.time()
+            made = bench.client.trigger("one")
+            finished = bench.finished_at(made, timeout=30)
+            with bench.database.engine.connect() as conn:
+                node_start = conn.execute(
+                    select(NodeState.started_at).where(NodeState.execution_id == made)
+                ).scalar_one()
+            to_start.append(node_start.timestamp() - started)
+            to_done.append(finished.timestamp() - started)
+    return {"trigger_to_node_start": to_start, "trigger_to_completed": to_done}
+
+
+def raw_latency(bench: Bench, runs: int) -> list[float]:
+    raw, key = bench.raw_app(), f"bench:started:{uuid.uuid4().hex[:6]}"
+    found = []
+    with bench.raw_workers():
+        for i in range(runs + 5):
+            started = time.time()
+            raw.send_task("bench.raw_started", args=[key], queue="raw")
+            popped = bench.redis.blpop([key], timeout=30)
+            if popped is None:
+                raise RuntimeError("the raw task did not start within 30 s")
+            if i >= 5:  # the same warm-up as Conveyor's
+                found.append(float(popped[1]) - started)
+    return found
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": cuts[49], "p95": cuts[94], "p99": cuts[98]}
+
+
+# -- 4. scale ------------------------------------------------------------------------------
+
+
+def load_finished(bench: Bench, rows: int, chunk: int = 100_000) -> float:
+    """``rows`` finished one-node executions, each with its node state, its completed job and
+    its attempt, finished a day ago. Triggers off while loading (the status NOTIFYs)."""
+    started = time.perf_counter()
+    with bench.database.engine.connect() as conn:
+        tenant, workflow = conn.execute(
+            text("SELECT tenant_id, id FROM workflows WHERE name = 'one'")
+        ).one()
+        for first in range(0, rows, chunk):
+            size = min(chunk, rows - first)
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            conn.execute(text(LOAD_SQL), {"n": size, "tenant": tenant, "workflow": workflow})
+            conn.commit()
+        conn.execute(text("COMMIT"))
+    with bench.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text("VACUUM ANALYZE executions, node_states, jobs, job_attempts"))
+    return time.perf_counter() - started
+
+
+LOAD_SQL = """
+WITH made AS (
+    INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
+                            output, remaining_nodes, created_at, started_at, finished_at)
+    SELECT gen_random_uuid(), :tenant, :workflow, 'completed', 'normal', 'api', '{}',
+           '{"n": {"ok": true}}', 0, t, t, t + interval '10 ms'
+    FROM (SELECT now() - interval '1 day' - g * interval '1 ms' AS t
+          FROM generate_series(1, :n) g) s
+    RETURNING id, created_at
+), states AS (
+    INSERT INTO node_states (execution_id, node_id, status, waiting_on, output, started_at,
+                             finished_at)
+    SELECT id, 'n', 'completed', 0, '{"ok": true}', created_at, created_at FROM made
+), jobs AS (
+    INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
+                      tries_before, tenant_id, workflow_id, execution_id, node_id, created_at,
+                      enqueued_at, processed_at, heartbeat_at, completed_at)
+    SELECT gen_random_uuid(), 'node', 'workflow-node', '{}', 'completed', 'normal', 2, 0, 0,
+           :tenant, :workflow, id, 'n', created_at, created_at, created_at, created_at,
+           created_at FROM made
+    RETURNING id, created_at
+)
+INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, finished_at,
+                          duration, waited, timed_out)
+SELECT id, 1, 'succeeded', 'bench', created_at, created_at, 0.001, 0.001, false FROM jobs
+"""
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--fanout", default="200,2000", help="fan-out widths, comma-separated")
+    parser.add_argument("--executions", type=int, default=10_000)
+    parser.add_argument("--latency-runs", type=int, default=500)
+    parser.add_argument("--scale-rows", type=int, default=1_000_000)
+    parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
+    parser.add_argument("--skip", default="", help="skip: fanout,throughput,latency,scale")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+
+    results: dict[str, Any] = {"params": vars(args), "figures": {}}
+    figures = results["figures"]
+    with harness.services() as svc:
+        bench = Bench(svc, args.concurrency)
+        bench.client.apply(parse_workflow(ONE_NODE))
+        if "fanout" not in skip:
+            for n in (int(w) for w in args.fanout.split(",") if w):
+                figures[f"fanout_{n}"] = fanout(bench, n)
+        if "throughput" not in skip or "scale" not in skip:
+            figures["throughput"] = {
+                "conveyor_per_s": conveyor_throughput(bench, args.executions),
+                "raw_per_s": raw_throughput(bench, args.executions),
+            }
+        if "latency" not in skip:
+            found = conveyor_latency(bench, args.latency_runs)
+            raw = raw_latency(bench, args.latency_runs)
+            figures["latency"] = {
+                "conveyor_node_start": percentiles(found["trigger_to_node_start"]),
+                "conveyor_completed": percentiles(found["trigger_to_completed"]),
+                "raw_task_start": percentiles(raw),
+            }
+            results["raw_latencies"] = {**found, "raw_task_start": raw}
+        if "scale" not in skip:
+            loaded = load_finished(bench, args.scale_rows)
+            figures["scale"] = {
+                "rows": args.scale_rows,
+                "load_seconds": loaded,
+                "conveyor_per_s": conveyor_throughput(bench, args.executions),
+            }
+        bench.database.dispose()
+        bench.redis.close()
+
+    results["ratios"] = ratios(figures)
+    print(table(figures, results["ratios"], args))
+    if args.json_path:
+        with open(args.json_path, "w") as out:
+            json.dump(results, out, indent=2)
+    return results
+
+
+def ratios(figures: dict[str, Any]) -> dict[str, float]:
+    """Each of Conveyor's figures over raw Celery's (for throughput: the share of raw's)."""
+    found: dict[str, float] = {}
+    for name, f in figures.items():
+        if name.startswith("fanout_"):
+            found[f"{name}_per_node"] = f["conveyor_s_per_node"] / f["raw_s_per_node"]
+    if "throughput" in figures:
+        t = figures["throughput"]
+        found["throughput_of_raw"] = t["conveyor_per_s"] / t["raw_per_s"]
+    if "latency" in figures:
+        lat = figures["latency"]
+        for what in ("node_start", "completed"):
+            for p in ("p50", "p95", "p99"):
+                found[f"latency_{what}_{p}"] = lat[f"conveyor_{what}"][p] / lat["raw_task_start"][p]
+    if "scale" in figures and "throughput" in figures:
+        found["scale_of_empty"] = (
+            figures["scale"]["conveyor_per_s"] / figures["throughput"]["conveyor_per_s"]
+        )
+    return found
+
+
+TARGETS = {
+    "per_node": ("<=", 1.5),
+    "throughput_of_raw": (">=", 0.5),
+    "node_start_p50": ("<=", 2.0),
+    "node_start_p99": ("<=", 3.0),
+    "scale_of_empty": (">=", 0.9),
+}
+
+
+def _verdict(name: str, value: float) -> str:
+    for suffix, (op, bound) in TARGETS.items():
+        if name.endswith(suffix):
+            met = value <= bound if op == "<=" else value >= bound
+            return f"target {op} {bound:g}: {'met' if met else 'MISSED'}"
+    return ""
+
+
+def table(figures: dict[str, Any], found: dict[str, float], args: argparse.Namespace) -> str:
+    rows: list[tuple[str, str, str, str]] = [("", "Conveyor", "raw Celery", "ratio")]
+    for name, f in figures.items():
+        if name.startswith("fanout_"):
+            r = found[f"{name}_per_node"]
+            rows.append((f"fan-out {name[7:]}: per node",
+                         f"{f['conveyor_s_per_node'] * 1e3:.2f} ms",
+                         f"{f['raw_s_per_node'] * 1e3:.2f} ms",
+                         f"x{r:.2f}  {_verdict('per_node', r)}"))  # fmt: skip
+    if "throughput" in figures:
+        t, r = figures["throughput"], found["throughput_of_raw"]
+        rows.append((f"throughput ({args.executions} one-node)", f"{t['conveyor_per_s']:.0f} /s",
+                     f"{t['raw_per_s']:.0f} /s",
+                     f"x{r:.2f} of raw  {_verdict('throughput_of_raw', r)}"))  # fmt: skip
+    if "latency" in figures:
+        lat = figures["latency"]
+        for what, label in (("node_start", "trigger->node start"), ("completed", "trigger->done")):
+            for p in ("p50", "p95", "p99"):
+                r = found[f"latency_{what}_{p}"]
+                rows.append((f"{label} {p}", f"{lat[f'conveyor_{what}'][p] * 1e3:.1f} ms",
+                             f"{lat['raw_task_start'][p] * 1e3:.1f} ms",
+                             f"x{r:.2f}  {_verdict(f'{what}_{p}', r)}"))  # fmt: skip
+    if "scale" in figures:
+        s = figures["scale"]
+        r = found.get("scale_of_empty", 0.0)
+        rows.append((f"throughput, {s['rows']:,} finished jobs", f"{s['conveyor_per_s']:.0f} /s",
+                     "", f"x{r:.2f} of empty  {_verdict('scale_of_empty', r)}"))  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{a:<{width}}  {b:>12}  {c:>12}  {d}" for a, b, c, d in rows)
+
+
+if __name__ == "__main__":
+    main()
