@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import Dispatch, TenantRef, WorkflowRecord
-from conveyor.engine.states import ExecutionStatus, JobStatus, Priority, TriggerSource
+from conveyor.engine.states import JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
@@ -38,6 +37,7 @@ from conveyor.limiter.gate import Gate
 from conveyor.nodes import NodeContext
 from conveyor.scheduler import schedules
 from conveyor.store import DEFAULT_TENANT, Database, SqlStore
+from conveyor.watcher import Watcher
 
 log = logging.getLogger("conveyor")
 events = logs.get("conveyor.jobs")
@@ -78,10 +78,9 @@ class Conveyor:
         self.db = database
         self.dispatcher = dispatcher
         self.worker = worker
-        self.cancel_poll = 1.0
         self.age_low_after = age_low_after
         self.misfire_grace = misfire_grace
-        self.heartbeat_interval = 5.0
+        self.watcher = Watcher(database)
         self._rng = random.Random()
         self.gate = (
             Gate(
@@ -94,6 +93,24 @@ class Conveyor:
             if limiter is not None
             else None
         )
+
+    @property
+    def cancel_poll(self) -> float:
+        """Seconds between checks that a running node's execution is still running."""
+        return self.watcher.poll
+
+    @cancel_poll.setter
+    def cancel_poll(self, seconds: float) -> None:
+        self.watcher.poll = seconds
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between renewals of running jobs' heartbeats."""
+        return self.watcher.heartbeat_interval
+
+    @heartbeat_interval.setter
+    def heartbeat_interval(self, seconds: float) -> None:
+        self.watcher.heartbeat_interval = seconds
 
     # -- applications -----------------------------------------------------------------------
 
@@ -251,7 +268,7 @@ class Conveyor:
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
         )
-        watcher = self._watch_cancel(run.execution.id, ctx, run.job.id)
+        self.watcher.watch(run.job.id, run.execution.id, ctx)
         started = time.monotonic()
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
@@ -264,7 +281,7 @@ class Conveyor:
             duration = time.monotonic() - started
             dispatches = self._record_success(run, output, duration, job_log)
         finally:
-            watcher.set()
+            self.watcher.unwatch(run.job.id)
         self._publish(dispatches)
 
     def _record_success(
@@ -431,35 +448,3 @@ class Conveyor:
             # The jobs stay committed as queued. Nothing re-publishes them yet: that is the
             # recovery sweep's work (durability issue). The error is logged loudly meanwhile.
             log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))
-
-    def _watch_cancel(
-        self, execution_id: uuid.UUID, ctx: NodeContext, job_id: uuid.UUID
-    ) -> threading.Event:
-        """While the node runs: poll its execution's status and set ctx's cancel flag if it
-        ends; renew the job's heartbeat every ``heartbeat_interval`` (so that the recovery
-        sweep tells a long node from a dead worker)."""
-        done = threading.Event()
-
-        def watch() -> None:
-            beat_at = time.monotonic() + self.heartbeat_interval
-            while not done.wait(self.cancel_poll):
-                beat = time.monotonic() >= beat_at
-                try:
-                    with self.db.transaction() as store:
-                        if beat:
-                            status = store.heartbeat(job_id, utcnow())
-                            beat_at = time.monotonic() + self.heartbeat_interval
-                        else:
-                            status = store.execution_status(execution_id)
-                except Exception:  # keep watching: a passing database error must not end it
-                    log.warning("could not read the status of execution %s", execution_id)
-                    continue
-                if status is None and beat:  # reclaimed by the recovery sweep
-                    ctx.cancel_event.set()
-                    return
-                if status is not None and status is not ExecutionStatus.RUNNING:
-                    ctx.cancel_event.set()
-                    return
-
-        threading.Thread(target=watch, name="conveyor-cancel-watch", daemon=True).start()
-        return done

@@ -121,6 +121,10 @@ def apply_workflow(
 
 # -- trigger and plan ----------------------------------------------------------------------
 
+# Executions of at most this many nodes are planned by the transaction that triggers them;
+# planning a larger one is left to the execution workers, to keep a trigger short.
+INLINE_PLAN_NODES = 100
+
 
 def trigger(
     store: SqlStore,
@@ -134,7 +138,9 @@ def trigger(
     idempotency_key: str | None = None,
     dedupe_key: str | None = None,
 ) -> Triggered:
-    """Create the execution and its start job in the caller's transaction. With an
+    """Create the execution in the caller's transaction. A small one (at most
+    ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
+    every run. A larger one gets a start job, and an execution worker plans it. With an
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
     deduplication key, a pending or running execution with that key is returned instead."""
@@ -147,24 +153,35 @@ def trigger(
             f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
             f"apply its definition first (conveyor workflow apply FILE)"
         )
-    workflow, _ = load_workflow(store, record.id)
+    workflow, shape = load_workflow(store, record.id)
     chosen = choose_priority(priority, workflow.priority, source)
+    inline = len(workflow.nodes) <= INLINE_PLAN_NODES
+    input = input if input is not None else {}
     try:
         execution_id = store.add_execution(
             tenant_id=tenant_id,
             workflow_id=record.id,
-            input=input if input is not None else {},
+            input=input,
             priority=chosen,
             trigger=source.value,
             now=now,
             idempotency_key=idempotency_key,
             dedupe_key=dedupe_key,
+            planned_nodes=len(workflow.nodes) if inline else None,
         )
     except DuplicateExecution:  # a retry racing this one stored it first
         raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
         if raced is None:
             raise
         return raced
+    if inline:
+        execution = ExecutionRecord(
+            id=execution_id, tenant_id=tenant_id, workflow_id=record.id,
+            status=ExecutionStatus.RUNNING, priority=chosen, input=input, created_at=now,
+        )  # fmt: skip
+        return Triggered(
+            execution_id=execution_id, dispatches=_plan(store, execution, workflow, shape, now)
+        )
     execution = store.execution(execution_id)
     job_id = store.add_job(
         kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, execution=execution, priority=chosen, now=now
@@ -226,19 +243,31 @@ def start_execution(
         )
         return []
     workflow, shape = load_workflow(store, execution.workflow_id)
-    store.add_node_states(execution.id, shape.waiting_on)
     store.start_execution(execution.id, len(workflow.nodes), now)
-    context = _context(execution, {})
-    dispatches = [
-        d
-        for root in shape.roots
-        if (d := _enqueue_node(store, execution, workflow.node(root), workflow, context, now))
-    ]
+    dispatches = _plan(store, execution, workflow, shape, now)
     store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, completed_at=now)
     store.finish_attempt(
         job.id, job.try_number, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
     )
     return dispatches
+
+
+def _plan(
+    store: SqlStore,
+    execution: ExecutionRecord,
+    workflow: Workflow,
+    shape: planning.Plan,
+    now: datetime,
+) -> list[Dispatch]:
+    """A state row per node, the roots' already queued, and a job per root node."""
+    store.add_node_states(execution.id, shape.waiting_on, queued=shape.roots)
+    context = _context(execution, {})
+    return [
+        d
+        for root in shape.roots
+        if (d := _enqueue_node(store, execution, workflow.node(root), workflow, context, now,
+                               state_queued=True))
+    ]  # fmt: skip
 
 
 def _context(execution: ExecutionRecord, outputs: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +296,11 @@ def _enqueue_node(
     workflow: Workflow,
     context: dict[str, Any],
     now: datetime,
+    *,
+    state_queued: bool = False,
 ) -> Dispatch | None:
+    """A job for a node that is ready to run, and its state queued (unless it is already:
+    a root's state is inserted queued)."""
     next_run_at = None
     if node.type == "delay":
         try:
@@ -285,7 +318,8 @@ def _enqueue_node(
         next_run_at=next_run_at,
         now=now,
     )
-    store.set_node(execution.id, node.id, NodeStatus.QUEUED, expected=NodeStatus.PENDING)
+    if not state_queued:
+        store.set_node(execution.id, node.id, NodeStatus.QUEUED, expected=NodeStatus.PENDING)
     if next_run_at is not None:
         return None  # held in the database; the promoter publishes it when due
     return Dispatch(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import select, update
@@ -20,18 +21,30 @@ _ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 class RecoveryQueries:
     session: Session
 
-    def heartbeat(self, job_id: uuid.UUID, now: datetime) -> ExecutionStatus | None:
-        """Renew a running job's heartbeat; its execution's status (None if the job is no
-        longer processing: reclaimed, or finished)."""
-        renewed = self.session.scalar(
-            update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING)
-            .values(heartbeat_at=now)
-            .returning(Job.execution_id)
+    def heartbeat(self, job_ids: Collection[uuid.UUID], now: datetime) -> set[uuid.UUID]:
+        """Renew running jobs' heartbeats; the ids renewed (a job missing was reclaimed, or
+        has finished)."""
+        if not job_ids:
+            return set()
+        return set(
+            self.session.scalars(
+                update(Job)
+                .where(Job.id.in_(list(job_ids)), Job.status == JobStatus.PROCESSING)
+                .values(heartbeat_at=now)
+                .returning(Job.id),
+                execution_options={"synchronize_session": False},
+            )
         )
-        if renewed is None:
-            return None
-        return self.session.scalar(select(Execution.status).where(Execution.id == renewed))
+
+    def execution_statuses(
+        self, execution_ids: Collection[uuid.UUID]
+    ) -> dict[uuid.UUID, ExecutionStatus]:
+        if not execution_ids:
+            return {}
+        rows = self.session.execute(
+            select(Execution.id, Execution.status).where(Execution.id.in_(list(execution_ids)))
+        )
+        return {r.id: r.status for r in rows}
 
     def stale_processing(self, cutoff: datetime, limit: int) -> list[JobRecord]:
         """Node jobs processing whose heartbeat stopped before ``cutoff``, locked (skipping

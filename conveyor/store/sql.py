@@ -7,7 +7,7 @@ expected status, so a message delivered twice, or two workers racing, change not
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -157,19 +157,22 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         now: datetime,
         idempotency_key: str | None = None,
         dedupe_key: str | None = None,
+        planned_nodes: int | None = None,
     ) -> uuid.UUID:
-        """Insert a pending execution; :class:`DuplicateExecution` if the tenant has one with
-        this idempotency key (two retries racing: one inserts, the other finds it)."""
+        """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
+        planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
+        with this idempotency key (two retries racing: one inserts, the other finds it)."""
         execution_id = uuid.uuid4()
         statement = insert(Execution).values(
             id=execution_id,
             tenant_id=tenant_id,
             workflow_id=workflow_id,
-            status=ExecutionStatus.PENDING,
+            status=ExecutionStatus.PENDING if planned_nodes is None else ExecutionStatus.RUNNING,
             priority=priority,
             trigger=trigger,
             input=input,
-            remaining_nodes=0,
+            remaining_nodes=planned_nodes or 0,
+            started_at=None if planned_nodes is None else now,
             created_at=now,
             idempotency_key=idempotency_key,
             dedupe_key=dedupe_key,
@@ -258,14 +261,20 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
 
     # -- node states ----------------------------------------------------------------------
 
-    def add_node_states(self, execution_id: uuid.UUID, waiting_on: Mapping[str, int]) -> None:
+    def add_node_states(
+        self,
+        execution_id: uuid.UUID,
+        waiting_on: Mapping[str, int],
+        queued: Collection[str] = (),
+    ) -> None:
+        """A state row per node: pending, or queued for those in ``queued``."""
         self.session.execute(
             insert(NodeState),
             [
                 {
                     "execution_id": execution_id,
                     "node_id": node_id,
-                    "status": NodeStatus.PENDING,
+                    "status": NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING,
                     "waiting_on": count,
                 }
                 for node_id, count in waiting_on.items()

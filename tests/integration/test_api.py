@@ -324,10 +324,11 @@ def test_an_invalid_definition_is_refused_with_every_problem(
     assert any("cycle" in e for e in errors) and any("Bad minute" in e for e in errors)
 
 
-def test_the_status_stream_shows_an_execution_go_from_pending_to_completed(
+def test_the_status_stream_shows_an_execution_go_from_running_to_completed(
     conveyor_service: Conveyor, api_url: str, make_key: MakeKey
 ) -> None:
-    # Given an execution stored but not yet handed to a worker
+    # Given an execution stored and planned (a small one is planned by its trigger), its root
+    # node's message not yet published
     key = make_key("acme")
     conveyor_service.apply(parse_workflow(add_node()), "acme")
     made = conveyor_service.db.run(
@@ -354,15 +355,16 @@ def test_the_status_stream_shows_an_execution_go_from_pending_to_completed(
     reader.start()
     assert opened.wait(10)
 
-    # When its start message is published and the worker runs it
+    # When its node's message is published and a worker runs it
     conveyor_service.dispatcher.publish(made.dispatches)
     reader.join(timeout=30)
 
-    # Then the stream showed pending first, the node's progress, completed last, and ended
+    # Then the stream showed running first, the node's progress, completed last, and ended
     assert not reader.is_alive()
     statuses = [data["status"] for kind, data in seen if kind == "execution"]
-    assert statuses == ["pending", "running", "completed"]
-    assert ("node", {"node_id": "add", "status": "completed"}) in seen
+    assert statuses == ["running", "completed"]
+    nodes = [data["status"] for kind, data in seen if kind == "node"]
+    assert nodes == ["running", "completed"]
     assert seen[-1] == ("execution", {"status": "completed"})
 
 

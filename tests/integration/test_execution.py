@@ -6,8 +6,10 @@ import threading
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
+from conveyor.engine import runner
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import (
     AttemptStatus,
@@ -67,7 +69,7 @@ def test_diamond_completes_with_right_outputs_and_job_rows(conveyor_service: Con
     # start = 5; left 15, middle 25, right 35; join = 15 + 25 + 35
     assert row.output == {"join": {"sum": 75}}
     jobs = jobs_and_attempts(conveyor_service, execution_id)
-    assert set(jobs) == {"<execution>", "start", "left", "middle", "right", "join"}
+    assert set(jobs) == {"start", "left", "middle", "right", "join"}  # planned by the trigger
     for job, attempts in jobs.values():
         assert job.status is JobStatus.COMPLETED
         assert job.completed_at is not None and job.processed_at is not None
@@ -77,6 +79,24 @@ def test_diamond_completes_with_right_outputs_and_job_rows(conveyor_service: Con
         states = {n.node_id: n for n in store.execution_nodes(execution_id)}
     assert all(s.status is NodeStatus.COMPLETED for s in states.values())
     assert states["left"].output == {"sum": 15}
+
+
+def test_a_workflow_too_large_to_plan_at_trigger_is_planned_by_an_execution_worker(
+    conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a limit under the diamond's five nodes
+    monkeypatch.setattr(runner, "INLINE_PLAN_NODES", 4)
+    apply(conveyor_service, "diamond", DIAMOND)
+
+    execution_id = conveyor_service.trigger("diamond", {"x": 4})
+    row = wait_for(conveyor_service, execution_id)
+
+    # Then a start job planned it, and it ran as a small one does
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert row.output == {"join": {"sum": 75}}
+    jobs = jobs_and_attempts(conveyor_service, execution_id)
+    assert set(jobs) == {"<execution>", "start", "left", "middle", "right", "join"}
+    assert all(job.status is JobStatus.COMPLETED for job, _ in jobs.values())
 
 
 def test_diamond_branches_run_in_parallel(conveyor_service: Conveyor) -> None:

@@ -125,10 +125,7 @@ def test_a_job_whose_worker_died_is_reclaimed_and_retried_to_completion(
         lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
-    conveyor_service.db.run(lambda s: runner.start_execution(s, made.dispatches[0].job_id,
-                                                             utcnow()))  # fmt: skip
-    with conveyor_service.db.transaction() as store:
-        node_job = next(j.id for j, _ in store.execution_jobs(made.execution_id) if j.node_id)
+    (node_job,) = [d.job_id for d in made.dispatches]  # planned by the trigger: one root
     assert conveyor_service.db.run(lambda s: runner.claim_node(s, node_job, utcnow(), "dead"))
     age(conveyor_service, heartbeat_at=utcnow() - timedelta(minutes=5))
 
@@ -149,7 +146,7 @@ def test_a_job_whose_worker_died_is_reclaimed_and_retried_to_completion(
 def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
     conveyor_service: Conveyor,
 ) -> None:
-    # Given a committed execution whose start message never reached the broker
+    # Given a committed execution whose root node's message never reached the broker
     add_flow(conveyor_service)
     made = conveyor_service.db.run(
         lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
@@ -159,7 +156,7 @@ def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
 
     # When the broker says it holds a message for that queue, nothing is re-sent
     held = conveyor_service.recover(
-        heartbeat_timeout=60, lost_after=60, broker_holds=lambda: {"workflow-execution": 1}
+        heartbeat_timeout=60, lost_after=60, broker_holds=lambda: {"workflow-node": 1}
     )
     # and when it holds none, the message is sent again and the execution runs
     empty = conveyor_service.recover(heartbeat_timeout=60, lost_after=60, broker_holds=dict)
