@@ -486,10 +486,9 @@ def describe(error: BaseException) -> str:
 
 
 def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
-    """Propagate a settled node to its successors; finish the execution when all settled."""
+    """Propagate a settled node to its successors; finish the execution when all settled.
+    The caller has read the execution's status: it is not finished."""
     execution, workflow = run.execution, run.workflow
-    if store.execution_status(execution.id) is not ExecutionStatus.RUNNING:
-        return []  # cancelled or failed meanwhile: nothing more starts
     _, shape = load_workflow(store, execution.workflow_id)
     dispatches: list[Dispatch] = []
     settled = 1

@@ -37,7 +37,8 @@ class Database:
             yield SqlStore(session)
 
     def run(self, work: Callable[[SqlStore], T], *, attempts: int = 5) -> T:
-        """Run ``work`` in a transaction, again from the start on a deadlock or lock timeout."""
+        """Run ``work`` in a transaction, again from the start on a deadlock, a lock timeout
+        or a lost connection."""
         for attempt in range(1, attempts + 1):
             try:
                 with self.transaction() as store:
@@ -54,6 +55,8 @@ class Database:
 
 
 def _retryable(exc: DBAPIError) -> bool:
+    if exc.connection_invalidated:  # the server went away: the work did not commit; again
+        return True
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if sqlstate in _RETRY_SQLSTATES:
         return True

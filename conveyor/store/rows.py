@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import Row
+
 from conveyor.engine.records import (
     EndpointRecord,
     ExecutionRecord,
@@ -12,7 +16,7 @@ from conveyor.engine.records import (
 from conveyor.models import Execution, Job, Schedule, WebhookEndpoint, WorkflowVersion
 
 
-def job_record(row: Job) -> JobRecord:
+def job_record(row: Job | Row[Any]) -> JobRecord:
     return JobRecord(
         id=row.id,
         kind=row.kind,
@@ -30,7 +34,7 @@ def job_record(row: Job) -> JobRecord:
     )
 
 
-def execution_record(row: Execution) -> ExecutionRecord:
+def execution_record(row: Execution | Row[Any]) -> ExecutionRecord:
     return ExecutionRecord(
         id=row.id,
         tenant_id=row.tenant_id,
@@ -43,7 +47,7 @@ def execution_record(row: Execution) -> ExecutionRecord:
     )
 
 
-def workflow_record(row: WorkflowVersion) -> WorkflowRecord:
+def workflow_record(row: WorkflowVersion | Row[Any]) -> WorkflowRecord:
     return WorkflowRecord(
         id=row.id,
         tenant_id=row.tenant_id,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Select, func, insert, select, update
+from sqlalchemy import CursorResult, Executable, Row, Select, Table, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -41,6 +41,12 @@ from conveyor.store.schedules import ScheduleQueries
 from conveyor.store.stats import StatsQueries
 
 DEFAULT_TENANT = "default"
+# The tables, for the Core statements of the hot path (see SqlStore._core).
+JOBS = cast(Table, Job.__table__)
+EXECUTIONS = cast(Table, Execution.__table__)
+NODE_STATES = cast(Table, NodeState.__table__)
+ATTEMPTS = cast(Table, JobAttempt.__table__)
+WORKFLOWS = cast(Table, WorkflowVersion.__table__)
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
@@ -51,12 +57,18 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     def __init__(self, session: Session) -> None:
         self.session = session
 
+    def _core(self, statement: Executable, params: Any = None) -> CursorResult[Any]:
+        """Run a Core statement on the transaction's connection. The hot path (trigger,
+        claim, complete) goes this way: it reads records, never ORM objects, so the ORM's
+        bookkeeping per statement (identity map, session synchronisation) buys nothing."""
+        return self.session.connection().execute(statement, params)
+
     # -- tenants --------------------------------------------------------------------------
 
     def tenant_id(self, name: str) -> uuid.UUID:
-        found = self.session.scalar(select(Tenant.id).where(Tenant.name == name))
+        found = self._core(select(Tenant.id).where(Tenant.name == name)).scalar()
         if found is not None:
-            return found
+            return cast(uuid.UUID, found)
         if name == DEFAULT_TENANT:
             return self.create_tenant(name)
         raise TenantNotFound(
@@ -91,12 +103,12 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     # -- workflows ------------------------------------------------------------------------
 
     def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None:
-        row = self.session.scalar(
-            select(WorkflowVersion)
-            .where(WorkflowVersion.tenant_id == tenant_id, WorkflowVersion.name == name)
-            .order_by(WorkflowVersion.version.desc())
+        row = self._core(
+            select(WORKFLOWS)
+            .where(WORKFLOWS.c.tenant_id == tenant_id, WORKFLOWS.c.name == name)
+            .order_by(WORKFLOWS.c.version.desc())
             .limit(1)
-        )
+        ).one_or_none()
         return workflow_record(row) if row else None
 
     def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord:
@@ -178,7 +190,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             dedupe_key=dedupe_key,
         )
         if idempotency_key is None and dedupe_key is None:
-            self.session.execute(statement)
+            self._core(statement)
             return execution_id
         try:
             with self.session.begin_nested():
@@ -188,7 +200,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         return execution_id
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
-        row = self.session.get(Execution, execution_id)
+        row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
         if row is None:
             raise ExecutionNotFound(
                 f"no execution has id {execution_id}; list them with `conveyor executions list`"
@@ -200,26 +212,28 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     ) -> ExecutionStatus | None:
         """The status; with ``lock``, read under the row lock (waits for a requeue that is
         changing it)."""
-        query = select(Execution.status).where(Execution.id == execution_id)
-        return self.session.scalar(query.with_for_update() if lock else query)
+        query = select(EXECUTIONS.c.status).where(EXECUTIONS.c.id == execution_id)
+        found = self._core(query.with_for_update() if lock else query).scalar()
+        return cast(ExecutionStatus | None, found)
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
-        result = self.session.execute(
-            update(Execution)
-            .where(Execution.id == execution_id, Execution.status == ExecutionStatus.PENDING)
+        result = self._core(
+            update(EXECUTIONS)
+            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status == ExecutionStatus.PENDING)
             .values(status=ExecutionStatus.RUNNING, started_at=now, remaining_nodes=node_count)
         )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return bool(result.rowcount)
 
     def settle_nodes(self, execution_id: uuid.UUID, count: int) -> int | None:
         """Count ``count`` more nodes as settled; the nodes still unsettled, or None if the
         execution is no longer running. Locks the execution row: call it last."""
-        return self.session.scalar(
-            update(Execution)
-            .where(Execution.id == execution_id, Execution.status == ExecutionStatus.RUNNING)
-            .values(remaining_nodes=Execution.remaining_nodes - count)
-            .returning(Execution.remaining_nodes)
-        )
+        found = self._core(
+            update(EXECUTIONS)
+            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status == ExecutionStatus.RUNNING)
+            .values(remaining_nodes=EXECUTIONS.c.remaining_nodes - count)
+            .returning(EXECUTIONS.c.remaining_nodes)
+        ).scalar()
+        return cast(int | None, found)
 
     def finish_execution(
         self,
@@ -230,12 +244,12 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         output: Any = None,
         error: str | None = None,
     ) -> bool:
-        result = self.session.execute(
-            update(Execution)
-            .where(Execution.id == execution_id, Execution.status.in_(_ACTIVE_EXECUTION))
+        result = self._core(
+            update(EXECUTIONS)
+            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status.in_(_ACTIVE_EXECUTION))
             .values(status=status, finished_at=now, output=output, error=error)
         )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return bool(result.rowcount)
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
         """Cancel the jobs and nodes of an execution that have not started running; returns
@@ -268,8 +282,8 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         queued: Collection[str] = (),
     ) -> None:
         """A state row per node: pending, or queued for those in ``queued``."""
-        self.session.execute(
-            insert(NodeState),
+        self._core(
+            insert(NODE_STATES),
             [
                 {
                     "execution_id": execution_id,
@@ -291,20 +305,20 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         **values: Any,
     ) -> None:
         """Set a node's status; with ``expected``, only from that status (a guarded step)."""
-        query = update(NodeState).where(
-            NodeState.execution_id == execution_id, NodeState.node_id == node_id
+        query = update(NODE_STATES).where(
+            NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id
         )
         if expected is not None:
-            query = query.where(NodeState.status == expected)
-        self.session.execute(query.values(status=status, **values))
+            query = query.where(NODE_STATES.c.status == expected)
+        self._core(query.values(status=status, **values))
 
     def start_node(self, execution_id: uuid.UUID, node_id: str, now: datetime) -> None:
-        self.session.execute(
-            update(NodeState)
-            .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
+        self._core(
+            update(NODE_STATES)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
             .values(
                 status=NodeStatus.RUNNING,
-                started_at=func.coalesce(NodeState.started_at, now),
+                started_at=func.coalesce(NODE_STATES.c.started_at, now),
             )
         )
 
@@ -313,20 +327,24 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
 
         The row lock this takes is what makes a join start exactly once when its
         predecessors finish at the same instant."""
-        left = self.session.scalar(
-            update(NodeState)
-            .where(NodeState.execution_id == execution_id, NodeState.node_id == node_id)
-            .values(waiting_on=NodeState.waiting_on - 1)
-            .returning(NodeState.waiting_on)
-        )
+        left = self._core(
+            update(NODE_STATES)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .values(waiting_on=NODE_STATES.c.waiting_on - 1)
+            .returning(NODE_STATES.c.waiting_on)
+        ).scalar()
         if left is None:
             raise StoreError(f"node {node_id!r} has no state in execution {execution_id}")
         return int(left)
 
-    def node_rows(self, execution_id: uuid.UUID, node_ids: Iterable[str]) -> dict[str, NodeState]:
-        rows = self.session.scalars(
-            select(NodeState).where(
-                NodeState.execution_id == execution_id, NodeState.node_id.in_(list(node_ids))
+    def node_rows(self, execution_id: uuid.UUID, node_ids: Iterable[str]) -> dict[str, Row[Any]]:
+        """The state rows of some nodes of an execution (status, branch, output...)."""
+        wanted = list(node_ids)
+        if not wanted:
+            return {}
+        rows = self._core(
+            select(NODE_STATES).where(
+                NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id.in_(wanted)
             )
         )
         return {r.node_id: r for r in rows}
@@ -347,8 +365,8 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         data: dict[str, Any] | None = None,
     ) -> uuid.UUID:
         job_id = uuid.uuid4()
-        self.session.execute(
-            insert(Job).values(
+        self._core(
+            insert(JOBS).values(
                 id=job_id,
                 kind=kind,
                 queue=queue,
@@ -371,12 +389,11 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
         """queued (or parked) -> processing; None when the job is not a runnable job of that
         kind (a duplicate or misrouted message)."""
-        row = self.session.scalars(
-            update(Job)
-            .where(Job.id == job_id, Job.kind == kind, Job.status.in_(_RUNNABLE))
+        row = self._core(
+            update(JOBS)
+            .where(JOBS.c.id == job_id, JOBS.c.kind == kind, JOBS.c.status.in_(_RUNNABLE))
             .values(status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now)
-            .returning(Job),
-            execution_options={"synchronize_session": False},
+            .returning(*JOBS.c)
         ).one_or_none()
         return job_record(row) if row else None
 
@@ -387,10 +404,12 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     def transition_job(
         self, job_id: uuid.UUID, expected: JobStatus, new: JobStatus, **values: Any
     ) -> bool:
-        result = self.session.execute(
-            update(Job).where(Job.id == job_id, Job.status == expected).values(status=new, **values)
+        result = self._core(
+            update(JOBS)
+            .where(JOBS.c.id == job_id, JOBS.c.status == expected)
+            .values(status=new, **values)
         )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return bool(result.rowcount)
 
     def schedule_retry(self, job_id: uuid.UUID, next_run_at: datetime, error: str) -> bool:
         result = self.session.execute(
@@ -489,8 +508,8 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
         """The row of the try a claim of ``job`` starts, with how long the job waited."""
         waited = (now - job.enqueued_at).total_seconds() if job.enqueued_at else None
-        self.session.execute(
-            insert(JobAttempt).values(
+        self._core(
+            insert(ATTEMPTS).values(
                 job_id=job.id,
                 attempt_number=job.try_number,
                 status=AttemptStatus.RUNNING,
@@ -511,9 +530,9 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         error: str | None = None,
         timed_out: bool = False,
     ) -> None:
-        self.session.execute(
-            update(JobAttempt)
-            .where(JobAttempt.job_id == job_id, JobAttempt.attempt_number == number)
+        self._core(
+            update(ATTEMPTS)
+            .where(ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.attempt_number == number)
             .values(
                 status=status, finished_at=now, duration=duration, error=error, timed_out=timed_out
             )
