@@ -338,16 +338,15 @@ def claim_node(
     store: SqlStore, job_id: uuid.UUID, now: datetime, worker: str | None = None
 ) -> NodeRun | None:
     """queued -> processing, a new attempt row, and the inputs the node will read."""
-    job = store.claim_job(job_id, JobKind.NODE, now)
-    if job is None or job.node_id is None:
+    claimed = store.claim_node_job(job_id, now, worker)  # with its attempt and node started
+    if claimed is None:
         return None
-    execution = store.execution(job.execution_id)
-    if execution.status.finished:
+    job, execution = claimed
+    assert job.node_id is not None
+    if execution.status.finished:  # the claim started nothing: cancel the job
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
         store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
         return None
-    store.add_attempt(job, worker, now)
-    store.start_node(execution.id, job.node_id, now)
     workflow, _ = load_workflow(store, execution.workflow_id)
     node = workflow.node(job.node_id)
     needs = store.node_rows(execution.id, node.needs)

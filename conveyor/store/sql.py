@@ -11,7 +11,21 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, Row, Select, Table, func, insert, select, update
+from sqlalchemy import (
+    CursorResult,
+    Executable,
+    Row,
+    Select,
+    String,
+    Table,
+    Uuid,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -33,6 +47,7 @@ from conveyor.exceptions import (
     WorkflowNotFound,
 )
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
+from conveyor.models.base import UTCDateTime
 from conveyor.store.access import AccessQueries
 from conveyor.store.dead_letters import DeadLetterQueries
 from conveyor.store.recovery import RecoveryQueries
@@ -397,6 +412,31 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         ).one_or_none()
         return job_record(row) if row else None
 
+    def claim_node_job(
+        self, job_id: uuid.UUID, now: datetime, worker: str | None
+    ) -> tuple[JobRecord, ExecutionRecord] | None:
+        """Claim a node job (queued or parked -> processing) with its execution; unless the
+        execution has finished, also start its try (an attempt row) and its node (running).
+        None when the job is not a runnable node job. On PostgreSQL this is one statement."""
+        if self.session.get_bind().dialect.name == "postgresql":
+            row = self._core(_CLAIM_NODE, {"id": job_id, "now": now, "worker": worker}).first()
+            if row is None:
+                return None
+            execution = ExecutionRecord(
+                id=row.execution_id, tenant_id=row.tenant_id, workflow_id=row.workflow_id,
+                status=row.x_status, priority=row.x_priority, input=row.x_input,
+                created_at=row.x_created_at, scheduled_for=row.x_scheduled_for,
+            )  # fmt: skip
+            return job_record(row), execution
+        job = self.claim_job(job_id, JobKind.NODE, now)
+        if job is None or job.node_id is None:
+            return None
+        execution = self.execution(job.execution_id)
+        if not execution.status.finished:
+            self.add_attempt(job, worker, now)
+            self.start_node(execution.id, job.node_id, now)
+        return job, execution
+
     def job(self, job_id: uuid.UUID) -> JobRecord | None:
         row = self.session.get(Job, job_id)
         return job_record(row) if row else None
@@ -586,3 +626,50 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         ):
             attempts[attempt.job_id].append(attempt)
         return [(j, attempts[j.id]) for j in jobs]
+
+
+# The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
+# attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
+_CLAIM_NODE = (
+    text(
+        """
+WITH job AS (
+    UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
+    WHERE id = :id AND kind = 'node' AND status IN ('queued', 'parked')
+      AND node_id IS NOT NULL
+    RETURNING *
+), ex AS (
+    SELECT executions.* FROM executions JOIN job ON executions.id = job.execution_id
+), attempt AS (
+    INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, waited,
+                              timed_out)
+    SELECT job.id, job.tries_before + job.retry_count + 1, 'running', :worker, :now,
+           greatest(0, extract(epoch FROM (CAST(:now AS timestamptz) - job.enqueued_at))),
+           false
+    FROM job, ex WHERE ex.status IN ('pending', 'running')
+), node AS (
+    UPDATE node_states SET status = 'running',
+                           started_at = coalesce(node_states.started_at, :now)
+    FROM job, ex
+    WHERE ex.status IN ('pending', 'running') AND node_states.execution_id = job.execution_id
+      AND node_states.node_id = job.node_id
+)
+SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
+       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for
+FROM job, ex
+""".format(job_columns=", ".join(f"job.{c.name}" for c in JOBS.c))  # noqa: S608 (the model's names)
+    )
+    .bindparams(
+        bindparam("id", type_=Uuid()),
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("worker", type_=String()),
+    )
+    .columns(
+        *JOBS.c,
+        x_status=EXECUTIONS.c.status.type,
+        x_priority=EXECUTIONS.c.priority.type,
+        x_input=EXECUTIONS.c.input.type,
+        x_created_at=EXECUTIONS.c.created_at.type,
+        x_scheduled_for=EXECUTIONS.c.scheduled_for.type,
+    )
+)
