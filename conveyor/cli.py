@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -229,6 +230,20 @@ def db_upgrade() -> None:
     """Apply every pending migration (alembic upgrade head) to CONVEYOR_DATABASE_URL."""
     db.upgrade()
     render.out.print(f"database {db.display_url()} is up to date", markup=False)
+
+
+@db_app.command("prune")
+def db_prune(
+    older_than: Annotated[
+        float | None,
+        typer.Option("--older-than", help="Days; default CONVEYOR_RETENTION_DAYS.", min=0),
+    ] = None,
+) -> None:
+    """Delete finished executions (with their jobs, tries and node states) older than the
+    retention; beat runs the same sweep every CONVEYOR_RETENTION_INTERVAL seconds."""
+    days = get_settings().retention_days if older_than is None else older_than
+    pruned = _service().prune(timedelta(days=days), most=10**12)
+    render.out.print(f"{pruned} finished execution(s) older than {days:g} day(s) deleted")
 
 
 @workflow_app.command("validate")

@@ -99,6 +99,16 @@ class Settings(BaseSettings):
         gt=0,
         description="A processing job whose heartbeat is older is reclaimed (its worker died).",
     )
+    retention_days: float = Field(
+        default=14.0,
+        ge=0,
+        description="Finished executions (their jobs, tries and node states) older than this "
+        "many days are deleted by the retention sweep; 0 keeps them forever. Executions with "
+        "a dead letter waiting for an operator are kept until it is requeued or discarded.",
+    )
+    retention_interval: float = Field(
+        default=600.0, ge=1, description="Seconds between retention sweeps (sent by beat)."
+    )
     recover_interval: float = Field(
         default=30.0, ge=1, description="Seconds between recovery sweeps (sent by beat)."
     )

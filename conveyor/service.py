@@ -423,6 +423,20 @@ class Conveyor:
             log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
         return done
 
+    def prune(self, older_than: timedelta, batch: int = 1000, most: int = 100_000) -> int:
+        """The retention sweep: delete the executions finished longer ago than
+        ``older_than`` (see :meth:`SqlStore.prune_finished`), a batch per transaction, at most
+        ``most`` per call. How many were deleted."""
+        pruned, cutoff = 0, utcnow() - older_than
+        while pruned < most:
+            done = self.db.run(lambda s: s.prune_finished(cutoff, batch))
+            pruned += done
+            if done < batch:
+                break
+        if pruned:
+            log.info("retention: %d finished execution(s) deleted", pruned)
+        return pruned
+
     def sweep_limits(self) -> int:
         """The limiter's safety net (see :meth:`Gate.sweep`); 0 without limits."""
         return self.gate.sweep(self.age_low_after) if self.gate is not None else 0

@@ -1,8 +1,11 @@
 """Live status of one execution as server-sent events.
 
 On PostgreSQL, triggers on ``executions`` and ``node_states`` announce every status change on
-the execution's own channel (migration 0004); the stream LISTENs on it before it reads the
-current state, so no change falls between the two. Nothing polls the tables. On SQLite (the
+the execution's own channel (migrations 0004, 0008) while a stream is registered for it (a
+``stream_listeners`` row: a NOTIFY costs every commit a lock, so nothing else is announced).
+The stream LISTENs and registers before it reads the current state, so no change falls
+between the two; it removes its row when it ends (the retention sweep removes those of a
+process that died). Nothing polls the tables. On SQLite (the
 embedded default) it polls instead, every half second.
 
 Events: ``execution`` (``{"status": ...}``) first with the current status, then on each change;
@@ -50,8 +53,14 @@ async def execution_events(service: Conveyor, execution_id: uuid.UUID) -> AsyncI
         return
     conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
     conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    listener = uuid.uuid4()
     try:
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(execution_id))))
+        # Only then register: the triggers announce the executions someone listens to.
+        await conn.execute(
+            "INSERT INTO stream_listeners (id, execution_id, created_at) VALUES (%s, %s, now())",
+            (listener, execution_id),
+        )
         view = await run_in_threadpool(_view, service, execution_id)
         yield event("execution", {"status": view["status"]})
         if _finished(view["status"]):
@@ -65,7 +74,10 @@ async def execution_events(service: Conveyor, execution_id: uuid.UUID) -> AsyncI
                     return
             yield b": keepalive\n\n"
     finally:
-        await conn.close()
+        try:
+            await conn.execute("DELETE FROM stream_listeners WHERE id = %s", (listener,))
+        finally:
+            await conn.close()
 
 
 async def _polled(service: Conveyor, execution_id: uuid.UUID) -> AsyncIterator[bytes]:

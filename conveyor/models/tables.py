@@ -229,6 +229,15 @@ class Execution(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+# The retention sweep deletes finished executions oldest first (conveyor.scheduler.retention).
+Index(
+    "ix_executions_finished",
+    Execution.finished_at,
+    postgresql_where=text("finished_at IS NOT NULL"),
+    sqlite_where=text("finished_at IS NOT NULL"),
+)
+
+
 class NodeState(Base):
     """The state storage: one row per node of an execution, with its output once it ran."""
 
@@ -355,3 +364,14 @@ class RecoveryCount(Base):
 
     what: Mapped[str] = mapped_column(String(32), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class StreamListener(Base):
+    """A live status stream open on an execution. The status NOTIFY triggers only announce
+    the changes of executions someone listens to: a NOTIFY costs every commit a global lock."""
+
+    __tablename__ = "stream_listeners"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    execution_id: Mapped[uuid.UUID] = mapped_column(index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -6,13 +6,13 @@ import uuid
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import JobRecord
-from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus
-from conveyor.models import Execution, Job, RecoveryCount, WorkflowVersion
+from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind, JobStatus
+from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
 from conveyor.store.rows import job_record
 
 _ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
@@ -98,3 +98,38 @@ class RecoveryQueries:
 
     def recovery_counts(self) -> dict[str, int]:
         return {r.what: r.count for r in self.session.scalars(select(RecoveryCount))}
+
+    # -- retention --------------------------------------------------------------------------
+
+    def prune_finished(self, cutoff: datetime, limit: int) -> int:
+        """Delete up to ``limit`` executions finished before ``cutoff``, oldest first, with
+        their jobs, tries and node states (foreign keys cascade); never one that holds a dead
+        letter an operator has not dealt with. How many were deleted."""
+        held = select(Job.id).where(
+            Job.execution_id == Execution.id, Job.status == JobStatus.DEAD_LETTER
+        )
+        doomed = list(
+            self.session.scalars(
+                select(Execution.id)
+                .where(
+                    Execution.finished_at < cutoff,
+                    Execution.status.in_(list(FINISHED_EXECUTION)),
+                    ~held.exists(),
+                )
+                .order_by(Execution.finished_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+        )
+        if not doomed:
+            return 0
+        self.session.execute(
+            delete(Execution).where(Execution.id.in_(doomed)),
+            execution_options={"synchronize_session": False},
+        )
+        # the registrations of live streams whose API process died without removing them
+        self.session.execute(
+            delete(StreamListener).where(StreamListener.created_at < cutoff),
+            execution_options={"synchronize_session": False},
+        )
+        return len(doomed)

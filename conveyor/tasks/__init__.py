@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -108,6 +109,13 @@ def recover() -> dict[str, int]:
     service().promote_due()
     service().sweep_limits()
     return done
+
+
+@app.task(name="conveyor.scheduled.prune", ignore_result=True)
+def prune() -> int:
+    """The retention sweep (sent by beat): delete old finished executions."""
+    days = get_settings().retention_days
+    return service().prune(timedelta(days=days)) if days else 0
 
 
 class MaintenanceStep(bootsteps.StartStopStep):

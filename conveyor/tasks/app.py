@@ -88,4 +88,9 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
             "schedule": recover,
             "options": {"queue": SCHEDULED_QUEUE, "expires": recover},
         },
+        "conveyor-prune": {
+            "task": "conveyor.scheduled.prune",
+            "schedule": settings.retention_interval,
+            "options": {"queue": SCHEDULED_QUEUE, "expires": settings.retention_interval},
+        },
     }

@@ -17,7 +17,7 @@ import conveyor
 from conveyor.engine import runner
 from conveyor.engine.states import ExecutionStatus, JobStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
-from conveyor.models import Execution, Job
+from conveyor.models import Execution, Job, JobAttempt, NodeState
 from conveyor.service import Conveyor, utcnow
 from tests.support.services import effects, wait_for
 
@@ -192,3 +192,82 @@ def test_unknown_and_malformed_job_ids_are_dropped(conveyor_service: Conveyor) -
     execution_id = conveyor_service.trigger("adder")  # the workers go on as before
 
     assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.COMPLETED
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given four finished executions, three of them finished 20 days ago, one of those
+    # holding a dead letter no operator has dealt with, and one running now
+    add_flow(conveyor_service)
+    add_flow(conveyor_service, name="slow", seconds=3)
+    old, held, recent = (conveyor_service.trigger("adder") for _ in range(3))
+    old_failed = conveyor_service.trigger("adder")
+    for execution_id in (old, held, recent, old_failed):
+        wait_for(conveyor_service, execution_id)
+    running = conveyor_service.trigger("slow")
+    long_ago = utcnow() - timedelta(days=20)
+    with conveyor_service.db.transaction() as store:
+        store.session.execute(
+            update(Execution)
+            .where(Execution.id.in_([old, held, old_failed]))
+            .values(finished_at=long_ago)
+        )
+        store.session.execute(
+            update(Execution).where(Execution.id == old_failed).values(status="failed")
+        )
+        store.session.execute(
+            update(Job).where(Job.execution_id == held).values(status=JobStatus.DEAD_LETTER)
+        )
+
+    # When the sweep runs with a 14-day retention, in batches of one
+    pruned = conveyor_service.prune(timedelta(days=14), batch=1)
+
+    # Then the old ones are gone with every row of theirs; the others are all still there
+    assert pruned == 2
+    with conveyor_service.db.transaction() as store:
+        left = set(store.session.scalars(select(Execution.id)))
+        jobs_left = set(store.session.scalars(select(Job.execution_id)))
+        attempts = store.session.scalar(
+            select(func.count()).select_from(JobAttempt).join(Job).where(Job.execution_id == old)
+        )
+        states = store.session.scalar(
+            select(func.count()).select_from(NodeState).where(NodeState.execution_id == old)
+        )
+    assert left == {held, recent, running}
+    assert jobs_left == {held, recent, running}
+    assert attempts == 0 and states == 0
+    assert wait_for(conveyor_service, running).status is ExecutionStatus.COMPLETED
+
+
+def test_status_changes_are_announced_only_for_executions_a_stream_listens_to(
+    conveyor_service: Conveyor,
+) -> None:
+    import psycopg
+
+    from conveyor.api.stream import channel
+
+    add_flow(conveyor_service, name="slow", seconds=0.5)
+    conninfo = conveyor_service.db.engine.url.set(drivername="postgresql").render_as_string(
+        hide_password=False
+    )
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        # a LISTEN alone, without a stream_listeners row: nothing is announced
+        unheard = conveyor_service.trigger("slow")
+        conn.execute(f'LISTEN "{channel(unheard)}"')
+        wait_for(conveyor_service, unheard)
+        assert list(conn.notifies(timeout=0.5)) == []
+
+        # registered: the execution's changes (and its node's) are
+        heard = conveyor_service.trigger("slow")
+        conn.execute(f'LISTEN "{channel(heard)}"')
+        conn.execute(
+            "INSERT INTO stream_listeners (id, execution_id, created_at) VALUES (%s, %s, now())",
+            (uuid.uuid4(), heard),
+        )
+        wait_for(conveyor_service, heard)
+        payloads = [n.payload for n in conn.notifies(timeout=0.5)]
+    assert any('"status" : "completed"' in p and '"execution"' in p for p in payloads), payloads
