@@ -38,3 +38,23 @@ def test_the_schedules_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> 
     assert figures["due"] == 20 and len(figures["check_seconds"]) == 1
     assert figures["ratios"]["check_vs_raw_publish"] > 0
     assert "of raw" in result.stdout
+
+
+def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--fanout", "5", "--executions", "20",
+         "--latency-runs", "5", "--scale-rows", "200", "--concurrency", "2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures["figures"]) == {"fanout_5", "throughput", "latency", "scale"}
+    assert set(figures["ratios"]) >= {
+        "fanout_5_per_node", "throughput_of_raw", "latency_node_start_p50",
+        "latency_node_start_p99", "scale_of_empty",
+    }  # fmt: skip
+    assert all(v > 0 for v in figures["ratios"].values())
+    assert len(figures["raw_latencies"]["trigger_to_node_start"]) == 5
+    assert "raw Celery" in result.stdout and "target" in result.stdout

@@ -53,6 +53,13 @@ def test_run_wait_json_against_real_workers(
     fetch = next(n for n in detail["nodes"] if n["id"] == "fetch")
     assert fetch["attempts"] == 3 and fetch["status"] == "completed"
 
+    # and the retention sweep, by hand with no retention, deletes it
+    pruned = conveyor("db", "prune", "--older-than", "0", env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert int(pruned.stdout.split()[0]) >= 1 and "older than 0 day(s)" in pruned.stdout
+    gone = conveyor("executions", "show", outcome["execution_id"], env=env)
+    assert gone.returncode != 0 and "no execution" in gone.stderr
+
 
 def test_run_exits_1_when_the_execution_fails(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
