@@ -53,6 +53,16 @@ class JobRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """A node job about to be inserted (its execution's fields come from the execution)."""
+
+    id: uuid.UUID
+    node_id: str
+    max_retries: int
+    next_run_at: datetime | None = None  # a delay node's: held until then
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExecutionRecord:
     id: uuid.UUID
     tenant_id: uuid.UUID

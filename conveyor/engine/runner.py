@@ -18,10 +18,16 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.engine import planning, retry
-from conveyor.engine.definitions import Node, Workflow
+from conveyor.engine.definitions import Node, RetryPolicy, Workflow
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
-from conveyor.engine.records import Dispatch, ExecutionRecord, JobRecord, WorkflowRecord
+from conveyor.engine.records import (
+    Dispatch,
+    ExecutionRecord,
+    JobRecord,
+    NewJob,
+    WorkflowRecord,
+)
 from conveyor.engine.states import (
     AttemptStatus,
     ExecutionStatus,
@@ -37,6 +43,7 @@ from conveyor.exceptions import (
     DuplicateExecution,
     IdempotencyConflict,
     InvalidTransition,
+    NodeCancelled,
     NodeError,
     NodeTimeout,
     TemplateError,
@@ -301,34 +308,52 @@ def _enqueue_node(
 ) -> Dispatch | None:
     """A job for a node that is ready to run, and its state queued (unless it is already:
     a root's state is inserted queued)."""
-    next_run_at = None
-    if node.type == "delay":
-        try:
-            next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
-        except ConveyorError:
-            next_run_at = None  # the node runs now and fails with the same error, recorded
-    policy = workflow.retry_for(node)
-    job_id = store.add_job(
-        kind=JobKind.NODE,
-        queue=NODE_QUEUE,
-        execution=execution,
-        priority=execution.priority,
-        node_id=node.id,
-        max_retries=policy.max_attempts - 1,
-        next_run_at=next_run_at,
-        now=now,
-    )
+    found = _enqueue_nodes(store, execution, workflow, [(node, context)], now, state_queued)
+    return found[0] if found else None
+
+
+def _enqueue_nodes(
+    store: SqlStore,
+    execution: ExecutionRecord,
+    workflow: Workflow,
+    ready: list[tuple[Node, dict[str, Any]]],
+    now: datetime,
+    state_queued: bool = False,
+) -> list[Dispatch]:
+    """Jobs for nodes ready to run (one INSERT), their states queued (one UPDATE); the
+    messages to publish (a delay node's job waits in the database for the promoter)."""
+    if not ready:
+        return []
+    jobs: list[NewJob] = []
+    for node, context in ready:
+        next_run_at = None
+        if node.type == "delay":
+            try:
+                next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
+            except ConveyorError:
+                next_run_at = None  # the node runs now and fails with the same error, recorded
+        jobs.append(
+            NewJob(
+                id=uuid.uuid4(),
+                node_id=node.id,
+                max_retries=workflow.retry_for(node).max_attempts - 1,
+                next_run_at=next_run_at,
+            )
+        )
+    store.add_node_jobs(execution, jobs, now)
     if not state_queued:
-        store.set_node(execution.id, node.id, NodeStatus.QUEUED, expected=NodeStatus.PENDING)
-    if next_run_at is not None:
-        return None  # held in the database; the promoter publishes it when due
-    return Dispatch(
-        job_id=job_id,
-        kind=JobKind.NODE,
-        queue=NODE_QUEUE,
-        priority=execution.priority,
-        label=f"execution={execution.id} node={node.id}",
-    )
+        store.queue_nodes(execution.id, [j.node_id for j in jobs])
+    return [
+        Dispatch(
+            job_id=j.id,
+            kind=JobKind.NODE,
+            queue=NODE_QUEUE,
+            priority=execution.priority,
+            label=f"execution={execution.id} node={j.node_id}",
+        )
+        for j in jobs
+        if j.next_run_at is None
+    ]
 
 
 # -- running a node ------------------------------------------------------------------------
@@ -359,6 +384,11 @@ def complete_node(
 ) -> list[Dispatch]:
     """Record a successful try and start every successor that became ready."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    branch = output.get("branch") if run.node.type == "condition" else None
+    if store.complete_running(
+        job, node_id, output=output, branch=branch, now=now, duration=duration
+    ):  # the common case, in one statement where the database can
+        return _settle(store, run, now)
     status = _status(store, execution_id)
     cancelled = status is not None and status.finished
     # A node that returns after its execution was cancelled (or failed elsewhere) keeps its
@@ -373,7 +403,6 @@ def complete_node(
     ):
         return []  # reclaimed meanwhile
     store.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
-    branch = output.get("branch") if run.node.type == "condition" else None
     store.set_node(
         execution_id,
         node_id,
@@ -416,9 +445,14 @@ def fail_node(
         )
         store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
-    decision = retry.decide_failure(
-        run.workflow.retry_for(run.node), attempt=job.attempt, retryable=retryable, rng=rng
-    )
+    if isinstance(error, NodeCancelled):
+        # Stopped because its execution ended, which an operator has since undone (a dead
+        # letter requeued): not the node's failure. It runs again at once.
+        retryable = True
+        policy = RetryPolicy(max_attempts=min(job.attempt + 1, 100), backoff=1e-3, jitter=0)
+    else:
+        policy = run.workflow.retry_for(run.node)
+    decision = retry.decide_failure(policy, attempt=job.attempt, retryable=retryable, rng=rng)
     if decision.retry_in is not None:
         if not store.schedule_retry(job.id, now + timedelta(seconds=decision.retry_in), message):
             return Failed(dispatches=[], outcome=None)
@@ -494,23 +528,30 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
     frontier = [run.node.id]
     while frontier:
         done = frontier.pop()
-        for successor_id in sorted(shape.successors[done]):  # sorted: one lock order
-            if store.decrement_waiting(execution.id, successor_id) > 0:
-                continue
-            successor = workflow.node(successor_id)
-            rows = store.node_rows(execution.id, successor.needs)
+        successors = sorted(shape.successors[done])  # sorted: one lock order
+        if not successors:
+            continue
+        left = store.decrement_waiting(execution.id, successors)
+        ready = [workflow.node(s) for s in successors if left[s] == 0]
+        if not ready:
+            continue
+        # Their needs' rows, all at once. A ready node never needs another ready one: that
+        # one has not settled, so the first would still be waiting on it.
+        rows = store.node_rows(execution.id, {need for n in ready for need in n.needs})
+        runnable: list[tuple[Node, dict[str, Any]]] = []
+        for successor in ready:
             needs = {
-                need: planning.NeedState(status=row.status, branch=row.branch)
-                for need, row in rows.items()
+                need: planning.NeedState(status=rows[need].status, branch=rows[need].branch)
+                for need in successor.needs
             }
             if planning.readiness(workflow, successor, needs) is planning.Readiness.SKIP:
-                store.set_node(execution.id, successor_id, NodeStatus.SKIPPED, finished_at=now)
+                store.set_node(execution.id, successor.id, NodeStatus.SKIPPED, finished_at=now)
                 settled += 1
-                frontier.append(successor_id)
+                frontier.append(successor.id)
                 continue
-            context = _context(execution, {need: row.output for need, row in rows.items()})
-            if d := _enqueue_node(store, execution, successor, workflow, context, now):
-                dispatches.append(d)
+            outputs = {need: rows[need].output for need in successor.needs}
+            runnable.append((successor, _context(execution, outputs)))
+        dispatches += _enqueue_nodes(store, execution, workflow, runnable, now)
     remaining = store.settle_nodes(execution.id, settled)  # last: it locks the execution row
     if remaining == 0:
         _finish(store, run, shape, now)

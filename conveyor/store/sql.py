@@ -14,6 +14,8 @@ from typing import Any, cast
 from sqlalchemy import (
     CursorResult,
     Executable,
+    Float,
+    Integer,
     Row,
     Select,
     String,
@@ -29,7 +31,14 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, WorkflowRecord
+from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.records import (
+    Admission,
+    ExecutionRecord,
+    JobRecord,
+    NewJob,
+    WorkflowRecord,
+)
 from conveyor.engine.states import (
     WAITING_JOB,
     AttemptStatus,
@@ -337,20 +346,44 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             )
         )
 
-    def decrement_waiting(self, execution_id: uuid.UUID, node_id: str) -> int:
-        """One more need of ``node_id`` settled; how many are still unsettled.
+    def decrement_waiting(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> dict[str, int]:
+        """One more need of each of ``node_ids`` settled; how many each still waits on.
 
-        The row lock this takes is what makes a join start exactly once when its
-        predecessors finish at the same instant."""
-        left = self._core(
+        The row locks this takes are what make a join start exactly once when its
+        predecessors finish at the same instant. Several rows are locked first in the order
+        given (callers sort), so that two settles touching the same rows cannot deadlock."""
+        where = (NODE_STATES.c.execution_id == execution_id) & NODE_STATES.c.node_id.in_(
+            list(node_ids)
+        )
+        if len(node_ids) > 1:
+            self._core(
+                select(NODE_STATES.c.id)
+                .where(where)
+                .order_by(NODE_STATES.c.node_id)
+                .with_for_update()
+            ).all()
+        rows = self._core(
             update(NODE_STATES)
-            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .where(where)
             .values(waiting_on=NODE_STATES.c.waiting_on - 1)
-            .returning(NODE_STATES.c.waiting_on)
-        ).scalar()
-        if left is None:
-            raise StoreError(f"node {node_id!r} has no state in execution {execution_id}")
-        return int(left)
+            .returning(NODE_STATES.c.node_id, NODE_STATES.c.waiting_on)
+        ).all()
+        left = {r.node_id: int(r.waiting_on) for r in rows}
+        if missing := set(node_ids) - set(left):
+            raise StoreError(f"nodes {sorted(missing)} have no state in execution {execution_id}")
+        return left
+
+    def queue_nodes(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> None:
+        """pending -> queued, for nodes whose jobs were just added."""
+        self._core(
+            update(NODE_STATES)
+            .where(
+                NODE_STATES.c.execution_id == execution_id,
+                NODE_STATES.c.node_id.in_(list(node_ids)),
+                NODE_STATES.c.status == NodeStatus.PENDING,
+            )
+            .values(status=NodeStatus.QUEUED)
+        )
 
     def node_rows(self, execution_id: uuid.UUID, node_ids: Iterable[str]) -> dict[str, Row[Any]]:
         """The state rows of some nodes of an execution (status, branch, output...)."""
@@ -401,6 +434,35 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         )
         return job_id
 
+    def add_node_jobs(
+        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
+    ) -> None:
+        """Insert node jobs, queued (or scheduled, with a ``next_run_at``), in one statement."""
+        self._core(
+            insert(JOBS),
+            [
+                {
+                    "id": j.id,
+                    "kind": JobKind.NODE,
+                    "queue": NODE_QUEUE,
+                    "data": {},
+                    "status": JobStatus.SCHEDULED if j.next_run_at else JobStatus.QUEUED,
+                    "priority": execution.priority,
+                    "max_retries": j.max_retries,
+                    "retry_count": 0,
+                    "tries_before": 0,
+                    "tenant_id": execution.tenant_id,
+                    "workflow_id": execution.workflow_id,
+                    "execution_id": execution.id,
+                    "node_id": j.node_id,
+                    "next_run_at": j.next_run_at,
+                    "created_at": now,
+                    "enqueued_at": now,
+                }
+                for j in jobs
+            ],
+        )
+
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
         """queued (or parked) -> processing; None when the job is not a runnable job of that
         kind (a duplicate or misrouted message)."""
@@ -436,6 +498,29 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             self.add_attempt(job, worker, now)
             self.start_node(execution.id, job.node_id, now)
         return job, execution
+
+    def complete_running(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+    ) -> bool:
+        """Record a node's success in one statement, if the database can and the case is the
+        common one: the job still processing, its execution still running. True when done
+        (job completed, attempt succeeded, node completed with its output); False when the
+        caller must take the general path (nothing was changed)."""
+        if self.session.get_bind().dialect.name != "postgresql":
+            return False
+        params = {
+            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
+            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
+            "duration": duration,
+        }  # fmt: skip
+        return bool(self._core(_COMPLETE_NODE, params).scalar())
 
     def job(self, job_id: uuid.UUID) -> JobRecord | None:
         row = self.session.get(Job, job_id)
@@ -672,4 +757,36 @@ FROM job, ex
         x_created_at=EXECUTIONS.c.created_at.type,
         x_scheduled_for=EXECUTIONS.c.scheduled_for.type,
     )
+)
+
+
+# A node's success in one round trip (PostgreSQL), when its execution still runs: what
+# transition_job + finish_attempt + set_node do on complete_node's common path.
+_COMPLETE_NODE = text(
+    """
+WITH job AS (
+    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
+    WHERE id = :id AND status = 'processing'
+      AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
+    RETURNING id
+), attempt AS (
+    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
+                            error = NULL, timed_out = false
+    WHERE job_id IN (SELECT id FROM job) AND attempt_number = :attempt
+), node AS (
+    UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
+                           finished_at = :now, error = NULL
+    WHERE execution_id = :execution_id AND node_id = :node_id AND EXISTS (SELECT 1 FROM job)
+)
+SELECT count(*) FROM job
+"""
+).bindparams(
+    bindparam("id", type_=Uuid()),
+    bindparam("execution_id", type_=Uuid()),
+    bindparam("node_id", type_=String()),
+    bindparam("attempt", type_=Integer()),
+    bindparam("output", type_=NODE_STATES.c.output.type),
+    bindparam("branch", type_=String()),
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("duration", type_=Float()),
 )

@@ -17,6 +17,7 @@ import conveyor
 from conveyor.engine import runner
 from conveyor.engine.states import ExecutionStatus, JobStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import NodeCancelled
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 from conveyor.service import Conveyor, utcnow
 from tests.support.services import effects, wait_for
@@ -271,3 +272,27 @@ def test_status_changes_are_announced_only_for_executions_a_stream_listens_to(
         wait_for(conveyor_service, heard)
         payloads = [n.payload for n in conn.notifies(timeout=0.5)]
     assert any('"status" : "completed"' in p and '"execution"' in p for p in payloads), payloads
+
+
+def test_a_node_stopped_by_a_cancel_that_was_undone_runs_again_not_dead_lettered(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a node told to stop because its execution ended, which is running again (an
+    # operator requeued a dead letter meanwhile)
+    add_flow(conveyor_service)
+    made = conveyor_service.db.run(
+        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+                                 now=utcnow(), source=TriggerSource.API)
+    )  # fmt: skip
+    (job_id,) = [d.job_id for d in made.dispatches]
+    run = conveyor_service.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), "w"))
+    assert run is not None
+
+    # When its try ends with NodeCancelled
+    stopped = NodeCancelled("node 'add' was stopped: its execution was cancelled")
+    failed = conveyor_service.db.run(lambda s: runner.fail_node(s, run, stopped, utcnow(), 0.1))
+
+    # Then it waits a moment and runs again, as the promoter publishes it: not a failure
+    assert failed.outcome is JobStatus.RETRY_WAIT and (failed.retry_in or 1) < 0.1
+    conveyor_service.promote_due()
+    assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
