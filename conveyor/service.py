@@ -251,7 +251,9 @@ class Conveyor:
 
     def _run_node(self, job_id: uuid.UUID) -> None:
         """Claim a node job, run the node outside any transaction, record the outcome."""
-        run = self.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), self.worker))
+        # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
+        # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
+        run = self.db.autocommit(lambda s: runner.claim_node(s, job_id, utcnow(), self.worker))
         if run is None:
             events.info("message dropped", job_id=str(job_id), reason="job not queued any more")
             return

@@ -388,7 +388,7 @@ def complete_node(
     if store.complete_running(
         job, node_id, output=output, branch=branch, now=now, duration=duration
     ):  # the common case, in one statement where the database can
-        return _settle(store, run, now)
+        return _settle(store, run, now, output)
     status = _status(store, execution_id)
     cancelled = status is not None and status.finished
     # A node that returns after its execution was cancelled (or failed elsewhere) keeps its
@@ -414,7 +414,7 @@ def complete_node(
     )
     if cancelled:
         return []
-    return _settle(store, run, now)
+    return _settle(store, run, now, output)
 
 
 def fail_node(
@@ -518,7 +518,7 @@ def describe(error: BaseException) -> str:
     return f"{error.__class__.__name__}: {text}"
 
 
-def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
+def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) -> list[Dispatch]:
     """Propagate a settled node to its successors; finish the execution when all settled.
     The caller has read the execution's status: it is not finished."""
     execution, workflow = run.execution, run.workflow
@@ -554,14 +554,22 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime) -> list[Dispatch]:
         dispatches += _enqueue_nodes(store, execution, workflow, runnable, now)
     remaining = store.settle_nodes(execution.id, settled)  # last: it locks the execution row
     if remaining == 0:
-        _finish(store, run, shape, now)
+        _finish(store, run, shape, now, {} if output is None else {run.node.id: output})
     return dispatches
 
 
-def _finish(store: SqlStore, run: NodeRun, shape: planning.Plan, now: datetime) -> None:
+def _finish(
+    store: SqlStore,
+    run: NodeRun,
+    shape: planning.Plan,
+    now: datetime,
+    known: dict[str, Any],
+) -> None:
+    """Complete the execution with its output (or fail it, if the output cannot be made);
+    ``known``: outputs already in hand, not read again."""
     execution = run.execution
-    rows = store.node_rows(execution.id, [n.id for n in run.workflow.nodes])
-    outputs = {node_id: row.output for node_id, row in rows.items()}
+    rows = store.node_rows(execution.id, [n.id for n in run.workflow.nodes if n.id not in known])
+    outputs = {**{node_id: row.output for node_id, row in rows.items()}, **known}
     context = _context(execution, outputs)
     try:
         output = planning.execution_output(run.workflow, shape.sinks, outputs, context)

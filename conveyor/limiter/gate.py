@@ -59,7 +59,7 @@ class Gate:
 
     def admit(self, job_id: uuid.UUID) -> Permit | None:
         """Permits for the job, or None: it was parked, or it is not runnable any more."""
-        found = self.db.read(lambda s: self._request(s, job_id))
+        found = self.db.autocommit(lambda s: self._request(s, job_id))
         if found is None:
             self._wake(self.limiter.forget([job_id]))  # it may hold a grant: pass it on
             return None

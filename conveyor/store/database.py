@@ -29,8 +29,8 @@ class Database:
         self.url = url
         self.engine: Engine = make_engine(url)
         self._sessions = make_sessionmaker(self.engine)
-        # Reads need no transaction of their own: no BEGIN and COMMIT round trips around them.
-        self._reads = make_sessionmaker(self.engine.execution_options(isolation_level="AUTOCOMMIT"))
+        autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._autocommits = make_sessionmaker(autocommit)
 
     @contextmanager
     def transaction(self) -> Iterator[SqlStore]:
@@ -52,18 +52,20 @@ class Database:
                 time.sleep(0.01 * 2**attempt)
         raise StoreError("unreachable")
 
-    def read(self, work: Callable[[SqlStore], T], *, attempts: int = 3) -> T:
-        """Run read-only ``work`` with each statement on its own (autocommit): for one read
-        that needs no consistent snapshot, a round trip cheaper than a transaction."""
+    def autocommit(self, work: Callable[[SqlStore], T], *, attempts: int = 3) -> T:
+        """Run ``work`` with each statement committing on its own: no BEGIN and COMMIT round
+        trips. Only for work whose writes are each one guarded statement, correct whatever
+        happens between them (a read, the claim of a job). On SQLite: one transaction."""
         if self.engine.dialect.name != "postgresql":  # SQLite: BEGIN IMMEDIATE regardless
             return self.run(work)
         for attempt in range(1, attempts + 1):
             try:
-                with self._reads() as session, session.begin():  # no BEGIN: autocommit
+                with self._autocommits() as session, session.begin():  # no BEGIN: autocommit
                     return work(SqlStore(session))
             except DBAPIError as exc:
-                if attempt == attempts or not exc.connection_invalidated:
+                if attempt == attempts or not _retryable(exc):
                     raise
+                log.warning("statement conflict, retrying (%s): %s", attempt, exc.orig)
         raise StoreError("unreachable")
 
     def dispose(self) -> None:
