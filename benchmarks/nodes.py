@@ -18,11 +18,14 @@ def noop() -> dict[str, bool]:
     return {"ok": True}
 
 
-# The same no-op as a plain Celery task, with the settings Conveyor uses (acks late, prefetch 1).
+# The same no-op as a plain Celery task, with the settings Conveyor's workers use by default:
+# acks late, prefetch 1, and task events on (CONVEYOR_TASK_EVENTS, for Flower).
 raw = Celery("bench", broker=os.environ.get("BENCH_BROKER_URL", "memory://"))
 raw.conf.update(
     task_acks_late=True,
     worker_prefetch_multiplier=1,
+    worker_send_task_events=True,
+    task_send_sent_event=True,
     task_ignore_result=True,
     worker_hijack_root_logger=False,
 )

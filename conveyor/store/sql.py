@@ -236,8 +236,8 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     ) -> ExecutionStatus | None:
         """The status; with ``lock``, read under the row lock (waits for a requeue that is
         changing it)."""
-        query = select(EXECUTIONS.c.status).where(EXECUTIONS.c.id == execution_id)
-        found = self._core(query.with_for_update() if lock else query).scalar()
+        query = _STATUS_LOCKED if lock else _STATUS
+        found = self._core(query, {"execution_id": execution_id}).scalar()
         return cast(ExecutionStatus | None, found)
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
@@ -251,12 +251,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
     def settle_nodes(self, execution_id: uuid.UUID, count: int) -> int | None:
         """Count ``count`` more nodes as settled; the nodes still unsettled, or None if the
         execution is no longer running. Locks the execution row: call it last."""
-        found = self._core(
-            update(EXECUTIONS)
-            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status == ExecutionStatus.RUNNING)
-            .values(remaining_nodes=EXECUTIONS.c.remaining_nodes - count)
-            .returning(EXECUTIONS.c.remaining_nodes)
-        ).scalar()
+        found = self._core(_SETTLE, {"execution_id": execution_id, "count": count}).scalar()
         return cast(int | None, found)
 
     def finish_execution(
@@ -576,19 +571,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
 
     def admission(self, job_id: uuid.UUID) -> Admission | None:
         """What the limiter needs to know about a node job, or None if there is no such job."""
-        row = self.session.execute(
-            select(
-                Job.status,
-                Job.kind,
-                Job.tenant_id,
-                Job.workflow_id,
-                Job.priority,
-                Job.enqueued_at,
-                Tenant.max_concurrency,
-            )
-            .join(Tenant, Tenant.id == Job.tenant_id)
-            .where(Job.id == job_id)
-        ).one_or_none()
+        row = self._core(_ADMISSION, {"job_id": job_id}).one_or_none()
         if row is None:
             return None
         return Admission(
@@ -790,3 +773,31 @@ SELECT count(*) FROM job
     bindparam("now", type_=UTCDateTime()),
     bindparam("duration", type_=Float()),
 )
+
+
+# Statements of the hot path built once (their construction cost more than their execution).
+TENANTS = cast(Table, Tenant.__table__)
+_ADMISSION = (
+    select(
+        JOBS.c.status,
+        JOBS.c.kind,
+        JOBS.c.tenant_id,
+        JOBS.c.workflow_id,
+        JOBS.c.priority,
+        JOBS.c.enqueued_at,
+        TENANTS.c.max_concurrency,
+    )
+    .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)
+    .where(JOBS.c.id == bindparam("job_id"))
+)
+_SETTLE = (
+    update(EXECUTIONS)
+    .where(
+        EXECUTIONS.c.id == bindparam("execution_id"),
+        EXECUTIONS.c.status == ExecutionStatus.RUNNING,
+    )
+    .values(remaining_nodes=EXECUTIONS.c.remaining_nodes - bindparam("count"))
+    .returning(EXECUTIONS.c.remaining_nodes)
+)
+_STATUS = select(EXECUTIONS.c.status).where(EXECUTIONS.c.id == bindparam("execution_id"))
+_STATUS_LOCKED = _STATUS.with_for_update()
