@@ -50,6 +50,7 @@ from conveyor.exceptions import (
     WorkerLost,
     WorkflowNotFound,
 )
+from conveyor.ids import new_id
 
 if TYPE_CHECKING:
     from conveyor.store.sql import SqlStore
@@ -269,12 +270,8 @@ def _plan(
     """A state row per node, the roots' already queued, and a job per root node."""
     store.add_node_states(execution.id, shape.waiting_on, queued=shape.roots)
     context = _context(execution, {})
-    return [
-        d
-        for root in shape.roots
-        if (d := _enqueue_node(store, execution, workflow.node(root), workflow, context, now,
-                               state_queued=True))
-    ]  # fmt: skip
+    roots = [(workflow.node(root), context) for root in shape.roots]
+    return _enqueue_nodes(store, execution, workflow, roots, now, state_queued=True)
 
 
 def _context(execution: ExecutionRecord, outputs: dict[str, Any]) -> dict[str, Any]:
@@ -293,23 +290,8 @@ def enqueue_ready(
     """Enqueue a node whose needs have all settled, with their outputs in its context."""
     rows = store.node_rows(execution.id, node.needs)
     context = _context(execution, {need: row.output for need, row in rows.items()})
-    return _enqueue_node(store, execution, node, workflow, context, now)
-
-
-def _enqueue_node(
-    store: SqlStore,
-    execution: ExecutionRecord,
-    node: Node,
-    workflow: Workflow,
-    context: dict[str, Any],
-    now: datetime,
-    *,
-    state_queued: bool = False,
-) -> Dispatch | None:
-    """A job for a node that is ready to run, and its state queued (unless it is already:
-    a root's state is inserted queued)."""
-    found = _enqueue_nodes(store, execution, workflow, [(node, context)], now, state_queued)
-    return found[0] if found else None
+    found = _enqueue_nodes(store, execution, workflow, [(node, context)], now)
+    return found[0] if found else None  # none: a delay node's job waits for its time
 
 
 def _enqueue_nodes(
@@ -334,7 +316,7 @@ def _enqueue_nodes(
                 next_run_at = None  # the node runs now and fails with the same error, recorded
         jobs.append(
             NewJob(
-                id=uuid.uuid4(),
+                id=new_id(),
                 node_id=node.id,
                 max_retries=workflow.retry_for(node).max_attempts - 1,
                 next_run_at=next_run_at,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,10 +45,6 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def new_id() -> uuid.UUID:
-    return uuid.uuid4()
 
 
 class Base(DeclarativeBase):

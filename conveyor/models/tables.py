@@ -32,7 +32,8 @@ from conveyor.engine.states import (
     SignatureScheme,
     SubscriptionKind,
 )
-from conveyor.models.base import Base, JsonType, UTCDateTime, new_id, utcnow
+from conveyor.ids import new_id
+from conveyor.models.base import Base, JsonType, UTCDateTime, utcnow
 from conveyor.scheduler.cron import MisfirePolicy
 
 

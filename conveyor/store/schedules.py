@@ -29,6 +29,7 @@ from conveyor.engine.states import (
     TriggerSource,
 )
 from conveyor.exceptions import ScheduleError
+from conveyor.ids import new_id
 from conveyor.models import Execution, Job, Schedule, WorkflowVersion
 from conveyor.store.rows import schedule_record, workflow_record
 
@@ -138,7 +139,7 @@ class ScheduleQueries:
         job's id (a fire that is stored already is left alone)."""
         if not fires:
             return []
-        ids = {(f.schedule.id, f.slot): uuid.uuid4() for f in fires}
+        ids = {(f.schedule.id, f.slot): new_id() for f in fires}
         dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
         stored = self.session.execute(
             dialect.insert(Execution)
@@ -162,7 +163,7 @@ class ScheduleQueries:
             ],
         ).all()
         new = set(map(tuple, stored))
-        started = [(f, uuid.uuid4()) for f in fires if (f.schedule.id, f.slot) in new]
+        started = [(f, new_id()) for f in fires if (f.schedule.id, f.slot) in new]
         if started:
             self.session.execute(
                 insert(Job),

@@ -55,6 +55,7 @@ from conveyor.exceptions import (
     TenantNotFound,
     WorkflowNotFound,
 )
+from conveyor.ids import new_id
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
 from conveyor.models.base import UTCDateTime
 from conveyor.store.access import AccessQueries
@@ -198,7 +199,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
         planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
         with this idempotency key (two retries racing: one inserts, the other finds it)."""
-        execution_id = uuid.uuid4()
+        execution_id = new_id()
         statement = insert(Execution).values(
             id=execution_id,
             tenant_id=tenant_id,
@@ -407,7 +408,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         next_run_at: datetime | None = None,
         data: dict[str, Any] | None = None,
     ) -> uuid.UUID:
-        job_id = uuid.uuid4()
+        job_id = new_id()
         self._core(
             insert(JOBS).values(
                 id=job_id,

@@ -34,6 +34,19 @@ def executions(service: Conveyor) -> int:
         return int(store.session.scalar(select(func.count()).select_from(Execution)) or 0)
 
 
+def claimed(service: Conveyor, worker: str) -> tuple[runner.Triggered, runner.NodeRun]:
+    """An adder execution whose one node job ``worker`` has claimed, not published."""
+    add_flow(service)
+    made = service.db.run(
+        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+                                 now=utcnow(), source=TriggerSource.API)
+    )  # fmt: skip
+    (job_id,) = [d.job_id for d in made.dispatches]  # planned by the trigger: one root
+    run = service.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), worker))
+    assert run is not None
+    return made, run
+
+
 def age(service: Conveyor, **values: Any) -> None:
     """Move every job's clocks back, as if the time had passed."""
     with service.db.transaction() as store:
@@ -121,13 +134,7 @@ def test_a_job_whose_worker_died_is_reclaimed_and_retried_to_completion(
     conveyor_service: Conveyor,
 ) -> None:
     # Given a node job claimed by a worker that then died (no outcome, no heartbeat)
-    add_flow(conveyor_service)
-    made = conveyor_service.db.run(
-        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
-                                 now=utcnow(), source=TriggerSource.API)
-    )  # fmt: skip
-    (node_job,) = [d.job_id for d in made.dispatches]  # planned by the trigger: one root
-    assert conveyor_service.db.run(lambda s: runner.claim_node(s, node_job, utcnow(), "dead"))
+    made, _ = claimed(conveyor_service, "dead")
     age(conveyor_service, heartbeat_at=utcnow() - timedelta(minutes=5))
 
     # When the recovery sweep runs
@@ -279,14 +286,7 @@ def test_a_node_stopped_by_a_cancel_that_was_undone_runs_again_not_dead_lettered
 ) -> None:
     # Given a node told to stop because its execution ended, which is running again (an
     # operator requeued a dead letter meanwhile)
-    add_flow(conveyor_service)
-    made = conveyor_service.db.run(
-        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
-                                 now=utcnow(), source=TriggerSource.API)
-    )  # fmt: skip
-    (job_id,) = [d.job_id for d in made.dispatches]
-    run = conveyor_service.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), "w"))
-    assert run is not None
+    made, run = claimed(conveyor_service, "w")
 
     # When its try ends with NodeCancelled
     stopped = NodeCancelled("node 'add' was stopped: its execution was cancelled")
