@@ -44,7 +44,8 @@ def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_pa
     out = tmp_path / "compare.json"
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--fanout", "5", "--executions", "20",
-         "--latency-runs", "5", "--scale-rows", "200", "--concurrency", "2", "--json", str(out)],
+         "--latency-runs", "5", "--scale-rows", "200", "--concurrency", "2", "--rounds", "1",
+         "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
