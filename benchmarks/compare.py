@@ -153,16 +153,24 @@ def conveyor_throughput(bench: Bench, n: int) -> float:
 
 
 def _wait_completed(bench: Bench, ids: set[uuid.UUID], timeout: float) -> None:
-    """Poll (every 0.2 s: the poll must not be the load) until every execution completed."""
+    """Poll until every execution completed: every 0.2 s, a hundred of those not seen
+    completed yet (the poll must not be the load, nor grow with the tables)."""
     deadline = time.monotonic() + timeout
-    query = select(func.count()).where(
-        Execution.status == ExecutionStatus.COMPLETED, Execution.id.in_(list(ids))
-    )
+    left = set(ids)
     with bench.database.engine.connect() as conn:
-        while conn.execute(query).scalar_one() < len(ids):
+        while left:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"executions not completed after {timeout:.0f} s")
+                raise RuntimeError(f"{len(left)} executions not completed after {timeout:.0f} s")
+            some = list(left)[:100]
+            done = conn.execute(
+                select(Execution.id).where(
+                    Execution.id.in_(some), Execution.status == ExecutionStatus.COMPLETED
+                )
+            ).scalars()
+            left.difference_update(done)
             conn.rollback()
+            if left and not left & set(some):
+                continue  # all those were done: look at the next ones at once
             time.sleep(0.2)
 
 
