@@ -139,17 +139,20 @@ def fanout(bench: Bench, n: int) -> dict[str, float]:
 
 
 def conveyor_throughput(bench: Bench, n: int) -> float:
-    """Nodes per second: n one-node executions queued, then drained by fresh workers."""
+    """Nodes per second: n one-node executions queued, then drained by fresh workers, from
+    the first node's start to the last execution's end (the workers' start-up is not timed,
+    on either side)."""
     made = [bench.client.trigger("one") for _ in range(n)]
-    ids = set(made)
     with bench.conveyor_workers():
-        ready = time.time()
-        _wait_completed(bench, ids, timeout=120 + n / 10)
+        _wait_completed(bench, set(made), timeout=120 + n / 10)
     with bench.database.engine.connect() as conn:
+        first = conn.execute(
+            select(func.min(NodeState.started_at)).where(NodeState.execution_id.in_(made))
+        ).scalar_one()
         last = conn.execute(
             select(func.max(Execution.finished_at)).where(Execution.id.in_(made))
         ).scalar_one()
-    return n / (last.timestamp() - ready)
+    return n / (last - first).total_seconds()
 
 
 def _wait_completed(bench: Bench, ids: set[uuid.UUID], timeout: float) -> None:
@@ -175,19 +178,21 @@ def _wait_completed(bench: Bench, ids: set[uuid.UUID], timeout: float) -> None:
 
 
 def raw_throughput(bench: Bench, n: int) -> float:
-    """Tasks per second: the same no-op as n plain Celery tasks (acks late), drained."""
+    """Tasks per second: the same no-op as n plain Celery tasks (acks late), drained, from
+    the first task's start to the last one's end."""
     raw, key = bench.raw_app(), f"bench:count:{uuid.uuid4().hex[:6]}"
     with raw.producer_or_acquire() as producer:
         for _ in range(n):
             raw.send_task("bench.raw_count", args=[key, n], queue="raw", producer=producer)
     with bench.raw_workers():
-        ready = time.time()
         deadline = time.monotonic() + 120 + n / 10
         while (done := bench.redis.get(f"{key}:done")) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError("raw tasks not drained")
             time.sleep(0.05)
-    return n / (float(done) - ready)
+    first = bench.redis.get(f"{key}:first")
+    assert first is not None
+    return n / (float(done) - float(first))
 
 
 # -- 3. latency ----------------------------------------------------------------------------
