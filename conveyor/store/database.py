@@ -73,7 +73,10 @@ class Database:
 
 
 def _retryable(exc: DBAPIError) -> bool:
-    if exc.connection_invalidated:  # the server went away: the work did not commit; again
+    if exc.connection_invalidated:
+        # The server went away. Run the work again: if its commit did land before, its
+        # guarded steps find their work done (a message it should have sent is re-published
+        # by the recovery sweep).
         return True
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if sqlstate in _RETRY_SQLSTATES:
