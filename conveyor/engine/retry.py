@@ -29,6 +29,19 @@ def backoff(policy: RetryPolicy, attempt: int, rng: random.Random | None = None)
     return max(0.0, base + (rng or random).uniform(-spread, spread))
 
 
+# How soon a try stopped by a cancel that was then undone runs again.
+RESUME_AFTER_STOP = 0.001
+
+
+def decide_stopped(attempt: int) -> RetryDecision:
+    """A try stopped because its execution ended, which an operator has since undone (a dead
+    letter requeued while it ran): not the node's failure, whatever its retry policy says. It
+    runs again at once."""
+    return RetryDecision(
+        retry_in=RESUME_AFTER_STOP, reason=f"attempt {attempt} was stopped by an undone cancel"
+    )
+
+
 def decide_failure(
     policy: RetryPolicy, *, attempt: int, retryable: bool, rng: random.Random | None = None
 ) -> RetryDecision:

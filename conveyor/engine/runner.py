@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.engine import planning, retry
-from conveyor.engine.definitions import Node, RetryPolicy, Workflow
+from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import (
@@ -427,14 +427,14 @@ def fail_node(
         )
         store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
-    if isinstance(error, NodeCancelled):
-        # Stopped because its execution ended, which an operator has since undone (a dead
-        # letter requeued): not the node's failure. It runs again at once.
-        retryable = True
-        policy = RetryPolicy(max_attempts=min(job.attempt + 1, 100), backoff=1e-3, jitter=0)
-    else:
-        policy = run.workflow.retry_for(run.node)
-    decision = retry.decide_failure(policy, attempt=job.attempt, retryable=retryable, rng=rng)
+    # The execution runs: a NodeCancelled means a cancel that was undone since.
+    decision = (
+        retry.decide_stopped(job.attempt)
+        if isinstance(error, NodeCancelled)
+        else retry.decide_failure(
+            run.workflow.retry_for(run.node), attempt=job.attempt, retryable=retryable, rng=rng
+        )
+    )
     if decision.retry_in is not None:
         if not store.schedule_retry(job.id, now + timedelta(seconds=decision.retry_in), message):
             return Failed(dispatches=[], outcome=None)

@@ -320,17 +320,14 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         execution_id: uuid.UUID,
         node_id: str,
         status: NodeStatus,
-        *,
-        expected: NodeStatus | None = None,
         **values: Any,
     ) -> None:
-        """Set a node's status; with ``expected``, only from that status (a guarded step)."""
-        query = update(NODE_STATES).where(
-            NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id
+        """Set a node's status (and other columns)."""
+        self._core(
+            update(NODE_STATES)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .values(status=status, **values)
         )
-        if expected is not None:
-            query = query.where(NODE_STATES.c.status == expected)
-        self._core(query.values(status=status, **values))
 
     def start_node(self, execution_id: uuid.UUID, node_id: str, now: datetime) -> None:
         self._core(
