@@ -21,7 +21,7 @@ from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
-from conveyor.engine.records import Dispatch, TenantRef, WorkflowRecord
+from conveyor.engine.records import Dispatch, NodeHints, TenantRef, WorkflowRecord
 from conveyor.engine.states import JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
@@ -235,13 +235,13 @@ class Conveyor:
             self.db.run(lambda s: runner.start_execution(s, job_id, utcnow(), self.worker))
         )
 
-    def run_node(self, job_id: uuid.UUID) -> None:
+    def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Take the job's permits (or park it), then claim, run and record it; the permits
-        go back once the outcome is committed."""
+        go back once the outcome is committed. ``hints``: the message's (see NodeHints)."""
         if self.gate is None:
             self._run_node(job_id)
             return
-        permit = self.gate.admit(job_id)
+        permit = self.gate.admit(job_id, hints)
         if permit is None:
             return
         try:
@@ -290,9 +290,14 @@ class Conveyor:
         self, run: runner.NodeRun, output: Any, duration: float, job_log: Any
     ) -> list[Dispatch]:
         try:
-            dispatches = self.db.run(
-                lambda s: runner.complete_node(s, run, output, utcnow(), duration)
-            )
+            if self.db.autocommit(
+                lambda s: runner.complete_sink(s, run, output, utcnow(), duration)
+            ):
+                dispatches = []  # done in one statement: nothing waits on the node
+            else:
+                dispatches = self.db.run(
+                    lambda s: runner.complete_node(s, run, output, utcnow(), duration)
+                )
         except DataError as exc:  # the database refused the output: trying again cannot help
             error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
             failed = self._record_failure(run, error, duration)

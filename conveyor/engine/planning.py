@@ -103,6 +103,14 @@ def execution_output(
     return {node_id: outputs.get(node_id) for node_id in sinks}
 
 
+def output_reads(workflow: Workflow, sinks: tuple[str, ...]) -> frozenset[str]:
+    """The nodes whose outputs :func:`execution_output` reads: the sinks, or (an ``output``
+    template may name any node) all of them."""
+    if workflow.output is not None:
+        return frozenset(n.id for n in workflow.nodes)
+    return frozenset(sinks)
+
+
 def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
     """How long a delay node waits, rendered from its config."""
     value = templates.render_value(node_def.config["seconds"], context)

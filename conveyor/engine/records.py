@@ -86,6 +86,19 @@ class WorkflowRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeHints:
+    """What a node job's message carries besides its id, so that taking the job's permits
+    needs no database read: its tenant, its workflow version, its priority and when it was
+    queued. Hints only: the job in the database decides; a message without them is
+    admitted from the database."""
+
+    tenant_id: uuid.UUID
+    workflow_id: uuid.UUID
+    priority: Priority
+    enqueued_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
 class Dispatch:
     """A message to publish once the transaction that created its job has committed."""
 
@@ -94,6 +107,16 @@ class Dispatch:
     queue: str
     priority: Priority
     label: str = ""  # for operators (Flower shows it as the task's arguments)
+    hints: NodeHints | None = None  # a node job's, for its admission
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finish:
+    """How an execution completes should a settle prove its last: decided before the settle
+    (from outputs in hand), so the settle and the completion are one statement."""
+
+    output: Any
+    now: datetime
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,8 +24,10 @@ from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import (
     Dispatch,
     ExecutionRecord,
+    Finish,
     JobRecord,
     NewJob,
+    NodeHints,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
@@ -95,6 +97,13 @@ class NodeRun:
 
 _cache: OrderedDict[uuid.UUID, tuple[Workflow, planning.Plan]] = OrderedDict()
 _cache_lock = threading.Lock()
+
+
+def cached_workflow(workflow_id: uuid.UUID) -> Workflow | None:
+    """A stored version this process has parsed already, or None."""
+    with _cache_lock:
+        entry = _cache.get(workflow_id)
+    return entry[0] if entry is not None else None
 
 
 def load_workflow(store: SqlStore, workflow_id: uuid.UUID) -> tuple[Workflow, planning.Plan]:
@@ -325,6 +334,12 @@ def _enqueue_nodes(
     store.add_node_jobs(execution, jobs, now)
     if not state_queued:
         store.queue_nodes(execution.id, [j.node_id for j in jobs])
+    hints = NodeHints(
+        tenant_id=execution.tenant_id,
+        workflow_id=execution.workflow_id,
+        priority=execution.priority,
+        enqueued_at=now,
+    )
     return [
         Dispatch(
             job_id=j.id,
@@ -332,6 +347,7 @@ def _enqueue_nodes(
             queue=NODE_QUEUE,
             priority=execution.priority,
             label=f"execution={execution.id} node={j.node_id}",
+            hints=hints,
         )
         for j in jobs
         if j.next_run_at is None
@@ -359,6 +375,27 @@ def claim_node(
     needs = store.node_rows(execution.id, node.needs)
     context = _context(execution, {need: row.output for need, row in needs.items()})
     return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
+
+
+def complete_sink(
+    store: SqlStore, run: NodeRun, output: Any, now: datetime, duration: float
+) -> bool:
+    """Record a successful try of a node nothing waits on, settle it and, if it was the
+    last, complete the execution: one statement, for the caller to run alone (no
+    transaction round trips), in the common case where the database can. False when the
+    case is another (a successor, an output not computable from this node's, the execution
+    or the job no longer running): nothing was changed, :func:`complete_node` does it."""
+    _, shape = load_workflow(store, run.execution.workflow_id)
+    if shape.successors[run.node.id]:
+        return False
+    finish = _known_finish(run, shape, now, {run.node.id: output})
+    if finish is None:
+        return False
+    branch = output.get("branch") if run.node.type == "condition" else None
+    return store.complete_running(
+        run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,
+        finish=finish,
+    )  # fmt: skip
 
 
 def complete_node(
@@ -534,10 +571,29 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) ->
             outputs = {need: rows[need].output for need in successor.needs}
             runnable.append((successor, _context(execution, outputs)))
         dispatches += _enqueue_nodes(store, execution, workflow, runnable, now)
-    remaining = store.settle_nodes(execution.id, settled)  # last: it locks the execution row
-    if remaining == 0:
-        _finish(store, run, shape, now, {} if output is None else {run.node.id: output})
+    known = {} if output is None else {run.node.id: output}
+    finish = _known_finish(run, shape, now, known)
+    remaining = store.settle_nodes(execution.id, settled, finish)  # last: it locks the row
+    if remaining == 0 and finish is None:
+        _finish(store, run, shape, now, known)
     return dispatches
+
+
+def _known_finish(
+    run: NodeRun, shape: planning.Plan, now: datetime, known: dict[str, Any]
+) -> Finish | None:
+    """How the execution completes if this settle proves its last, when the outputs in
+    hand are all its output reads (the usual case of a sink): the settle completes it in
+    the same statement. None: the outputs must be read (or the output fails to render)."""
+    if not planning.output_reads(run.workflow, shape.sinks) <= known.keys():
+        return None
+    try:
+        output = planning.execution_output(
+            run.workflow, shape.sinks, known, _context(run.execution, known)
+        )
+    except ConveyorError:
+        return None  # _finish fails the execution with the error
+    return Finish(output=output, now=now)
 
 
 def _finish(
@@ -597,6 +653,15 @@ def age_queued(
 
 def dispatch_of(job: JobRecord) -> Dispatch:
     """The message that publishes a job."""
+    hints = None
+    if job.kind is JobKind.NODE and job.enqueued_at is not None:
+        hints = NodeHints(
+            tenant_id=job.tenant_id,
+            workflow_id=job.workflow_id,
+            priority=job.priority,
+            enqueued_at=job.enqueued_at,
+        )
     return Dispatch(
-        job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority, label=job.label
-    )
+        job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority, label=job.label,
+        hints=hints,
+    )  # fmt: skip

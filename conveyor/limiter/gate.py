@@ -9,16 +9,18 @@ the next parked jobs and publishes them; a woken job finds its permits granted o
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING
 
 from conveyor.engine import limits, runner
+from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Permit, PermitRequest, Wake
 from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.engine.records import Admission, Dispatch
+from conveyor.engine.records import Admission, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.limiter.heartbeat import LeaseKeeper
 from conveyor.store import Database
@@ -40,6 +42,31 @@ def woken_dispatches(woken: Sequence[Wake]) -> list[Dispatch]:
     ]
 
 
+# How long a process trusts the tenant limit it read (``conveyor tenants`` changes it).
+TENANT_LIMIT_TTL = 5.0
+_RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
+
+
+class TenantLimits:
+    """Each tenant's own concurrency limit as last read, for ``TENANT_LIMIT_TTL`` seconds."""
+
+    def __init__(self, ttl: float = TENANT_LIMIT_TTL) -> None:
+        self.ttl = ttl
+        self._read: dict[uuid.UUID, tuple[int | None, float]] = {}
+
+    def get(self, tenant_id: uuid.UUID) -> tuple[int | None] | None:
+        """(the limit,) while fresh; None when unknown or stale."""
+        found = self._read.get(tenant_id)
+        if found is None or time.monotonic() - found[1] > self.ttl:
+            return None
+        return (found[0],)
+
+    def put(self, tenant_id: uuid.UUID, limit: int | None) -> None:
+        if len(self._read) > 10_000:
+            self._read.clear()
+        self._read[tenant_id] = (limit, time.monotonic())
+
+
 class Gate:
     def __init__(
         self,
@@ -56,17 +83,31 @@ class Gate:
         self.keeper = LeaseKeeper(limiter, lease)
         self.publish = publish
         self._cursor: uuid.UUID | None = None
+        self._tenant_limits = TenantLimits()
 
-    def admit(self, job_id: uuid.UUID) -> Permit | None:
-        """Permits for the job, or None: it was parked, or it is not runnable any more."""
-        found = self.db.autocommit(lambda s: self._request(s, job_id))
-        if found is None:
-            self._wake(self.limiter.forget([job_id]))  # it may hold a grant: pass it on
-            return None
-        admission, request = found
+    def admit(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Permit | None:
+        """Permits for the job, or None: it was parked, or it is not runnable any more.
+
+        With the message's hints the permits are asked for without reading the job: a job
+        that is not runnable any more (a stale or duplicate message) then takes permits its
+        claim gives back at once. The job is read only when the permits are refused."""
+        admission: Admission | None = None
+        if hints is not None:
+            request = self._hinted(job_id, hints)
+        else:
+            found = self.db.autocommit(lambda s: self._request(s, job_id))
+            if found is None:
+                self._wake(self.limiter.forget([job_id]))  # it may hold a grant: pass it on
+                return None
+            admission, request = found
         acquired = self.limiter.acquire(request)
         self._wake(acquired.woken)
         if acquired.permit is None:
+            if admission is None:  # hinted: what is the job now?
+                admission = self.db.autocommit(lambda s: s.admission(job_id))
+                if admission is None or admission.status not in _RUNNABLE:
+                    self._wake(self.limiter.forget([job_id]))  # not waiting for anything
+                    return None
             if admission.status is JobStatus.QUEUED:
                 self.db.run(lambda s: s.park_job(job_id))
             log.info("job %s parked: waiting for a permit under %s", job_id, acquired.blocked_by)
@@ -118,23 +159,56 @@ class Gate:
         if admission is None or admission.kind is not JobKind.NODE:
             log.error("dropping a message for job %s: no such node job", job_id)
             return None
-        if admission.status not in (JobStatus.QUEUED, JobStatus.PARKED):
+        if admission.status not in _RUNNABLE:
             log.info("job %s is %s; message dropped", job_id, admission.status.value)
             return None
+        self._tenant_limits.put(admission.tenant_id, admission.tenant_concurrency)
         workflow, _ = runner.load_workflow(store, admission.workflow_id)
-        request = PermitRequest(
-            job_id=job_id,
-            tenant_id=admission.tenant_id,
-            workflow_name=workflow.name,
-            priority=admission.priority,
-            limits=limits.resolve(
-                self.defaults,
-                tenant_override=admission.tenant_concurrency,
-                workflow_override=workflow.concurrency,
+        request = self._permit_request(
+            job_id,
+            NodeHints(
+                tenant_id=admission.tenant_id,
+                workflow_id=admission.workflow_id,
+                priority=admission.priority,
+                enqueued_at=admission.enqueued_at,
             ),
-            enqueued_at_ms=int(admission.enqueued_at.astimezone(UTC).timestamp() * 1000),
+            workflow,
+            admission.tenant_concurrency,
         )
         return admission, request
+
+    def _hinted(self, job_id: uuid.UUID, hints: NodeHints) -> PermitRequest:
+        """The request from a message's hints: the workflow from the process's cache of
+        definitions, the tenant's own limit from a cache of a few seconds."""
+        workflow = runner.cached_workflow(hints.workflow_id)
+        found = self._tenant_limits.get(hints.tenant_id)
+        if workflow is None or found is None:
+
+            def read(store: SqlStore) -> tuple[Workflow, int | None]:
+                return (
+                    runner.load_workflow(store, hints.workflow_id)[0],
+                    store.tenant_concurrency(hints.tenant_id),
+                )
+
+            workflow, tenant_limit = self.db.autocommit(read)
+            self._tenant_limits.put(hints.tenant_id, tenant_limit)
+        else:
+            tenant_limit = found[0]
+        return self._permit_request(job_id, hints, workflow, tenant_limit)
+
+    def _permit_request(
+        self, job_id: uuid.UUID, hints: NodeHints, workflow: Workflow, tenant_limit: int | None
+    ) -> PermitRequest:
+        return PermitRequest(
+            job_id=job_id,
+            tenant_id=hints.tenant_id,
+            workflow_name=workflow.name,
+            priority=hints.priority,
+            limits=limits.resolve(
+                self.defaults, tenant_override=tenant_limit, workflow_override=workflow.concurrency
+            ),
+            enqueued_at_ms=int(hints.enqueued_at.astimezone(UTC).timestamp() * 1000),
+        )
 
     def _wake(self, woken: Sequence[Wake]) -> None:
         if woken:

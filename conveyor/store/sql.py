@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Uuid,
     bindparam,
+    case,
     func,
     insert,
     select,
@@ -35,6 +36,7 @@ from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import (
     Admission,
     ExecutionRecord,
+    Finish,
     JobRecord,
     NewJob,
     WorkflowRecord,
@@ -249,11 +251,17 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         )
         return bool(result.rowcount)
 
-    def settle_nodes(self, execution_id: uuid.UUID, count: int) -> int | None:
+    def settle_nodes(
+        self, execution_id: uuid.UUID, count: int, finish: Finish | None = None
+    ) -> int | None:
         """Count ``count`` more nodes as settled; the nodes still unsettled, or None if the
-        execution is no longer running. Locks the execution row: call it last."""
-        found = self._core(_SETTLE, {"execution_id": execution_id, "count": count}).scalar()
-        return cast(int | None, found)
+        execution is no longer running. With ``finish``, the execution completes in the same
+        statement when none is left. Locks the execution row: call it last."""
+        params: dict[str, Any] = {"execution_id": execution_id, "count": count}
+        if finish is None:
+            return cast(int | None, self._core(_SETTLE, params).scalar())
+        params |= {"now": finish.now, "output": finish.output}
+        return cast(int | None, self._core(_SETTLE_OR_FINISH, params).scalar())
 
     def finish_execution(
         self,
@@ -501,11 +509,16 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         branch: str | None,
         now: datetime,
         duration: float,
+        finish: Finish | None = None,
     ) -> bool:
         """Record a node's success in one statement, if the database can and the case is the
         common one: the job still processing, its execution still running. True when done
         (job completed, attempt succeeded, node completed with its output); False when the
-        caller must take the general path (nothing was changed)."""
+        caller must take the general path (nothing was changed).
+
+        With ``finish`` (for a node nothing waits on) the same statement settles the node,
+        and completes the execution as ``finish`` says when it was the last: run alone, the
+        whole outcome commits without a lock held across round trips."""
         if self.session.get_bind().dialect.name != "postgresql":
             return False
         params = {
@@ -513,7 +526,10 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             "attempt": job.try_number, "output": output, "branch": branch, "now": now,
             "duration": duration,
         }  # fmt: skip
-        return bool(self._core(_COMPLETE_NODE, params).scalar())
+        if finish is None:
+            return bool(self._core(_COMPLETE_NODE, params).scalar())
+        params["execution_output"] = finish.output
+        return bool(self._core(_COMPLETE_SINK, params).scalar())
 
     def job(self, job_id: uuid.UUID) -> JobRecord | None:
         row = self.session.get(Job, job_id)
@@ -582,6 +598,10 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             enqueued_at=row.enqueued_at,
             tenant_concurrency=row.max_concurrency,
         )
+
+    def tenant_concurrency(self, tenant_id: uuid.UUID) -> int | None:
+        """The tenant's own concurrency limit (None: the default applies)."""
+        return cast(int | None, self._core(_TENANT_LIMIT, {"tenant_id": tenant_id}).scalar())
 
     def park_job(self, job_id: uuid.UUID) -> bool:
         """queued -> parked: the job waits for a permit without a message in the broker."""
@@ -743,8 +763,7 @@ FROM job, ex
 
 # A node's success in one round trip (PostgreSQL), when its execution still runs: what
 # transition_job + finish_attempt + set_node do on complete_node's common path.
-_COMPLETE_NODE = text(
-    """
+_COMPLETE_CTES = """
 WITH job AS (
     UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
     WHERE id = :id AND status = 'processing'
@@ -758,10 +777,9 @@ WITH job AS (
     UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
                            finished_at = :now, error = NULL
     WHERE execution_id = :execution_id AND node_id = :node_id AND EXISTS (SELECT 1 FROM job)
-)
-SELECT count(*) FROM job
-"""
-).bindparams(
+    RETURNING 1
+)"""
+_COMPLETE_PARAMS = (
     bindparam("id", type_=Uuid()),
     bindparam("execution_id", type_=Uuid()),
     bindparam("node_id", type_=String()),
@@ -770,6 +788,23 @@ SELECT count(*) FROM job
     bindparam("branch", type_=String()),
     bindparam("now", type_=UTCDateTime()),
     bindparam("duration", type_=Float()),
+)
+_COMPLETE_NODE = text(_COMPLETE_CTES + "\nSELECT count(*) FROM job").bindparams(*_COMPLETE_PARAMS)
+# ... and, for a node nothing waits on, _SETTLE_OR_FINISH of one node as well. The execution
+# row is updated after the node's (it reads node, which reads job): the lock order of every
+# other transaction, and the order of the status NOTIFYs a stream relays (node, then the
+# execution). Unread, a CTE runs at the statement's end, in no order to rely on.
+_SETTLE_SINK = """, settled AS (
+    UPDATE executions SET
+        remaining_nodes = remaining_nodes - 1,
+        status = CASE WHEN remaining_nodes = 1 THEN 'completed' ELSE status END,
+        finished_at = CASE WHEN remaining_nodes = 1 THEN :now ELSE finished_at END,
+        output = CASE WHEN remaining_nodes = 1 THEN :execution_output ELSE output END
+    WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
+)
+SELECT count(*) FROM job"""
+_COMPLETE_SINK = text(_COMPLETE_CTES + _SETTLE_SINK).bindparams(
+    *_COMPLETE_PARAMS, bindparam("execution_output", type_=EXECUTIONS.c.output.type)
 )
 
 
@@ -788,6 +823,7 @@ _ADMISSION = (
     .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)
     .where(JOBS.c.id == bindparam("job_id"))
 )
+_TENANT_LIMIT = select(TENANTS.c.max_concurrency).where(TENANTS.c.id == bindparam("tenant_id"))
 _SETTLE = (
     update(EXECUTIONS)
     .where(
@@ -796,6 +832,16 @@ _SETTLE = (
     )
     .values(remaining_nodes=EXECUTIONS.c.remaining_nodes - bindparam("count"))
     .returning(EXECUTIONS.c.remaining_nodes)
+)
+_LAST = EXECUTIONS.c.remaining_nodes == bindparam("count")  # in SET: the row's old value
+_SETTLE_OR_FINISH = _SETTLE.values(
+    status=case((_LAST, ExecutionStatus.COMPLETED), else_=EXECUTIONS.c.status),
+    finished_at=case(
+        (_LAST, bindparam("now", type_=UTCDateTime())), else_=EXECUTIONS.c.finished_at
+    ),
+    output=case(
+        (_LAST, bindparam("output", type_=EXECUTIONS.c.output.type)), else_=EXECUTIONS.c.output
+    ),
 )
 _STATUS = select(EXECUTIONS.c.status).where(EXECUTIONS.c.id == bindparam("execution_id"))
 _STATUS_LOCKED = _STATUS.with_for_update()

@@ -22,7 +22,7 @@ from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
 from conveyor.service import Conveyor
 from conveyor.tasks.app import create_app
-from conveyor.tasks.dispatch import CeleryDispatcher
+from conveyor.tasks.dispatch import CeleryDispatcher, decode_hints
 
 log = logging.getLogger("conveyor.tasks")
 
@@ -70,11 +70,11 @@ def start_execution(job_id: str) -> None:
     retry_backoff_max=30,
     max_retries=None,
 )
-def run_node(job_id: str) -> None:
+def run_node(job_id: str, hints: Any = None) -> None:
     """Run one node and enqueue the successors it makes ready. While the limiter (Redis) is
     unreachable the message is retried with backoff, the job untouched."""
     if (parsed := _job_id(job_id)) is not None:
-        service().run_node(parsed)
+        service().run_node(parsed, decode_hints(hints))
 
 
 @app.task(name="conveyor.webhook.deliver", ignore_result=True)

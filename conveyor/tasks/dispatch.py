@@ -1,12 +1,18 @@
-"""The dispatcher port over Celery: publishes job ids after the database commit."""
+"""The dispatcher port over Celery: publishes job ids after the database commit.
+
+A node job's message carries hints for its admission (tenant, workflow version, priority,
+when it was queued) as the keyword argument ``hints``; the job id alone is enough."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from celery import Celery
 
-from conveyor.engine.records import Dispatch
+from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
 
 TASK_FOR_KIND = {
@@ -32,8 +38,33 @@ class CeleryDispatcher:
                 self.app.send_task(
                     TASK_FOR_KIND[d.kind],
                     args=[str(d.job_id)],
+                    kwargs={"hints": encode_hints(d.hints)} if d.hints else None,
                     queue=d.queue,
                     priority=self._priority[d.priority],
                     producer=producer,
                     argsrepr=f"job={d.job_id} {d.label}".rstrip(),
                 )
+
+
+def encode_hints(hints: NodeHints) -> dict[str, Any]:
+    return {
+        "tenant_id": str(hints.tenant_id),
+        "workflow_id": str(hints.workflow_id),
+        "priority": hints.priority.value,
+        "enqueued_at_ms": int(hints.enqueued_at.timestamp() * 1000),
+    }
+
+
+def decode_hints(raw: Any) -> NodeHints | None:
+    """The hints of a message; None (admit from the database) if absent or malformed."""
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return NodeHints(
+            tenant_id=uuid.UUID(raw["tenant_id"]),
+            workflow_id=uuid.UUID(raw["workflow_id"]),
+            priority=Priority(raw["priority"]),
+            enqueued_at=datetime.fromtimestamp(int(raw["enqueued_at_ms"]) / 1000, UTC),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        return None

@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 from conveyor.engine import runner
 from conveyor.engine.states import ExecutionStatus, JobStatus, Priority
 from conveyor.engine.validation import parse_workflow
+from conveyor.limiter.gate import Gate
 from conveyor.service import Conveyor
 from tests.conftest import TEST_DB_URL
-from tests.support.services import max_overlap, spans, wait_for
+from tests.support.services import max_overlap, spans, statements, wait_for
 
 
 def fan_out(name: str, width: int, seconds: float, **extra: object) -> dict:
@@ -117,3 +118,86 @@ def test_a_low_job_queued_past_the_ageing_limit_is_republished_as_normal(
     with conveyor_service.db.transaction() as store:
         job = store.job(start.job_id)
     assert job is not None and job.priority is Priority.NORMAL
+
+
+# -- admission from the message's hints ---------------------------------------------------------
+
+
+def planned(service: Conveyor, name: str, width: int) -> runner.Triggered:
+    """An execution of ``width`` root nodes under a workflow limit of one, stored and planned
+    but not published: the test hands its messages to the gate itself."""
+    service.apply(parse_workflow(fan_out(name, width, 0.0, concurrency=1)))
+    return service.db.run(
+        lambda s: runner.trigger(s, workflow_name=name, tenant="default", input=None,
+                                 now=datetime.now(UTC))
+    )  # fmt: skip
+
+
+def limiter_usage(service: Conveyor) -> dict[str, tuple[int, int]]:
+    return {u.key: (u.in_use, u.waiting) for u in service.gate.limiter.snapshot()}  # type: ignore[union-attr]
+
+
+def gate_of(service: Conveyor) -> Gate:
+    assert service.gate is not None
+    return service.gate
+
+
+def job_status(service: Conveyor, job_id: uuid.UUID) -> JobStatus:
+    with service.db.transaction() as store:
+        job = store.job(job_id)
+    assert job is not None
+    return job.status
+
+
+def test_a_hinted_message_takes_its_permits_without_a_read_and_a_refused_one_parks(
+    conveyor_service: Conveyor,
+) -> None:
+    gate = gate_of(conveyor_service)
+    first, second = planned(conveyor_service, "hinted", 2).dispatches
+    assert first.hints is not None and second.hints is not None
+    gate.release(gate.admit(first.job_id, first.hints))  # type: ignore[arg-type]
+
+    # When the first job's message is admitted again (its tenant's limit read a moment ago)
+    with statements(conveyor_service) as sent:
+        permit = gate.admit(first.job_id, first.hints)
+
+    # Then it has its permits, and nothing was read
+    assert permit is not None
+    assert sent == []
+    # And the second, refused under the workflow's limit of one, is read and parked
+    assert gate.admit(second.job_id, second.hints) is None
+    assert job_status(conveyor_service, second.job_id) is JobStatus.PARKED
+    assert limiter_usage(conveyor_service)["global"] == (1, 1)
+    gate.release(permit)  # wakes the second (the worker runs it)
+
+
+def test_a_duplicate_hinted_message_gives_back_the_permits_it_took(
+    conveyor_service: Conveyor,
+) -> None:
+    (dispatch,) = planned(conveyor_service, "duplicate", 1).dispatches
+    conveyor_service.db.autocommit(
+        lambda s: runner.claim_node(s, dispatch.job_id, datetime.now(UTC), "elsewhere")
+    )
+
+    conveyor_service.run_node(dispatch.job_id, dispatch.hints)
+
+    assert job_status(conveyor_service, dispatch.job_id) is JobStatus.PROCESSING  # untouched
+    assert limiter_usage(conveyor_service)["global"] == (0, 0)
+
+
+def test_a_refused_hinted_message_of_a_job_not_runnable_leaves_no_trace_in_the_lines(
+    conveyor_service: Conveyor,
+) -> None:
+    gate = gate_of(conveyor_service)
+    first, second = planned(conveyor_service, "stale-refused", 2).dispatches
+    permit = gate.admit(first.job_id, first.hints)
+    assert permit is not None
+    conveyor_service.db.autocommit(
+        lambda s: runner.claim_node(s, second.job_id, datetime.now(UTC), "elsewhere")
+    )
+
+    assert gate.admit(second.job_id, second.hints) is None
+
+    assert job_status(conveyor_service, second.job_id) is JobStatus.PROCESSING  # not parked
+    assert limiter_usage(conveyor_service)["global"] == (1, 0)
+    gate.release(permit)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import redis
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.exc import OperationalError
 
 from conveyor.engine.states import ExecutionStatus
@@ -185,3 +187,21 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
         open_now += delta
         peak = max(peak, open_now)
     return peak
+
+
+@contextmanager
+def statements(service: Conveyor) -> Iterator[list[str]]:
+    """The SQL statements this thread sends to the database inside the block (the worker's
+    threads share the engine: theirs are not counted)."""
+    sent: list[str] = []
+    me = threading.get_ident()
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if threading.get_ident() == me:
+            sent.append(statement)
+
+    event.listen(service.db.engine, "before_cursor_execute", seen)
+    try:
+        yield sent
+    finally:
+        event.remove(service.db.engine, "before_cursor_execute", seen)

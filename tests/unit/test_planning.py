@@ -9,6 +9,7 @@ from conveyor.engine.planning import (
     NeedState,
     Readiness,
     execution_output,
+    output_reads,
     plan,
     readiness,
     template_context,
@@ -163,6 +164,15 @@ def test_execution_output_without_template_reports_a_skipped_sink_as_none() -> N
         "a": {"x": 1},
         "b": None,
     }
+
+
+def test_output_without_template_reads_only_the_sinks() -> None:
+    assert output_reads(diamond(), plan(diamond()).sinks) == {"d"}
+
+
+def test_output_template_may_read_any_node() -> None:
+    templated = workflow(py("a"), py("b", "a"), output={"x": "{{ nodes.a }}"})
+    assert output_reads(templated, plan(templated).sinks) == {"a", "b"}
 
 
 def test_execution_output_with_template_renders_it_from_nodes_input_and_execution() -> None:
