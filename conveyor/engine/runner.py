@@ -161,56 +161,48 @@ def trigger(
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
     deduplication key, a pending or running execution with that key is returned instead."""
-    tenant_id = store.tenant_id(tenant)
+    tenant_id, workflow_id = store.trigger_target(tenant, workflow_name)
     if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
         return earlier
-    record = store.latest_workflow(tenant_id, workflow_name)
-    if record is None:
+    if workflow_id is None:
         raise WorkflowNotFound(
             f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
             f"apply its definition first (conveyor workflow apply FILE)"
         )
-    workflow, shape = load_workflow(store, record.id)
+    workflow, shape = load_workflow(store, workflow_id)
     chosen = choose_priority(priority, workflow.priority, source)
     inline = len(workflow.nodes) <= INLINE_PLAN_NODES
-    input = input if input is not None else {}
-    try:
-        execution_id = store.add_execution(
-            tenant_id=tenant_id,
-            workflow_id=record.id,
-            input=input,
-            priority=chosen,
-            trigger=source.value,
-            now=now,
-            idempotency_key=idempotency_key,
-            dedupe_key=dedupe_key,
-            planned_nodes=len(workflow.nodes) if inline else None,
-        )
-    except DuplicateExecution:  # a retry racing this one stored it first
+    execution = ExecutionRecord(
+        id=new_id(), tenant_id=tenant_id, workflow_id=workflow_id,
+        status=ExecutionStatus.RUNNING if inline else ExecutionStatus.PENDING,
+        priority=chosen, input=input if input is not None else {}, created_at=now,
+    )  # fmt: skip
+    if inline:
+        context = _context(execution, {})
+        jobs = _new_jobs(workflow, [(workflow.node(root), context) for root in shape.roots], now)
+        created = store.create_execution(
+            execution, trigger=source.value, now=now, idempotency_key=idempotency_key,
+            dedupe_key=dedupe_key, waiting_on=shape.waiting_on, queued=shape.roots, jobs=jobs,
+        )  # fmt: skip
+        dispatches = _node_dispatches(execution, jobs, now)
+    else:
+        start_job = new_id()
+        created = store.create_execution(
+            execution, trigger=source.value, now=now, idempotency_key=idempotency_key,
+            dedupe_key=dedupe_key, start_job=start_job,
+        )  # fmt: skip
+        dispatches = [
+            Dispatch(
+                job_id=start_job, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, priority=chosen,
+                label=f"execution={execution.id} workflow={workflow.name}",
+            )
+        ]  # fmt: skip
+    if not created:  # a retry racing this one stored its execution first
         raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
         if raced is None:
-            raise
+            raise DuplicateExecution("its idempotency or deduplication key is taken")
         return raced
-    if inline:
-        execution = ExecutionRecord(
-            id=execution_id, tenant_id=tenant_id, workflow_id=record.id,
-            status=ExecutionStatus.RUNNING, priority=chosen, input=input, created_at=now,
-        )  # fmt: skip
-        return Triggered(
-            execution_id=execution_id, dispatches=_plan(store, execution, workflow, shape, now)
-        )
-    execution = store.execution(execution_id)
-    job_id = store.add_job(
-        kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, execution=execution, priority=chosen, now=now
-    )
-    dispatch = Dispatch(
-        job_id=job_id,
-        kind=JobKind.EXECUTION,
-        queue=EXECUTION_QUEUE,
-        priority=chosen,
-        label=f"execution={execution_id} workflow={workflow.name}",
-    )
-    return Triggered(execution_id=execution_id, dispatches=[dispatch])
+    return Triggered(execution_id=execution.id, dispatches=dispatches)
 
 
 def _earlier(
@@ -315,6 +307,17 @@ def _enqueue_nodes(
     messages to publish (a delay node's job waits in the database for the promoter)."""
     if not ready:
         return []
+    jobs = _new_jobs(workflow, ready, now)
+    store.add_node_jobs(execution, jobs, now)
+    if not state_queued:
+        store.queue_nodes(execution.id, [j.node_id for j in jobs])
+    return _node_dispatches(execution, jobs, now)
+
+
+def _new_jobs(
+    workflow: Workflow, ready: list[tuple[Node, dict[str, Any]]], now: datetime
+) -> list[NewJob]:
+    """A job per node ready to run; a delay node's is held until its time."""
     jobs: list[NewJob] = []
     for node, context in ready:
         next_run_at = None
@@ -331,9 +334,13 @@ def _enqueue_nodes(
                 next_run_at=next_run_at,
             )
         )
-    store.add_node_jobs(execution, jobs, now)
-    if not state_queued:
-        store.queue_nodes(execution.id, [j.node_id for j in jobs])
+    return jobs
+
+
+def _node_dispatches(
+    execution: ExecutionRecord, jobs: list[NewJob], now: datetime
+) -> list[Dispatch]:
+    """The messages of new node jobs (not of those held until later)."""
     hints = NodeHints(
         tenant_id=execution.tenant_id,
         workflow_id=execution.workflow_id,

@@ -23,16 +23,22 @@ from sqlalchemy import (
     Uuid,
     bindparam,
     case,
+    column,
     func,
     insert,
     select,
     text,
+    true,
     update,
+    values,
 )
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import (
     Admission,
     ExecutionRecord,
@@ -92,6 +98,14 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
 
     # -- tenants --------------------------------------------------------------------------
 
+    def trigger_target(self, tenant: str, workflow: str) -> tuple[uuid.UUID, uuid.UUID | None]:
+        """The tenant's id and the id of its latest version of ``workflow`` (None: it has
+        none), in one read; a missing tenant as :meth:`tenant_id` has it."""
+        row = self._core(_TRIGGER_TARGET, {"tenant": tenant, "workflow": workflow}).one_or_none()
+        if row is None:
+            return self.tenant_id(tenant), None  # made now (the default): no workflow yet
+        return row.id, row.workflow_id
+
     def tenant_id(self, name: str) -> uuid.UUID:
         found = self._core(select(Tenant.id).where(Tenant.name == name)).scalar()
         if found is not None:
@@ -103,16 +117,15 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         )
 
     def create_tenant(self, name: str) -> uuid.UUID:
-        tenant = Tenant(name=name)
-        try:
-            with self.session.begin_nested():
-                self.session.add(tenant)
-        except IntegrityError as exc:
-            found = self.session.scalar(select(Tenant.id).where(Tenant.name == name))
-            if found is None:
-                raise StoreError(f"could not create tenant {name!r}") from exc
-            return found
-        return tenant.id
+        """The tenant's id, the tenant made if it is new (a racing creation is no error).
+        One guarded statement, without a savepoint: fine outside a transaction too."""
+        dialect = self.session.get_bind().dialect.name
+        make = pg_insert if dialect == "postgresql" else sqlite_insert
+        self._core(make(TENANTS).values(name=name).on_conflict_do_nothing())
+        found = self._core(select(TENANTS.c.id).where(TENANTS.c.name == name)).scalar()
+        if found is None:
+            raise StoreError(f"could not create tenant {name!r}")
+        return cast(uuid.UUID, found)
 
     def tenant_names(self) -> list[str]:
         return list(self.session.scalars(select(Tenant.name).order_by(Tenant.name)))
@@ -197,11 +210,12 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         idempotency_key: str | None = None,
         dedupe_key: str | None = None,
         planned_nodes: int | None = None,
+        execution_id: uuid.UUID | None = None,
     ) -> uuid.UUID:
         """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
         planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
         with this idempotency key (two retries racing: one inserts, the other finds it)."""
-        execution_id = new_id()
+        execution_id = execution_id or new_id()
         statement = insert(Execution).values(
             id=execution_id,
             tenant_id=tenant_id,
@@ -225,6 +239,101 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         except IntegrityError as exc:
             raise DuplicateExecution("its idempotency or deduplication key is taken") from exc
         return execution_id
+
+    def create_execution(
+        self,
+        execution: ExecutionRecord,
+        *,
+        trigger: str,
+        now: datetime,
+        idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
+        waiting_on: Mapping[str, int] | None = None,
+        queued: Collection[str] = (),
+        jobs: Sequence[NewJob] = (),
+        start_job: uuid.UUID | None = None,
+    ) -> bool:
+        """Insert an execution as :meth:`add_execution` does, with, when it is planned at
+        once (``waiting_on``: a state row per node), its node states and first jobs, or its
+        start job (``start_job``): on PostgreSQL in one statement, so it needs no transaction
+        of its own. False, and nothing inserted, when the tenant has an execution with this
+        idempotency key (or an active one with this deduplication key)."""
+        planned = waiting_on is not None
+        if self.session.get_bind().dialect.name != "postgresql":
+            try:
+                self.add_execution(
+                    tenant_id=execution.tenant_id, workflow_id=execution.workflow_id,
+                    input=execution.input, priority=execution.priority, trigger=trigger,
+                    now=now, idempotency_key=idempotency_key, dedupe_key=dedupe_key,
+                    planned_nodes=len(waiting_on) if waiting_on is not None else None,
+                    execution_id=execution.id,
+                )  # fmt: skip
+            except DuplicateExecution:
+                return False
+            if waiting_on is not None:
+                self.add_node_states(execution.id, waiting_on, queued)
+            if jobs:
+                self.add_node_jobs(execution, jobs, now)
+            if start_job is not None:
+                self._core(insert(JOBS).values(_start_job(execution, start_job, now)))
+            return True
+        made = (
+            pg_insert(EXECUTIONS)
+            .values(
+                id=execution.id,
+                tenant_id=execution.tenant_id,
+                workflow_id=execution.workflow_id,
+                status=ExecutionStatus.RUNNING if planned else ExecutionStatus.PENDING,
+                priority=execution.priority,
+                trigger=trigger,
+                input=execution.input,
+                remaining_nodes=len(waiting_on) if waiting_on is not None else 0,
+                started_at=now if planned else None,
+                created_at=now,
+                idempotency_key=idempotency_key,
+                dedupe_key=dedupe_key,
+            )
+            .on_conflict_do_nothing()
+            .returning(EXECUTIONS.c.id)
+            .cte("made")
+        )
+        statement = select(func.count()).select_from(made)
+        if waiting_on:
+            states = values(
+                column("node_id", String()), column("status", NODE_STATES.c.status.type),
+                column("waiting_on", Integer()), name="states",
+            ).data([
+                (node_id, NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING, count)
+                for node_id, count in waiting_on.items()
+            ])  # fmt: skip
+            statement = statement.add_cte(
+                insert(NODE_STATES)
+                .from_select(
+                    ["execution_id", "node_id", "status", "waiting_on"],
+                    select(made.c.id, states.c.node_id, states.c.status, states.c.waiting_on)
+                    .select_from(made)
+                    .join(states, true()),
+                )
+                .cte("states")
+            )
+        rows = [_node_job(execution, j, now) for j in jobs]
+        if start_job is not None:
+            rows.append(_start_job(execution, start_job, now))
+        if rows:
+            fresh = values(*(column(name, JOBS.c[name].type) for name in _JOB_ROW), name="fresh")
+            fresh = fresh.data([tuple(row[name] for name in _JOB_ROW) for row in rows])
+            statement = statement.add_cte(
+                insert(JOBS)
+                .from_select(
+                    ["execution_id", *_JOB_ROW],
+                    # cast: a column all NULL in VALUES would be text
+                    select(made.c.id, *(sql_cast(fresh.c[n], JOBS.c[n].type) for n in _JOB_ROW))
+                    .select_from(made)
+                    .join(fresh, true()),
+                )
+                .cte("jobs")
+            )
+        return bool(self._core(statement).scalar())
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
         row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
@@ -441,27 +550,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         """Insert node jobs, queued (or scheduled, with a ``next_run_at``), in one statement."""
         self._core(
             insert(JOBS),
-            [
-                {
-                    "id": j.id,
-                    "kind": JobKind.NODE,
-                    "queue": NODE_QUEUE,
-                    "data": {},
-                    "status": JobStatus.SCHEDULED if j.next_run_at else JobStatus.QUEUED,
-                    "priority": execution.priority,
-                    "max_retries": j.max_retries,
-                    "retry_count": 0,
-                    "tries_before": 0,
-                    "tenant_id": execution.tenant_id,
-                    "workflow_id": execution.workflow_id,
-                    "execution_id": execution.id,
-                    "node_id": j.node_id,
-                    "next_run_at": j.next_run_at,
-                    "created_at": now,
-                    "enqueued_at": now,
-                }
-                for j in jobs
-            ],
+            [{**_node_job(execution, j, now), "execution_id": execution.id} for j in jobs],
         )
 
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
@@ -808,6 +897,36 @@ _COMPLETE_SINK = text(_COMPLETE_CTES + _SETTLE_SINK).bindparams(
 )
 
 
+# A new job's row, but for its execution_id (create_execution takes it from the execution it
+# inserts): the columns, and the values for a node job and for an execution's start job.
+_JOB_ROW = (
+    "id", "kind", "queue", "data", "status", "priority", "max_retries", "retry_count",
+    "tries_before", "tenant_id", "workflow_id", "node_id", "next_run_at", "created_at",
+    "enqueued_at",
+)  # fmt: skip
+
+
+def _node_job(execution: ExecutionRecord, job: NewJob, now: datetime) -> dict[str, Any]:
+    return {
+        "id": job.id, "kind": JobKind.NODE, "queue": NODE_QUEUE, "data": {},
+        "status": JobStatus.SCHEDULED if job.next_run_at else JobStatus.QUEUED,
+        "priority": execution.priority, "max_retries": job.max_retries, "retry_count": 0,
+        "tries_before": 0, "tenant_id": execution.tenant_id,
+        "workflow_id": execution.workflow_id, "node_id": job.node_id,
+        "next_run_at": job.next_run_at, "created_at": now, "enqueued_at": now,
+    }  # fmt: skip
+
+
+def _start_job(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> dict[str, Any]:
+    return {
+        "id": job_id, "kind": JobKind.EXECUTION, "queue": EXECUTION_QUEUE, "data": {},
+        "status": JobStatus.QUEUED, "priority": execution.priority, "max_retries": 0,
+        "retry_count": 0, "tries_before": 0, "tenant_id": execution.tenant_id,
+        "workflow_id": execution.workflow_id, "node_id": None, "next_run_at": None,
+        "created_at": now, "enqueued_at": now,
+    }  # fmt: skip
+
+
 # Statements of the hot path built once (their construction cost more than their execution).
 TENANTS = cast(Table, Tenant.__table__)
 _ADMISSION = (
@@ -822,6 +941,16 @@ _ADMISSION = (
     )
     .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)
     .where(JOBS.c.id == bindparam("job_id"))
+)
+_LATEST = (
+    select(WORKFLOWS.c.id)
+    .where(WORKFLOWS.c.tenant_id == TENANTS.c.id, WORKFLOWS.c.name == bindparam("workflow"))
+    .order_by(WORKFLOWS.c.version.desc())
+    .limit(1)
+    .scalar_subquery()
+)
+_TRIGGER_TARGET = select(TENANTS.c.id, _LATEST.label("workflow_id")).where(
+    TENANTS.c.name == bindparam("tenant")
 )
 _TENANT_LIMIT = select(TENANTS.c.max_concurrency).where(TENANTS.c.id == bindparam("tenant_id"))
 _SETTLE = (
