@@ -23,16 +23,12 @@ from sqlalchemy import (
     Uuid,
     bindparam,
     case,
-    column,
     func,
     insert,
     select,
     text,
-    true,
     update,
-    values,
 )
-from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -277,63 +273,32 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             if start_job is not None:
                 self._core(insert(JOBS).values(_start_job(execution, start_job, now)))
             return True
-        made = (
-            pg_insert(EXECUTIONS)
-            .values(
-                id=execution.id,
-                tenant_id=execution.tenant_id,
-                workflow_id=execution.workflow_id,
-                status=ExecutionStatus.RUNNING if planned else ExecutionStatus.PENDING,
-                priority=execution.priority,
-                trigger=trigger,
-                input=execution.input,
-                remaining_nodes=len(waiting_on) if waiting_on is not None else 0,
-                started_at=now if planned else None,
-                created_at=now,
-                idempotency_key=idempotency_key,
-                dedupe_key=dedupe_key,
-            )
-            .on_conflict_do_nothing()
-            .returning(EXECUTIONS.c.id)
-            .cte("made")
-        )
-        statement = select(func.count()).select_from(made)
-        if waiting_on:
-            states = values(
-                column("node_id", String()), column("status", NODE_STATES.c.status.type),
-                column("waiting_on", Integer()), name="states",
-            ).data([
-                (node_id, NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING, count)
-                for node_id, count in waiting_on.items()
-            ])  # fmt: skip
-            statement = statement.add_cte(
-                insert(NODE_STATES)
-                .from_select(
-                    ["execution_id", "node_id", "status", "waiting_on"],
-                    select(made.c.id, states.c.node_id, states.c.status, states.c.waiting_on)
-                    .select_from(made)
-                    .join(states, true()),
-                )
-                .cte("states")
-            )
-        rows = [_node_job(execution, j, now) for j in jobs]
+        jobs_ = [_node_job(execution, j, now) for j in jobs]
         if start_job is not None:
-            rows.append(_start_job(execution, start_job, now))
-        if rows:
-            fresh = values(*(column(name, JOBS.c[name].type) for name in _JOB_ROW), name="fresh")
-            fresh = fresh.data([tuple(row[name] for name in _JOB_ROW) for row in rows])
-            statement = statement.add_cte(
-                insert(JOBS)
-                .from_select(
-                    ["execution_id", *_JOB_ROW],
-                    # cast: a column all NULL in VALUES would be text
-                    select(made.c.id, *(sql_cast(fresh.c[n], JOBS.c[n].type) for n in _JOB_ROW))
-                    .select_from(made)
-                    .join(fresh, true()),
-                )
-                .cte("jobs")
-            )
-        return bool(self._core(statement).scalar())
+            jobs_.append(_start_job(execution, start_job, now))
+        states = list((waiting_on or {}).items())
+        params = {
+            "id": execution.id, "tenant_id": execution.tenant_id,
+            "workflow_id": execution.workflow_id,
+            "status": (ExecutionStatus.RUNNING if planned else ExecutionStatus.PENDING).value,
+            "priority": execution.priority.value, "trigger": trigger, "input": execution.input,
+            "remaining_nodes": len(states), "started_at": now if planned else None, "now": now,
+            "idempotency_key": idempotency_key, "dedupe_key": dedupe_key,
+            "state_nodes": [node_id for node_id, _ in states],
+            "state_statuses": [
+                (NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING).value
+                for node_id, _ in states
+            ],
+            "state_waiting": [count for _, count in states],
+            "job_ids": [j["id"] for j in jobs_],
+            "job_kinds": [j["kind"].value for j in jobs_],
+            "job_queues": [j["queue"] for j in jobs_],
+            "job_statuses": [j["status"].value for j in jobs_],
+            "job_nodes": [j["node_id"] for j in jobs_],
+            "job_retries": [j["max_retries"] for j in jobs_],
+            "job_next": [j["next_run_at"] for j in jobs_],
+        }  # fmt: skip
+        return bool(self._core(_CREATE_EXECUTION, params).scalar())
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
         row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
@@ -897,13 +862,7 @@ _COMPLETE_SINK = text(_COMPLETE_CTES + _SETTLE_SINK).bindparams(
 )
 
 
-# A new job's row, but for its execution_id (create_execution takes it from the execution it
-# inserts): the columns, and the values for a node job and for an execution's start job.
-_JOB_ROW = (
-    "id", "kind", "queue", "data", "status", "priority", "max_retries", "retry_count",
-    "tries_before", "tenant_id", "workflow_id", "node_id", "next_run_at", "created_at",
-    "enqueued_at",
-)  # fmt: skip
+# A new job's row, but for its execution_id: a node job's, an execution's start job's.
 
 
 def _node_job(execution: ExecutionRecord, job: NewJob, now: datetime) -> dict[str, Any]:
@@ -926,6 +885,43 @@ def _start_job(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> 
         "created_at": now, "enqueued_at": now,
     }  # fmt: skip
 
+
+# An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
+# idempotency or deduplication key inserts nothing: the rows hang off ``made``'s RETURNING.
+_CREATE_EXECUTION = text(
+    """
+WITH made AS (
+    INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
+                            remaining_nodes, started_at, created_at, idempotency_key,
+                            dedupe_key)
+    VALUES (:id, :tenant_id, :workflow_id, :status, :priority, :trigger, :input,
+            :remaining_nodes, :started_at, :now, :idempotency_key, :dedupe_key)
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), states AS (
+    INSERT INTO node_states (execution_id, node_id, status, waiting_on)
+    SELECT made.id, s.node_id, s.status, s.waiting_on
+    FROM made, unnest(CAST(:state_nodes AS varchar[]), CAST(:state_statuses AS varchar[]),
+                      CAST(:state_waiting AS integer[])) AS s (node_id, status, waiting_on)
+), jobs AS (
+    INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
+                      tries_before, tenant_id, workflow_id, execution_id, node_id, next_run_at,
+                      created_at, enqueued_at)
+    SELECT j.id, j.kind, j.queue, '{}', j.status, :priority, j.max_retries, 0, 0, :tenant_id,
+           :workflow_id, made.id, j.node_id, j.next_run_at, :now, :now
+    FROM made, unnest(CAST(:job_ids AS uuid[]), CAST(:job_kinds AS varchar[]),
+                      CAST(:job_queues AS varchar[]), CAST(:job_statuses AS varchar[]),
+                      CAST(:job_nodes AS varchar[]), CAST(:job_retries AS integer[]),
+                      CAST(:job_next AS timestamptz[]))
+         AS j (id, kind, queue, status, node_id, max_retries, next_run_at)
+)
+SELECT count(*) FROM made
+"""
+).bindparams(
+    bindparam("input", type_=EXECUTIONS.c.input.type),
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("started_at", type_=UTCDateTime()),
+)
 
 # Statements of the hot path built once (their construction cost more than their execution).
 TENANTS = cast(Table, Tenant.__table__)
