@@ -292,9 +292,9 @@ class Conveyor:
     ) -> list[Dispatch]:
         try:
             if self.db.autocommit(
-                lambda s: runner.complete_sink(s, run, output, utcnow(), duration)
+                lambda s: runner.complete_alone(s, run, output, utcnow(), duration)
             ):
-                dispatches = []  # done in one statement: nothing waits on the node
+                dispatches = []  # done in one statement: it made no successor ready
             else:
                 dispatches = self.db.run(
                     lambda s: runner.complete_node(s, run, output, utcnow(), duration)

@@ -384,24 +384,26 @@ def claim_node(
     return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
 
 
-def complete_sink(
+def complete_alone(
     store: SqlStore, run: NodeRun, output: Any, now: datetime, duration: float
 ) -> bool:
-    """Record a successful try of a node nothing waits on, settle it and, if it was the
-    last, complete the execution: one statement, for the caller to run alone (no
-    transaction round trips), in the common case where the database can. False when the
-    case is another (a successor, an output not computable from this node's, the execution
-    or the job no longer running): nothing was changed, :func:`complete_node` does it."""
+    """Record a successful try in one statement, for the caller to run alone (no
+    transaction round trips), in the common cases where the database can: the node makes no
+    successor ready (each still waits on another node), and, if nothing waits on it, the
+    execution's output is its own output's to make should it be the last. False when the
+    case is another (a successor becomes ready, an output to read, the execution or the job
+    no longer running): nothing was changed, and :func:`complete_node` does it."""
     _, shape = load_workflow(store, run.execution.workflow_id)
-    if shape.successors[run.node.id]:
-        return False
-    finish = _known_finish(run, shape, now, {run.node.id: output})
-    if finish is None:
-        return False
+    successors = shape.successors[run.node.id]
+    finish = None
+    if not successors:
+        finish = _known_finish(run, shape, now, {run.node.id: output})
+        if finish is None:
+            return False  # it may be the last: the execution's output must be read
     branch = output.get("branch") if run.node.type == "condition" else None
-    return store.complete_running(
+    return store.complete_alone(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,
-        finish=finish,
+        successors=sorted(successors), finish=finish,
     )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    Boolean,
     CursorResult,
     Executable,
     Float,
@@ -563,27 +564,43 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         branch: str | None,
         now: datetime,
         duration: float,
-        finish: Finish | None = None,
     ) -> bool:
         """Record a node's success in one statement, if the database can and the case is the
         common one: the job still processing, its execution still running. True when done
         (job completed, attempt succeeded, node completed with its output); False when the
-        caller must take the general path (nothing was changed).
-
-        With ``finish`` (for a node nothing waits on) the same statement settles the node,
-        and completes the execution as ``finish`` says when it was the last: run alone, the
-        whole outcome commits without a lock held across round trips."""
+        caller must take the general path (nothing was changed)."""
         if self.session.get_bind().dialect.name != "postgresql":
             return False
-        params = {
-            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
-            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
-            "duration": duration,
-        }  # fmt: skip
-        if finish is None:
-            return bool(self._core(_COMPLETE_NODE, params).scalar())
-        params["execution_output"] = finish.output
-        return bool(self._core(_COMPLETE_SINK, params).scalar())
+        params = _complete_params(job, node_id, output, branch, now, duration)
+        return bool(self._core(_COMPLETE_NODE, params).scalar())
+
+    def complete_alone(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        successors: Sequence[str],
+        finish: Finish | None,
+    ) -> bool:
+        """A node's whole success in one statement (PostgreSQL), when it makes no successor
+        ready: what :meth:`complete_running` does, each of ``successors`` one need fewer,
+        the node settled and, with ``finish`` (for a node nothing waits on), the execution
+        completed if it was the last. Run alone, it commits without holding a lock across
+        round trips. False when the case is another (nothing was changed): a successor
+        becomes ready, the job or the execution is not running any more."""
+        if self.session.get_bind().dialect.name != "postgresql":
+            return False
+        params = _complete_params(job, node_id, output, branch, now, duration)
+        params |= {
+            "successors": list(successors),
+            "finishes": finish is not None,
+            "execution_output": finish.output if finish is not None else None,
+        }
+        return bool(self._core(_COMPLETE_ALONE, params).scalar())
 
     def job(self, job_id: uuid.UUID) -> JobRecord | None:
         row = self.session.get(Job, job_id)
@@ -818,9 +835,9 @@ FROM job, ex
 # A node's success in one round trip (PostgreSQL), when its execution still runs: what
 # transition_job + finish_attempt + set_node do on complete_node's common path.
 _COMPLETE_CTES = """
-WITH job AS (
+WITH {before}job AS (
     UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
-    WHERE id = :id AND status = 'processing'
+    WHERE id = :id AND status = 'processing'{guard}
       AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
     RETURNING id
 ), attempt AS (
@@ -843,23 +860,57 @@ _COMPLETE_PARAMS = (
     bindparam("now", type_=UTCDateTime()),
     bindparam("duration", type_=Float()),
 )
-_COMPLETE_NODE = text(_COMPLETE_CTES + "\nSELECT count(*) FROM job").bindparams(*_COMPLETE_PARAMS)
-# ... and, for a node nothing waits on, _SETTLE_OR_FINISH of one node as well. The execution
-# row is updated after the node's (it reads node, which reads job): the lock order of every
-# other transaction, and the order of the status NOTIFYs a stream relays (node, then the
-# execution). Unread, a CTE runs at the statement's end, in no order to rely on.
-_SETTLE_SINK = """, settled AS (
+_COMPLETE_NODE = text(
+    _COMPLETE_CTES.format(before="", guard="") + "\nSELECT count(*) FROM job"
+).bindparams(*_COMPLETE_PARAMS)
+# A node's whole success in one statement when it makes no successor ready: its successors
+# (locked first, in one order) all wait on another node too. They count one need fewer, the
+# execution one node fewer and, for a node nothing waits on whose output makes the
+# execution's (:finishes), the execution completes when it was the last. Otherwise nothing
+# changes, and the caller takes the transaction (enqueueing what becomes ready). A successor
+# still waiting on another node is unsettled, so the count cannot reach zero unfinished.
+# Row locks: the successors, the job, the node, the execution (it reads node, which reads
+# job; unread, a CTE runs at the statement's end in no order to rely on): the order of every
+# other transaction, and of the status NOTIFYs a stream relays.
+_ALONE_BEFORE = """locked AS (
+    SELECT id, waiting_on, status FROM node_states
+    WHERE execution_id = :execution_id AND node_id = ANY(CAST(:successors AS varchar[]))
+    ORDER BY node_id FOR UPDATE
+), alone AS (
+    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
+), """
+_ALONE_AFTER = """, counted AS (
+    UPDATE node_states SET waiting_on = waiting_on - 1
+    WHERE id IN (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM node)
+    RETURNING 1
+), settled AS (
     UPDATE executions SET
         remaining_nodes = remaining_nodes - 1,
-        status = CASE WHEN remaining_nodes = 1 THEN 'completed' ELSE status END,
-        finished_at = CASE WHEN remaining_nodes = 1 THEN :now ELSE finished_at END,
-        output = CASE WHEN remaining_nodes = 1 THEN :execution_output ELSE output END
+        status = CASE WHEN remaining_nodes = 1 AND :finishes THEN 'completed' ELSE status END,
+        finished_at = CASE WHEN remaining_nodes = 1 AND :finishes THEN :now ELSE finished_at END,
+        output = CASE WHEN remaining_nodes = 1 AND :finishes THEN :execution_output
+                      ELSE output END
     WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
+      AND (SELECT count(*) FROM counted) >= 0
 )
 SELECT count(*) FROM job"""
-_COMPLETE_SINK = text(_COMPLETE_CTES + _SETTLE_SINK).bindparams(
-    *_COMPLETE_PARAMS, bindparam("execution_output", type_=EXECUTIONS.c.output.type)
+_COMPLETE_ALONE = text(
+    _COMPLETE_CTES.format(before=_ALONE_BEFORE, guard=" AND (SELECT yes FROM alone)") + _ALONE_AFTER
+).bindparams(
+    *_COMPLETE_PARAMS,
+    bindparam("finishes", type_=Boolean()),
+    bindparam("execution_output", type_=EXECUTIONS.c.output.type),
 )
+
+
+def _complete_params(
+    job: JobRecord, node_id: str, output: Any, branch: str | None, now: datetime, duration: float
+) -> dict[str, Any]:
+    return {
+        "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
+        "attempt": job.try_number, "output": output, "branch": branch, "now": now,
+        "duration": duration,
+    }  # fmt: skip
 
 
 # A new job's row, but for its execution_id: a node job's, an execution's start job's.

@@ -1,7 +1,7 @@
-"""How a node's success is recorded, against real PostgreSQL: a node nothing waits on is
-settled (and its execution completed, when it was the last) by one statement; every other
-case takes the transaction, which still completes the execution in its settle when the
-outputs in hand are all the execution's output reads."""
+"""How a node's success is recorded, against real PostgreSQL: a node that makes no successor
+ready is settled by one statement (and its execution completed, when it was the last and
+its output makes the execution's); every other case takes the transaction, which still
+completes the execution in its settle when the outputs in hand are all its output reads."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def queued_job(service: Conveyor, execution_id: uuid.UUID, node_id: str) -> uuid
     return job_id
 
 
-def sink(service: Conveyor, run: runner.NodeRun, output: Any) -> bool:
-    return service.db.autocommit(lambda s: runner.complete_sink(s, run, output, utcnow(), 0.01))
+def alone(service: Conveyor, run: runner.NodeRun, output: Any) -> bool:
+    return service.db.autocommit(lambda s: runner.complete_alone(s, run, output, utcnow(), 0.01))
 
 
 def complete(service: Conveyor, run: runner.NodeRun, output: Any) -> None:
@@ -67,7 +67,7 @@ def test_a_lone_node_is_recorded_and_its_execution_completed_by_one_statement(
     run = claim(conveyor_service, made.dispatches[0].job_id)
 
     with statements(conveyor_service) as sent:
-        assert sink(conveyor_service, run, {"sum": 3})
+        assert alone(conveyor_service, run, {"sum": 3})
 
     assert len(sent) == 1, sent  # and in autocommit: no BEGIN or COMMIT round trip
     done = execution(conveyor_service, made.execution_id)
@@ -91,7 +91,7 @@ def test_the_output_template_of_a_lone_node_is_rendered_by_the_one_statement(
     )  # fmt: skip
     run = claim(conveyor_service, made.dispatches[0].job_id)
 
-    assert sink(conveyor_service, run, {"sum": 3})
+    assert alone(conveyor_service, run, {"sum": 3})
 
     assert execution(conveyor_service, made.execution_id).output == {"total": 10}
 
@@ -102,14 +102,14 @@ def test_a_chain_settles_each_node_and_the_last_completes_the_execution(
     made = triggered(conveyor_service, "chain", [add("first"), add("second", ["first"])])
     first = claim(conveyor_service, made.dispatches[0].job_id)
 
-    assert not sink(conveyor_service, first, {"sum": 3})  # something waits on it
+    assert not alone(conveyor_service, first, {"sum": 3})  # something waits on it
     assert execution(conveyor_service, made.execution_id).remaining_nodes == 2  # unchanged
     complete(conveyor_service, first, {"sum": 3})
     assert execution(conveyor_service, made.execution_id).remaining_nodes == 1
 
     second = claim(conveyor_service, queued_job(conveyor_service, made.execution_id, "second"))
     assert second.context["nodes"]["first"] == {"sum": 3}
-    assert sink(conveyor_service, second, {"sum": 4})
+    assert alone(conveyor_service, second, {"sum": 4})
 
     done = execution(conveyor_service, made.execution_id)
     assert (done.status, done.remaining_nodes) == (ExecutionStatus.COMPLETED, 0)
@@ -123,11 +123,11 @@ def test_two_sinks_take_the_transaction_and_the_last_reads_the_others_output(
     a, b = (claim(conveyor_service, d.job_id) for d in made.dispatches)
 
     # The execution's output reads both sinks: not computable from one node's output.
-    assert not sink(conveyor_service, a, {"sum": 1})
+    assert not alone(conveyor_service, a, {"sum": 1})
     complete(conveyor_service, a, {"sum": 1})
     running = execution(conveyor_service, made.execution_id)
     assert (running.status, running.remaining_nodes) == (ExecutionStatus.RUNNING, 1)
-    assert not sink(conveyor_service, b, {"sum": 2})
+    assert not alone(conveyor_service, b, {"sum": 2})
     complete(conveyor_service, b, {"sum": 2})
 
     done = execution(conveyor_service, made.execution_id)
@@ -142,7 +142,7 @@ def test_a_sink_of_a_cancelled_execution_changes_nothing_in_one_statement(
     run = claim(conveyor_service, made.dispatches[0].job_id)
     conveyor_service.db.run(lambda s: runner.cancel_execution(s, made.execution_id, utcnow()))
 
-    assert not sink(conveyor_service, run, {"sum": 3})
+    assert not alone(conveyor_service, run, {"sum": 3})
     with conveyor_service.db.transaction() as store:
         ((job, _),) = store.execution_jobs(made.execution_id)
     assert job.status is JobStatus.PROCESSING  # untouched: the general path decides
@@ -155,3 +155,43 @@ def test_a_sink_of_a_cancelled_execution_changes_nothing_in_one_statement(
         (node,) = store.execution_nodes(made.execution_id)
     assert job.status is JobStatus.CANCELLED
     assert node.status is NodeStatus.CANCELLED and node.output == {"sum": 3}
+
+
+def node_state(service: Conveyor, execution_id: uuid.UUID, node_id: str) -> Any:
+    with service.db.transaction() as store:
+        (found,) = [n for n in store.execution_nodes(execution_id) if n.node_id == node_id]
+    return found
+
+
+def test_a_fan_out_member_that_leaves_the_join_waiting_is_one_statement(
+    conveyor_service: Conveyor,
+) -> None:
+    made = triggered(
+        conveyor_service, "fan", [add("root"), add("a", ["root"]), add("b", ["root"]),
+                                  add("join", ["a", "b"])],
+    )  # fmt: skip
+    root = claim(conveyor_service, made.dispatches[0].job_id)
+    assert not alone(conveyor_service, root, {"sum": 3})  # it makes a and b ready
+    complete(conveyor_service, root, {"sum": 3})
+    a = claim(conveyor_service, queued_job(conveyor_service, made.execution_id, "a"))
+    b = claim(conveyor_service, queued_job(conveyor_service, made.execution_id, "b"))
+
+    # The first member: the join still waits on the other, so one statement does it all
+    with statements(conveyor_service) as sent:
+        assert alone(conveyor_service, a, {"sum": 4})
+    assert len(sent) == 1, sent
+    assert node_state(conveyor_service, made.execution_id, "a").status is NodeStatus.COMPLETED
+    assert node_state(conveyor_service, made.execution_id, "join").waiting_on == 1
+    assert execution(conveyor_service, made.execution_id).remaining_nodes == 2
+
+    # The second makes the join ready: the transaction enqueues it
+    assert not alone(conveyor_service, b, {"sum": 5})
+    assert node_state(conveyor_service, made.execution_id, "b").status is NodeStatus.RUNNING
+    complete(conveyor_service, b, {"sum": 5})
+    join = claim(conveyor_service, queued_job(conveyor_service, made.execution_id, "join"))
+    assert join.context["nodes"] == {"a": {"sum": 4}, "b": {"sum": 5}}
+    assert alone(conveyor_service, join, {"sum": 9})
+
+    done = execution(conveyor_service, made.execution_id)
+    assert (done.status, done.remaining_nodes) == (ExecutionStatus.COMPLETED, 0)
+    assert done.output == {"join": {"sum": 9}}
