@@ -242,17 +242,19 @@ def test_two_predecessors_completing_together_start_their_join_once(
     )
     apply(conveyor_service, "race", [py("root", "add", a=0, b=0), *parents, join])
 
-    # When several executions run
+    # When several executions run, one after the other (run together, their parents could
+    # fill every worker thread with barriers that never fill: a deadlock of the test's own)
     started = []
     for _ in range(8):
         name = uuid.uuid4().hex
         test_nodes.barriers[name] = threading.Barrier(3)
         started.append(conveyor_service.trigger("race", {"barrier": name}))
+        row = wait_for(conveyor_service, started[-1])
+        assert row.status is ExecutionStatus.COMPLETED, row.error
 
     # Then each join ran exactly once, with every parent's output
     for execution_id in started:
         row = wait_for(conveyor_service, execution_id)
-        assert row.status is ExecutionStatus.COMPLETED, row.error
         assert row.output == {"join": {"sum": 6}}
         assert len(jobs_and_attempts(conveyor_service, execution_id)["join"][1]) == 1
     joins = [e for e in effects(conveyor_service.db.url) if e["node_id"] == "join"]
