@@ -240,21 +240,23 @@ class Conveyor:
         """Take the job's permits (or park it), then claim, run and record it; the permits
         go back once the outcome is committed. ``hints``: the message's (see NodeHints)."""
         if self.gate is None:
-            self._run_node(job_id)
+            self._run_node(job_id, hints)
             return
         permit = self.gate.admit(job_id, hints)
         if permit is None:
             return
         try:
-            self._run_node(job_id)
+            self._run_node(job_id, hints)
         finally:
             self.gate.release(permit)
 
-    def _run_node(self, job_id: uuid.UUID) -> None:
+    def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Claim a node job, run the node outside any transaction, record the outcome."""
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
-        run = self.db.autocommit(lambda s: runner.claim_node(s, job_id, utcnow(), self.worker))
+        run = self.db.autocommit(
+            lambda s: runner.claim_node(s, job_id, utcnow(), self.worker, hints)
+        )
         if run is None:
             events.info("message dropped", job_id=str(job_id), reason="job not queued any more")
             return

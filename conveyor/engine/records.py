@@ -88,14 +88,15 @@ class WorkflowRecord:
 @dataclass(frozen=True, kw_only=True)
 class NodeHints:
     """What a node job's message carries besides its id, so that taking the job's permits
-    needs no database read: its tenant, its workflow version, its priority and when it was
-    queued. Hints only: the job in the database decides; a message without them is
-    admitted from the database."""
+    needs no database read (its tenant, its workflow version, its priority and when it was
+    queued) and its claim reads its needs' outputs too (its node). Hints only: the job in
+    the database decides; a message without them is admitted and claimed as before."""
 
     tenant_id: uuid.UUID
     workflow_id: uuid.UUID
     priority: Priority
     enqueued_at: datetime
+    node_id: str | None = None  # the claim then reads the outputs of its needs at once
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,11 +99,10 @@ _cache: OrderedDict[uuid.UUID, tuple[Workflow, planning.Plan]] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def cached_workflow(workflow_id: uuid.UUID) -> Workflow | None:
+def cached_workflow(workflow_id: uuid.UUID) -> tuple[Workflow, planning.Plan] | None:
     """A stored version this process has parsed already, or None."""
     with _cache_lock:
-        entry = _cache.get(workflow_id)
-    return entry[0] if entry is not None else None
+        return _cache.get(workflow_id)
 
 
 def load_workflow(store: SqlStore, workflow_id: uuid.UUID) -> tuple[Workflow, planning.Plan]:
@@ -341,12 +340,6 @@ def _node_dispatches(
     execution: ExecutionRecord, jobs: list[NewJob], now: datetime
 ) -> list[Dispatch]:
     """The messages of new node jobs (not of those held until later)."""
-    hints = NodeHints(
-        tenant_id=execution.tenant_id,
-        workflow_id=execution.workflow_id,
-        priority=execution.priority,
-        enqueued_at=now,
-    )
     return [
         Dispatch(
             job_id=j.id,
@@ -354,7 +347,13 @@ def _node_dispatches(
             queue=NODE_QUEUE,
             priority=execution.priority,
             label=f"execution={execution.id} node={j.node_id}",
-            hints=hints,
+            hints=NodeHints(
+                tenant_id=execution.tenant_id,
+                workflow_id=execution.workflow_id,
+                priority=execution.priority,
+                enqueued_at=now,
+                node_id=j.node_id,
+            ),
         )
         for j in jobs
         if j.next_run_at is None
@@ -365,23 +364,43 @@ def _node_dispatches(
 
 
 def claim_node(
-    store: SqlStore, job_id: uuid.UUID, now: datetime, worker: str | None = None
+    store: SqlStore,
+    job_id: uuid.UUID,
+    now: datetime,
+    worker: str | None = None,
+    hints: NodeHints | None = None,
 ) -> NodeRun | None:
-    """queued -> processing, a new attempt row, and the inputs the node will read."""
-    claimed = store.claim_node_job(job_id, now, worker)  # with its attempt and node started
+    """queued -> processing, a new attempt row, and the inputs the node will read (read by
+    the claim itself when the message's hints name the node)."""
+    hinted = _hinted_needs(hints)
+    # with its attempt and node started, and the outputs of the hinted needs
+    claimed = store.claim_node_job(job_id, now, worker, needs=hinted[1] if hinted else ())
     if claimed is None:
         return None
-    job, execution = claimed
+    job, execution, outputs = claimed
     assert job.node_id is not None
     if execution.status.finished:  # the claim started nothing: cancel the job
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
         store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
         return None
-    workflow, _ = load_workflow(store, execution.workflow_id)
-    node = workflow.node(job.node_id)
-    needs = store.node_rows(execution.id, node.needs)
-    context = _context(execution, {need: row.output for need, row in needs.items()})
+    workflow, shape = load_workflow(store, execution.workflow_id)
+    node = shape.nodes[job.node_id]
+    if outputs is None or hinted is None or hinted[0] != job.node_id:
+        rows = store.node_rows(execution.id, node.needs)
+        outputs = {need: row.output for need, row in rows.items()}
+    context = _context(execution, outputs)
     return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
+
+
+def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
+    """The hinted node and its needs, when its definition is in this process's cache."""
+    if hints is None or hints.node_id is None:
+        return None
+    cached = cached_workflow(hints.workflow_id)
+    node = cached[1].nodes.get(hints.node_id) if cached is not None else None
+    if node is None:
+        return None
+    return node.id, sorted(set(node.needs))
 
 
 def complete_alone(
@@ -560,7 +579,7 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) ->
         if not successors:
             continue
         left = store.decrement_waiting(execution.id, successors)
-        ready = [workflow.node(s) for s in successors if left[s] == 0]
+        ready = [shape.nodes[s] for s in successors if left[s] == 0]
         if not ready:
             continue
         # Their needs' rows, all at once. A ready node never needs another ready one: that
@@ -669,6 +688,7 @@ def dispatch_of(job: JobRecord) -> Dispatch:
             workflow_id=job.workflow_id,
             priority=job.priority,
             enqueued_at=job.enqueued_at,
+            node_id=job.node_id,
         )
     return Dispatch(
         job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority, label=job.label,

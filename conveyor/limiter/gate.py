@@ -180,7 +180,8 @@ class Gate:
     def _hinted(self, job_id: uuid.UUID, hints: NodeHints) -> PermitRequest:
         """The request from a message's hints: the workflow from the process's cache of
         definitions, the tenant's own limit from a cache of a few seconds."""
-        workflow = runner.cached_workflow(hints.workflow_id)
+        cached = runner.cached_workflow(hints.workflow_id)
+        workflow = cached[0] if cached is not None else None
         found = self._tenant_limits.get(hints.tenant_id)
         if workflow is None or found is None:
 

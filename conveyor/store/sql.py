@@ -531,13 +531,20 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         return job_record(row) if row else None
 
     def claim_node_job(
-        self, job_id: uuid.UUID, now: datetime, worker: str | None
-    ) -> tuple[JobRecord, ExecutionRecord] | None:
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        needs: Sequence[str] = (),
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """Claim a node job (queued or parked -> processing) with its execution; unless the
         execution has finished, also start its try (an attempt row) and its node (running).
-        None when the job is not a runnable node job. On PostgreSQL this is one statement."""
+        None when the job is not a runnable node job. On PostgreSQL this is one statement,
+        which also reads the outputs of ``needs`` (the nodes the job's node is expected to
+        need): the third item, None when they were not read."""
         if self.session.get_bind().dialect.name == "postgresql":
-            row = self._core(_CLAIM_NODE, {"id": job_id, "now": now, "worker": worker}).first()
+            params = {"id": job_id, "now": now, "worker": worker, "needs": list(needs)}
+            row = self._core(_CLAIM_NODE, params).first()
             if row is None:
                 return None
             execution = ExecutionRecord(
@@ -545,7 +552,8 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
                 status=row.x_status, priority=row.x_priority, input=row.x_input,
                 created_at=row.x_created_at, scheduled_for=row.x_scheduled_for,
             )  # fmt: skip
-            return job_record(row), execution
+            outputs = (row.x_needs or {}) if needs else None
+            return job_record(row), execution, outputs
         job = self.claim_job(job_id, JobKind.NODE, now)
         if job is None or job.node_id is None:
             return None
@@ -553,7 +561,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         if not execution.status.finished:
             self.add_attempt(job, worker, now)
             self.start_node(execution.id, job.node_id, now)
-        return job, execution
+        return job, execution, None
 
     def complete_running(
         self,
@@ -812,7 +820,10 @@ WITH job AS (
       AND node_states.node_id = job.node_id
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
-       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for
+       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
+       (SELECT jsonb_object_agg(n.node_id, n.output) FROM node_states n
+        WHERE n.execution_id = job.execution_id
+          AND n.node_id = ANY(CAST(:needs AS varchar[]))) AS x_needs
 FROM job, ex
 """.format(job_columns=", ".join(f"job.{c.name}" for c in JOBS.c))  # noqa: S608 (the model's names)
     )
@@ -828,6 +839,7 @@ FROM job, ex
         x_input=EXECUTIONS.c.input.type,
         x_created_at=EXECUTIONS.c.created_at.type,
         x_scheduled_for=EXECUTIONS.c.scheduled_for.type,
+        x_needs=NODE_STATES.c.output.type,
     )
 )
 

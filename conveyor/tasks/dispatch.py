@@ -52,6 +52,7 @@ def encode_hints(hints: NodeHints) -> dict[str, Any]:
         "workflow_id": str(hints.workflow_id),
         "priority": hints.priority.value,
         "enqueued_at_ms": int(hints.enqueued_at.timestamp() * 1000),
+        "node_id": hints.node_id,
     }
 
 
@@ -65,6 +66,13 @@ def decode_hints(raw: Any) -> NodeHints | None:
             workflow_id=uuid.UUID(raw["workflow_id"]),
             priority=Priority(raw["priority"]),
             enqueued_at=datetime.fromtimestamp(int(raw["enqueued_at_ms"]) / 1000, UTC),
+            node_id=_optional_str(raw.get("node_id")),
         )
     except (KeyError, TypeError, ValueError, OverflowError, OSError):
         return None
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"not a string: {value!r}")

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from conveyor.engine import runner
+from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution
@@ -31,8 +32,8 @@ def triggered(service: Conveyor, name: str, nodes: list[dict[str, Any]], **extra
     )  # fmt: skip
 
 
-def claim(service: Conveyor, job_id: uuid.UUID) -> runner.NodeRun:
-    run = service.db.autocommit(lambda s: runner.claim_node(s, job_id, utcnow(), "tester"))
+def claim(service: Conveyor, job_id: uuid.UUID, hints: NodeHints | None = None) -> runner.NodeRun:
+    run = service.db.autocommit(lambda s: runner.claim_node(s, job_id, utcnow(), "tester", hints))
     assert run is not None
     return run
 
@@ -48,8 +49,8 @@ def alone(service: Conveyor, run: runner.NodeRun, output: Any) -> bool:
     return service.db.autocommit(lambda s: runner.complete_alone(s, run, output, utcnow(), 0.01))
 
 
-def complete(service: Conveyor, run: runner.NodeRun, output: Any) -> None:
-    service.db.run(lambda s: runner.complete_node(s, run, output, utcnow(), 0.01))
+def complete(service: Conveyor, run: runner.NodeRun, output: Any) -> list[Dispatch]:
+    return service.db.run(lambda s: runner.complete_node(s, run, output, utcnow(), 0.01))
 
 
 def execution(service: Conveyor, execution_id: uuid.UUID) -> Execution:
@@ -172,9 +173,14 @@ def test_a_fan_out_member_that_leaves_the_join_waiting_is_one_statement(
     )  # fmt: skip
     root = claim(conveyor_service, made.dispatches[0].job_id)
     assert not alone(conveyor_service, root, {"sum": 3})  # it makes a and b ready
-    complete(conveyor_service, root, {"sum": 3})
-    a = claim(conveyor_service, queued_job(conveyor_service, made.execution_id, "a"))
-    b = claim(conveyor_service, queued_job(conveyor_service, made.execution_id, "b"))
+    members = {d.hints.node_id: d for d in complete(conveyor_service, root, {"sum": 3})}  # type: ignore[union-attr]
+    # A member's claim, hinted, reads its need's output in the same statement
+    with statements(conveyor_service) as sent:
+        a = claim(conveyor_service, members["a"].job_id, members["a"].hints)
+    assert len(sent) == 1, sent
+    assert a.context["nodes"] == {"root": {"sum": 3}}
+    b = claim(conveyor_service, members["b"].job_id)  # no hints: read after the claim
+    assert b.context["nodes"] == {"root": {"sum": 3}}
 
     # The first member: the join still waits on the other, so one statement does it all
     with statements(conveyor_service) as sent:
