@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from conveyor.engine.states import (
@@ -109,6 +110,14 @@ class Dispatch:
     priority: Priority
     label: str = ""  # for operators (Flower shows it as the task's arguments)
     hints: NodeHints | None = None  # a node job's, for its admission
+
+
+class Created(Enum):
+    """What inserting an execution came to."""
+
+    CREATED = "created"
+    KEY_TAKEN = "key taken"  # its idempotency or deduplication key: nothing inserted
+    STALE = "stale"  # its workflow version is not the latest any more: nothing inserted
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import (
+    Created,
     Dispatch,
     ExecutionRecord,
     Finish,
@@ -48,6 +49,7 @@ from conveyor.exceptions import (
     NodeCancelled,
     NodeError,
     NodeTimeout,
+    StoreError,
     TemplateError,
     WorkerLost,
     WorkflowNotFound,
@@ -137,6 +139,35 @@ def apply_workflow(
 
 # -- trigger and plan ----------------------------------------------------------------------
 
+
+class _Targets:
+    """(tenant name, workflow name) -> (tenant id, id of the latest version), as last seen
+    by this process: a trigger then needs no read. The insert checks that the version is
+    still the latest (a version applied elsewhere since makes it plan again)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, str], tuple[uuid.UUID, uuid.UUID]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, names: tuple[str, str]) -> tuple[uuid.UUID, uuid.UUID | None] | None:
+        with self._lock:
+            return self._seen.get(names)
+
+    def put(self, names: tuple[str, str], target: tuple[uuid.UUID, uuid.UUID]) -> None:
+        with self._lock:
+            self._seen[names] = target
+            self._seen.move_to_end(names)
+            while len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+
+    def forget(self, names: tuple[str, str]) -> None:
+        with self._lock:
+            self._seen.pop(names, None)
+
+
+_targets = _Targets()
+
 # Executions of at most this many nodes are planned by the transaction that triggers them;
 # planning a larger one is left to the execution workers, to keep a trigger short.
 INLINE_PLAN_NODES = 100
@@ -160,48 +191,79 @@ def trigger(
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
     deduplication key, a pending or running execution with that key is returned instead."""
-    tenant_id, workflow_id = store.trigger_target(tenant, workflow_name)
-    if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
-        return earlier
-    if workflow_id is None:
-        raise WorkflowNotFound(
-            f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
-            f"apply its definition first (conveyor workflow apply FILE)"
-        )
-    workflow, shape = load_workflow(store, workflow_id)
-    chosen = choose_priority(priority, workflow.priority, source)
-    inline = len(workflow.nodes) <= INLINE_PLAN_NODES
-    execution = ExecutionRecord(
-        id=new_id(), tenant_id=tenant_id, workflow_id=workflow_id,
-        status=ExecutionStatus.RUNNING if inline else ExecutionStatus.PENDING,
-        priority=chosen, input=input if input is not None else {}, created_at=now,
-    )  # fmt: skip
-    if inline:
-        context = _context(execution, {})
-        jobs = _new_jobs(workflow, [(workflow.node(root), context) for root in shape.roots], now)
-        created = store.create_execution(
-            execution, trigger=source.value, now=now, idempotency_key=idempotency_key,
-            dedupe_key=dedupe_key, waiting_on=shape.waiting_on, queued=shape.roots, jobs=jobs,
-        )  # fmt: skip
-        dispatches = _node_dispatches(execution, jobs, now)
-    else:
-        start_job = new_id()
-        created = store.create_execution(
-            execution, trigger=source.value, now=now, idempotency_key=idempotency_key,
-            dedupe_key=dedupe_key, start_job=start_job,
-        )  # fmt: skip
-        dispatches = [
-            Dispatch(
-                job_id=start_job, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, priority=chosen,
-                label=f"execution={execution.id} workflow={workflow.name}",
+    names = (tenant, workflow_name)
+    target = _targets.get(names)
+    for _ in range(3):
+        if target is None:
+            target = store.trigger_target(tenant, workflow_name)
+        tenant_id, workflow_id = target
+        if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
+            return earlier
+        if workflow_id is None:
+            raise WorkflowNotFound(
+                f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
+                f"apply its definition first (conveyor workflow apply FILE)"
             )
-        ]  # fmt: skip
-    if not created:  # a retry racing this one stored its execution first
-        raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
-        if raced is None:
-            raise DuplicateExecution("its idempotency or deduplication key is taken")
-        return raced
-    return Triggered(execution_id=execution.id, dispatches=dispatches)
+        workflow, shape = load_workflow(store, workflow_id)
+        execution = ExecutionRecord(
+            id=new_id(), tenant_id=tenant_id, workflow_id=workflow_id,
+            status=ExecutionStatus.PENDING,
+            priority=choose_priority(priority, workflow.priority, source),
+            input=input if input is not None else {}, created_at=now,
+        )  # fmt: skip
+        created, dispatches = _create(
+            store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
+        )
+        if created is Created.STALE:  # a newer version, applied since the version was known
+            _targets.forget(names)
+            target = None
+            continue
+        _targets.put(names, (tenant_id, workflow_id))
+        if created is Created.KEY_TAKEN:  # a retry racing this one stored its execution first
+            raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
+            if raced is None:
+                raise DuplicateExecution("its idempotency or deduplication key is taken")
+            return raced
+        return Triggered(execution_id=execution.id, dispatches=dispatches)
+    raise StoreError(
+        f"workflow {workflow_name!r} of tenant {tenant!r} got new versions while it was "
+        f"being triggered; trigger it again"
+    )
+
+
+def _create(
+    store: SqlStore,
+    execution: ExecutionRecord,
+    workflow: Workflow,
+    shape: planning.Plan,
+    names: tuple[str, str],
+    source: TriggerSource,
+    now: datetime,
+    idempotency_key: str | None,
+    dedupe_key: str | None,
+) -> tuple[Created, list[Dispatch]]:
+    """Insert the execution: planned at once (``running``, node states, root jobs) when
+    small, else ``pending`` with a start job; and the messages to publish."""
+    if len(workflow.nodes) <= INLINE_PLAN_NODES:
+        execution = replace(execution, status=ExecutionStatus.RUNNING)
+        context = _context(execution, {})
+        jobs = _new_jobs(workflow, [(shape.nodes[root], context) for root in shape.roots], now)
+        created = store.create_execution(
+            execution, names=names, trigger=source.value, now=now,
+            idempotency_key=idempotency_key, dedupe_key=dedupe_key,
+            waiting_on=shape.waiting_on, queued=shape.roots, jobs=jobs,
+        )  # fmt: skip
+        return created, _node_dispatches(execution, jobs, now)
+    start_job = new_id()
+    created = store.create_execution(
+        execution, names=names, trigger=source.value, now=now,
+        idempotency_key=idempotency_key, dedupe_key=dedupe_key, start_job=start_job,
+    )  # fmt: skip
+    dispatch = Dispatch(
+        job_id=start_job, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE,
+        priority=execution.priority, label=f"execution={execution.id} workflow={workflow.name}",
+    )  # fmt: skip
+    return created, [dispatch]
 
 
 def _earlier(

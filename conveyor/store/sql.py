@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import (
     Admission,
+    Created,
     ExecutionRecord,
     Finish,
     JobRecord,
@@ -241,6 +242,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         self,
         execution: ExecutionRecord,
         *,
+        names: tuple[str, str],
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,
@@ -249,14 +251,18 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         queued: Collection[str] = (),
         jobs: Sequence[NewJob] = (),
         start_job: uuid.UUID | None = None,
-    ) -> bool:
+    ) -> Created:
         """Insert an execution as :meth:`add_execution` does, with, when it is planned at
         once (``waiting_on``: a state row per node), its node states and first jobs, or its
         start job (``start_job``): on PostgreSQL in one statement, so it needs no transaction
-        of its own. False, and nothing inserted, when the tenant has an execution with this
-        idempotency key (or an active one with this deduplication key)."""
+        of its own. ``names``: the tenant's and the workflow's, of which the execution's
+        version must still be the latest. Nothing is inserted when it is not (STALE), or
+        when the tenant has an execution with this idempotency key, or an active one with
+        this deduplication key (KEY_TAKEN)."""
         planned = waiting_on is not None
         if self.session.get_bind().dialect.name != "postgresql":
+            if self.trigger_target(*names) != (execution.tenant_id, execution.workflow_id):
+                return Created.STALE
             try:
                 self.add_execution(
                     tenant_id=execution.tenant_id, workflow_id=execution.workflow_id,
@@ -266,14 +272,14 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
                     execution_id=execution.id,
                 )  # fmt: skip
             except DuplicateExecution:
-                return False
+                return Created.KEY_TAKEN
             if waiting_on is not None:
                 self.add_node_states(execution.id, waiting_on, queued)
             if jobs:
                 self.add_node_jobs(execution, jobs, now)
             if start_job is not None:
                 self._core(insert(JOBS).values(_start_job(execution, start_job, now)))
-            return True
+            return Created.CREATED
         jobs_ = [_node_job(execution, j, now) for j in jobs]
         if start_job is not None:
             jobs_.append(_start_job(execution, start_job, now))
@@ -298,8 +304,12 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             "job_nodes": [j["node_id"] for j in jobs_],
             "job_retries": [j["max_retries"] for j in jobs_],
             "job_next": [j["next_run_at"] for j in jobs_],
+            "tenant_name": names[0], "workflow_name": names[1],
         }  # fmt: skip
-        return bool(self._core(_CREATE_EXECUTION, params).scalar())
+        row = self._core(_CREATE_EXECUTION, params).one()
+        if not row.latest:
+            return Created.STALE
+        return Created.CREATED if row.made else Created.KEY_TAKEN
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
         row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
@@ -951,14 +961,23 @@ def _start_job(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> 
 
 # An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
 # idempotency or deduplication key inserts nothing: the rows hang off ``made``'s RETURNING.
+# Nor does a workflow version that is not the tenant's latest any more (``target``): the
+# caller planned it from what it knew, and plans again.
 _CREATE_EXECUTION = text(
     """
-WITH made AS (
+WITH target AS (
+    SELECT (SELECT w.id FROM workflows w JOIN tenants t ON t.id = w.tenant_id
+            WHERE t.id = :tenant_id AND t.name = :tenant_name AND w.name = :workflow_name
+            ORDER BY w.version DESC LIMIT 1) = :workflow_id AS latest
+), made AS (
     INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
                             remaining_nodes, started_at, created_at, idempotency_key,
                             dedupe_key)
-    VALUES (:id, :tenant_id, :workflow_id, :status, :priority, :trigger, :input,
-            :remaining_nodes, :started_at, :now, :idempotency_key, :dedupe_key)
+    SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
+           CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
+           CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
+           CAST(:dedupe_key AS varchar)
+    FROM target WHERE target.latest
     ON CONFLICT DO NOTHING
     RETURNING id
 ), states AS (
@@ -978,7 +997,8 @@ WITH made AS (
                       CAST(:job_next AS timestamptz[]))
          AS j (id, kind, queue, status, node_id, max_retries, next_run_at)
 )
-SELECT count(*) FROM made
+SELECT coalesce((SELECT latest FROM target), false) AS latest,
+       (SELECT count(*) FROM made) AS made
 """
 ).bindparams(
     bindparam("input", type_=EXECUTIONS.c.input.type),

@@ -1,5 +1,7 @@
-"""What a trigger writes, against real PostgreSQL: one read (tenant and latest version) and
-one statement (the execution with its node states and first jobs), all or nothing."""
+"""What a trigger writes, against real PostgreSQL: one statement (the execution with its node
+states and first jobs), all or nothing, checking that the version it planned is still the
+latest; a read of the tenant and its latest version first when the process has not seen
+them."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from conveyor.engine import runner
-from conveyor.engine.records import ExecutionRecord, NewJob
+from conveyor.engine.records import Created, ExecutionRecord, NewJob
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.engine.validation import parse_workflow
 from conveyor.ids import new_id
@@ -42,14 +44,14 @@ def counts(service: Conveyor) -> tuple[int, int, int]:
         )
 
 
-def test_a_trigger_is_one_read_and_one_statement(conveyor_service: Conveyor) -> None:
+def test_a_trigger_is_one_statement(conveyor_service: Conveyor) -> None:
     conveyor_service.apply(parse_workflow(CHAIN))
-    trigger(conveyor_service)  # the definition is parsed and cached by the first
+    trigger(conveyor_service)  # the first reads the latest version (and parses it)
 
     with statements(conveyor_service) as sent:
         made = trigger(conveyor_service)
 
-    assert len(sent) == 2, sent
+    assert len(sent) == 1, sent
     with conveyor_service.db.transaction() as store:
         execution = store.session.get(Execution, made.execution_id)
         nodes = {
@@ -80,13 +82,14 @@ def test_an_execution_whose_key_was_taken_meanwhile_writes_nothing(
     )  # fmt: skip
     created = conveyor_service.db.autocommit(
         lambda s: s.create_execution(
-            again, trigger="api", now=utcnow(), idempotency_key="order-7",
+            again, names=("default", "chain"), trigger="api", now=utcnow(),
+            idempotency_key="order-7",
             waiting_on={"a": 0, "b": 1}, queued=("a",),
             jobs=[NewJob(id=new_id(), node_id="a", max_retries=0)],
         )
     )  # fmt: skip
 
-    assert created is False
+    assert created is Created.KEY_TAKEN
     assert counts(conveyor_service) == before  # no execution, node state or job of it
     # And the trigger itself answers with the first execution
     assert trigger(conveyor_service, idempotency_key="order-7").execution_id == first.execution_id
@@ -98,3 +101,27 @@ def test_a_tenant_is_made_once_outside_a_transaction_too(conveyor_service: Conve
     assert made == again
     with conveyor_service.db.transaction() as store:
         assert store.tenant_id("fresh") == made
+
+
+def test_a_version_applied_elsewhere_is_the_one_the_next_trigger_runs(
+    conveyor_service: Conveyor,
+) -> None:
+    conveyor_service.apply(parse_workflow(CHAIN))
+    first = trigger(conveyor_service)  # this process now knows version 1 as the latest
+    # Another process applies version 2 (a third node): this one's cache knows nothing of it
+    three = {**CHAIN, "nodes": [*CHAIN["nodes"], {**CHAIN["nodes"][1], "id": "c"}]}
+    conveyor_service.db.run(
+        lambda s: s.add_workflow_version(
+            s.tenant_id("default"), "chain", parse_workflow(three).digest(),
+            parse_workflow(three).model_dump(mode="json"), utcnow(),
+        )
+    )  # fmt: skip
+
+    made = trigger(conveyor_service)
+
+    with conveyor_service.db.transaction() as store:
+        old, new = store.execution(first.execution_id), store.execution(made.execution_id)
+        nodes = {n.node_id for n in store.execution_nodes(made.execution_id)}
+        version = store.workflow(new.workflow_id).version
+    assert new.workflow_id != old.workflow_id and version == 2
+    assert nodes == {"a", "b", "c"}
