@@ -1,7 +1,9 @@
 """The dispatcher port over Celery: publishes job ids after the database commit.
 
-A node job's message carries hints for its admission (tenant, workflow version, priority,
-when it was queued) as the keyword argument ``hints``; the job id alone is enough."""
+A node job's message carries hints (tenant, workflow version, priority, when it was queued,
+node) as the keyword argument ``hints``: its admission then reads nothing, and its claim
+reads its needs' outputs at once. The job id alone is enough: a message without hints (an
+older version's) is admitted and claimed from the database."""
 
 from __future__ import annotations
 
