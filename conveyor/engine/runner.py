@@ -482,7 +482,7 @@ def complete_alone(
         if finish is None:
             return False  # it may be the last: the execution's output must be read
     branch = output.get("branch") if run.node.type == "condition" else None
-    return store.complete_alone(
+    return store.complete_running(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,
         successors=sorted(successors), finish=finish,
     )  # fmt: skip

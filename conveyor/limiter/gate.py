@@ -104,8 +104,8 @@ class Gate:
         self._wake(acquired.woken)
         if acquired.permit is None:
             if admission is None:  # hinted: what is the job now?
-                admission = self.db.autocommit(lambda s: s.admission(job_id))
-                if admission is None or admission.status not in _RUNNABLE:
+                admission = self.db.autocommit(lambda s: _runnable(s, job_id))
+                if admission is None:
                     self._wake(self.limiter.forget([job_id]))  # not waiting for anything
                     return None
             if admission.status is JobStatus.QUEUED:
@@ -155,12 +155,8 @@ class Gate:
     def _request(
         self, store: SqlStore, job_id: uuid.UUID
     ) -> tuple[Admission, PermitRequest] | None:
-        admission = store.admission(job_id)
-        if admission is None or admission.kind is not JobKind.NODE:
-            log.error("dropping a message for job %s: no such node job", job_id)
-            return None
-        if admission.status not in _RUNNABLE:
-            log.info("job %s is %s; message dropped", job_id, admission.status.value)
+        admission = _runnable(store, job_id)
+        if admission is None:
             return None
         self._tenant_limits.put(admission.tenant_id, admission.tenant_concurrency)
         workflow, _ = runner.load_workflow(store, admission.workflow_id)
@@ -214,6 +210,19 @@ class Gate:
     def _wake(self, woken: Sequence[Wake]) -> None:
         if woken:
             self.publish(woken_dispatches(woken))
+
+
+def _runnable(store: SqlStore, job_id: uuid.UUID) -> Admission | None:
+    """The job as the limiter sees it, or None (logged) when its message is to be dropped:
+    no such node job, or one not waiting to run any more."""
+    admission = store.admission(job_id)
+    if admission is None or admission.kind is not JobKind.NODE:
+        log.error("dropping a message for job %s: no such node job", job_id)
+        return None
+    if admission.status not in _RUNNABLE:
+        log.info("job %s is %s; message dropped", job_id, admission.status.value)
+        return None
+    return admission
 
 
 def _count(store: SqlStore, lapsed_grants: int, lost_parked: int) -> None:

@@ -485,41 +485,6 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
 
     # -- jobs -----------------------------------------------------------------------------
 
-    def add_job(
-        self,
-        *,
-        kind: JobKind,
-        queue: str,
-        execution: ExecutionRecord,
-        priority: Priority,
-        now: datetime,
-        node_id: str | None = None,
-        max_retries: int = 0,
-        next_run_at: datetime | None = None,
-        data: dict[str, Any] | None = None,
-    ) -> uuid.UUID:
-        job_id = new_id()
-        self._core(
-            insert(JOBS).values(
-                id=job_id,
-                kind=kind,
-                queue=queue,
-                data=data or {},
-                status=JobStatus.SCHEDULED if next_run_at else JobStatus.QUEUED,
-                priority=priority,
-                max_retries=max_retries,
-                retry_count=0,
-                tenant_id=execution.tenant_id,
-                workflow_id=execution.workflow_id,
-                execution_id=execution.id,
-                node_id=node_id,
-                next_run_at=next_run_at,
-                created_at=now,
-                enqueued_at=now,
-            )
-        )
-        return job_id
-
     def add_node_jobs(
         self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
     ) -> None:
@@ -582,37 +547,27 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         branch: str | None,
         now: datetime,
         duration: float,
+        successors: Sequence[str] | None = None,
+        finish: Finish | None = None,
     ) -> bool:
         """Record a node's success in one statement, if the database can and the case is the
         common one: the job still processing, its execution still running. True when done
         (job completed, attempt succeeded, node completed with its output); False when the
-        caller must take the general path (nothing was changed)."""
-        if self.session.get_bind().dialect.name != "postgresql":
-            return False
-        params = _complete_params(job, node_id, output, branch, now, duration)
-        return bool(self._core(_COMPLETE_NODE, params).scalar())
+        caller must take the general path (nothing was changed).
 
-    def complete_alone(
-        self,
-        job: JobRecord,
-        node_id: str,
-        *,
-        output: Any,
-        branch: str | None,
-        now: datetime,
-        duration: float,
-        successors: Sequence[str],
-        finish: Finish | None,
-    ) -> bool:
-        """A node's whole success in one statement (PostgreSQL), when it makes no successor
-        ready: what :meth:`complete_running` does, each of ``successors`` one need fewer,
-        the node settled and, with ``finish`` (for a node nothing waits on), the execution
-        completed if it was the last. Run alone, it commits without holding a lock across
-        round trips. False when the case is another (nothing was changed): a successor
-        becomes ready, the job or the execution is not running any more."""
+        With ``successors`` the statement is the node's whole success, when it makes none of
+        them ready (False, nothing changed, when it would): each one need fewer, the node
+        settled and, with ``finish`` (for a node nothing waits on), the execution completed
+        if it was the last. Run alone, it commits without a lock held across round trips."""
         if self.session.get_bind().dialect.name != "postgresql":
             return False
-        params = _complete_params(job, node_id, output, branch, now, duration)
+        params = {
+            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
+            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
+            "duration": duration,
+        }  # fmt: skip
+        if successors is None:
+            return bool(self._core(_COMPLETE_NODE, params).scalar())
         params |= {
             "successors": list(successors),
             "finishes": finish is not None,
@@ -923,16 +878,6 @@ _COMPLETE_ALONE = text(
     bindparam("finishes", type_=Boolean()),
     bindparam("execution_output", type_=EXECUTIONS.c.output.type),
 )
-
-
-def _complete_params(
-    job: JobRecord, node_id: str, output: Any, branch: str | None, now: datetime, duration: float
-) -> dict[str, Any]:
-    return {
-        "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
-        "attempt": job.try_number, "output": output, "branch": branch, "now": now,
-        "duration": duration,
-    }  # fmt: skip
 
 
 # A new job's row, but for its execution_id: a node job's, an execution's start job's.
