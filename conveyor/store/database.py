@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TypeVar
+from contextlib import ExitStack, contextmanager
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
 
 from conveyor.exceptions import StoreError
 from conveyor.store.db import make_engine, make_sessionmaker
+from conveyor.store.hot import Driver, invalidate_pool
 from conveyor.store.sql import SqlStore
 
 T = TypeVar("T")
@@ -60,13 +62,40 @@ class Database:
             return self.run(work)
         for attempt in range(1, attempts + 1):
             try:
-                with self._autocommits() as session, session.begin():  # no BEGIN: autocommit
-                    return work(SqlStore(session))
+                with self._driver() as driver, ExitStack() as opened:
+
+                    def session() -> Session:  # for statements off the hot path, if any
+                        made = opened.enter_context(self._autocommits())
+                        opened.enter_context(made.begin())  # no BEGIN sent: autocommit
+                        return made
+
+                    return work(SqlStore(driver=driver, opens=session))
             except DBAPIError as exc:
                 if attempt == attempts or not _retryable(exc):
                     raise
                 log.warning("statement conflict, retrying (%s): %s", attempt, exc.orig)
         raise StoreError("unreachable")
+
+    @contextmanager
+    def _driver(self) -> Iterator[Driver]:
+        """A pooled connection in autocommit, for the hot path's statements (store.hot)."""
+        pooled = self.engine.raw_connection()  # pinged first if it sat idle
+        connection: Any = pooled.driver_connection
+        try:
+            connection.autocommit = True
+
+            def lost(exc: BaseException) -> None:
+                invalidate_pool(self.engine.pool, pooled, exc)
+                pooled.invalidate(exc)
+
+            yield Driver(connection, self.engine.dialect, lost)
+        finally:
+            if pooled.is_valid:
+                try:
+                    connection.autocommit = False  # as the pool hands connections out
+                except Exception:  # broken: the pool must not hand it out again
+                    pooled.invalidate()
+            pooled.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

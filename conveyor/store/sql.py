@@ -7,27 +7,21 @@ expected status, so a message delivered twice, or two workers racing, change not
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
-    Boolean,
     CursorResult,
     Executable,
-    Float,
-    Integer,
     Row,
     Select,
-    String,
     Table,
-    Uuid,
     bindparam,
     case,
     func,
     insert,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -64,6 +58,7 @@ from conveyor.exceptions import (
 from conveyor.ids import new_id
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
 from conveyor.models.base import UTCDateTime
+from conveyor.store import hot
 from conveyor.store.access import AccessQueries
 from conveyor.store.dead_letters import DeadLetterQueries
 from conveyor.store.recovery import RecoveryQueries
@@ -85,14 +80,47 @@ _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, RecoveryQueries):
     """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
+    def __init__(
+        self,
+        session: Session | None = None,
+        driver: hot.Driver | None = None,
+        *,
+        opens: Callable[[], Session] | None = None,
+    ) -> None:
+        """Over ``session``; or, in an autocommit unit, over ``driver`` (the connection of
+        the hot statements) and a session that ``opens`` makes when another statement runs."""
+        self._session = session
+        self._opens = opens
+        self._driver = driver
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            if self._opens is None:
+                raise StoreError("this store has no session")
+            self._session = self._opens()
+        return self._session
+
+    @session.setter
+    def session(self, session: Session) -> None:
+        self._session = session
 
     def _core(self, statement: Executable, params: Any = None) -> CursorResult[Any]:
         """Run a Core statement on the transaction's connection. The hot path (trigger,
         claim, complete) goes this way: it reads records, never ORM objects, so the ORM's
         bookkeeping per statement (identity map, session synchronisation) buys nothing."""
         return self.session.connection().execute(statement, params)
+
+    @property
+    def _postgres(self) -> bool:
+        return self._driver is not None or self.session.get_bind().dialect.name == "postgresql"
+
+    def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a statement of the hot path on the driver's connection (PostgreSQL only): the
+        autocommit unit's, or the transaction's."""
+        if self._driver is None:
+            self._driver = hot.Driver.of(self.session.connection())
+        return self._driver.rows(statement, params)
 
     # -- tenants --------------------------------------------------------------------------
 
@@ -260,7 +288,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         when the tenant has an execution with this idempotency key, or an active one with
         this deduplication key (KEY_TAKEN)."""
         planned = waiting_on is not None
-        if self.session.get_bind().dialect.name != "postgresql":
+        if not self._postgres:
             if self.trigger_target(*names) != (execution.tenant_id, execution.workflow_id):
                 return Created.STALE
             try:
@@ -306,10 +334,10 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             "job_next": [j["next_run_at"] for j in jobs_],
             "tenant_name": names[0], "workflow_name": names[1],
         }  # fmt: skip
-        row = self._core(_CREATE_EXECUTION, params).one()
-        if not row.latest:
+        ((latest, made),) = self._hot(hot.CREATE_EXECUTION, params)
+        if not latest:
             return Created.STALE
-        return Created.CREATED if row.made else Created.KEY_TAKEN
+        return Created.CREATED if made else Created.KEY_TAKEN
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
         row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
@@ -517,18 +545,13 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         None when the job is not a runnable node job. On PostgreSQL this is one statement,
         which also reads the outputs of ``needs`` (the nodes the job's node is expected to
         need): the third item, None when they were not read."""
-        if self.session.get_bind().dialect.name == "postgresql":
+        if self._postgres:
             params = {"id": job_id, "now": now, "worker": worker, "needs": list(needs)}
-            row = self._core(_CLAIM_NODE, params).first()
-            if row is None:
+            rows = self._hot(hot.CLAIM_NODE, params)
+            if not rows:
                 return None
-            execution = ExecutionRecord(
-                id=row.execution_id, tenant_id=row.tenant_id, workflow_id=row.workflow_id,
-                status=row.x_status, priority=row.x_priority, input=row.x_input,
-                created_at=row.x_created_at, scheduled_for=row.x_scheduled_for,
-            )  # fmt: skip
-            outputs = (row.x_needs or {}) if needs else None
-            return job_record(row), execution, outputs
+            claimed, execution, outputs = hot.claimed(rows[0])
+            return claimed, execution, (outputs if needs else None)
         job = self.claim_job(job_id, JobKind.NODE, now)
         if job is None or job.node_id is None:
             return None
@@ -559,7 +582,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         them ready (False, nothing changed, when it would): each one need fewer, the node
         settled and, with ``finish`` (for a node nothing waits on), the execution completed
         if it was the last. Run alone, it commits without a lock held across round trips."""
-        if self.session.get_bind().dialect.name != "postgresql":
+        if not self._postgres:
             return False
         params = {
             "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
@@ -567,13 +590,13 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             "duration": duration,
         }  # fmt: skip
         if successors is None:
-            return bool(self._core(_COMPLETE_NODE, params).scalar())
+            return bool(self._hot(hot.COMPLETE_NODE, params)[0][0])
         params |= {
             "successors": list(successors),
             "finishes": finish is not None,
             "execution_output": finish.output if finish is not None else None,
         }
-        return bool(self._core(_COMPLETE_ALONE, params).scalar())
+        return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
 
     def job(self, job_id: uuid.UUID) -> JobRecord | None:
         row = self.session.get(Job, job_id)
@@ -758,128 +781,6 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         return [(j, attempts[j.id]) for j in jobs]
 
 
-# The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
-# attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
-_CLAIM_NODE = (
-    text(
-        """
-WITH job AS (
-    UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
-    WHERE id = :id AND kind = 'node' AND status IN ('queued', 'parked')
-      AND node_id IS NOT NULL
-    RETURNING *
-), ex AS (
-    SELECT executions.* FROM executions JOIN job ON executions.id = job.execution_id
-), attempt AS (
-    INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, waited,
-                              timed_out)
-    SELECT job.id, job.tries_before + job.retry_count + 1, 'running', :worker, :now,
-           greatest(0, extract(epoch FROM (CAST(:now AS timestamptz) - job.enqueued_at))),
-           false
-    FROM job, ex WHERE ex.status IN ('pending', 'running')
-), node AS (
-    UPDATE node_states SET status = 'running',
-                           started_at = coalesce(node_states.started_at, :now)
-    FROM job, ex
-    WHERE ex.status IN ('pending', 'running') AND node_states.execution_id = job.execution_id
-      AND node_states.node_id = job.node_id
-)
-SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
-       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
-       (SELECT jsonb_object_agg(n.node_id, n.output) FROM node_states n
-        WHERE n.execution_id = job.execution_id
-          AND n.node_id = ANY(CAST(:needs AS varchar[]))) AS x_needs
-FROM job, ex
-""".format(job_columns=", ".join(f"job.{c.name}" for c in JOBS.c))  # noqa: S608 (the model's names)
-    )
-    .bindparams(
-        bindparam("id", type_=Uuid()),
-        bindparam("now", type_=UTCDateTime()),
-        bindparam("worker", type_=String()),
-    )
-    .columns(
-        *JOBS.c,
-        x_status=EXECUTIONS.c.status.type,
-        x_priority=EXECUTIONS.c.priority.type,
-        x_input=EXECUTIONS.c.input.type,
-        x_created_at=EXECUTIONS.c.created_at.type,
-        x_scheduled_for=EXECUTIONS.c.scheduled_for.type,
-        x_needs=NODE_STATES.c.output.type,
-    )
-)
-
-
-# A node's success in one round trip (PostgreSQL), when its execution still runs: what
-# transition_job + finish_attempt + set_node do on complete_node's common path.
-_COMPLETE_CTES = """
-WITH {before}job AS (
-    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
-    WHERE id = :id AND status = 'processing'{guard}
-      AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
-    RETURNING id
-), attempt AS (
-    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
-                            error = NULL, timed_out = false
-    WHERE job_id IN (SELECT id FROM job) AND attempt_number = :attempt
-), node AS (
-    UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
-                           finished_at = :now, error = NULL
-    WHERE execution_id = :execution_id AND node_id = :node_id AND EXISTS (SELECT 1 FROM job)
-    RETURNING 1
-)"""
-_COMPLETE_PARAMS = (
-    bindparam("id", type_=Uuid()),
-    bindparam("execution_id", type_=Uuid()),
-    bindparam("node_id", type_=String()),
-    bindparam("attempt", type_=Integer()),
-    bindparam("output", type_=NODE_STATES.c.output.type),
-    bindparam("branch", type_=String()),
-    bindparam("now", type_=UTCDateTime()),
-    bindparam("duration", type_=Float()),
-)
-_COMPLETE_NODE = text(
-    _COMPLETE_CTES.format(before="", guard="") + "\nSELECT count(*) FROM job"
-).bindparams(*_COMPLETE_PARAMS)
-# A node's whole success in one statement when it makes no successor ready: its successors
-# (locked first, in one order) all wait on another node too. They count one need fewer, the
-# execution one node fewer and, for a node nothing waits on whose output makes the
-# execution's (:finishes), the execution completes when it was the last. Otherwise nothing
-# changes, and the caller takes the transaction (enqueueing what becomes ready). A successor
-# still waiting on another node is unsettled, so the count cannot reach zero unfinished.
-# Row locks: the successors, the job, the node, the execution (it reads node, which reads
-# job; unread, a CTE runs at the statement's end in no order to rely on): the order of every
-# other transaction, and of the status NOTIFYs a stream relays.
-_ALONE_BEFORE = """locked AS (
-    SELECT id, waiting_on, status FROM node_states
-    WHERE execution_id = :execution_id AND node_id = ANY(CAST(:successors AS varchar[]))
-    ORDER BY node_id FOR UPDATE
-), alone AS (
-    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
-), """
-_ALONE_AFTER = """, counted AS (
-    UPDATE node_states SET waiting_on = waiting_on - 1
-    WHERE id IN (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM node)
-    RETURNING 1
-), settled AS (
-    UPDATE executions SET
-        remaining_nodes = remaining_nodes - 1,
-        status = CASE WHEN remaining_nodes = 1 AND :finishes THEN 'completed' ELSE status END,
-        finished_at = CASE WHEN remaining_nodes = 1 AND :finishes THEN :now ELSE finished_at END,
-        output = CASE WHEN remaining_nodes = 1 AND :finishes THEN :execution_output
-                      ELSE output END
-    WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
-      AND (SELECT count(*) FROM counted) >= 0
-)
-SELECT count(*) FROM job"""
-_COMPLETE_ALONE = text(
-    _COMPLETE_CTES.format(before=_ALONE_BEFORE, guard=" AND (SELECT yes FROM alone)") + _ALONE_AFTER
-).bindparams(
-    *_COMPLETE_PARAMS,
-    bindparam("finishes", type_=Boolean()),
-    bindparam("execution_output", type_=EXECUTIONS.c.output.type),
-)
-
-
 # A new job's row, but for its execution_id: a node job's, an execution's start job's.
 
 
@@ -903,53 +804,6 @@ def _start_job(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> 
         "created_at": now, "enqueued_at": now,
     }  # fmt: skip
 
-
-# An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
-# idempotency or deduplication key inserts nothing: the rows hang off ``made``'s RETURNING.
-# Nor does a workflow version that is not the tenant's latest any more (``target``): the
-# caller planned it from what it knew, and plans again.
-_CREATE_EXECUTION = text(
-    """
-WITH target AS (
-    SELECT (SELECT w.id FROM workflows w JOIN tenants t ON t.id = w.tenant_id
-            WHERE t.id = :tenant_id AND t.name = :tenant_name AND w.name = :workflow_name
-            ORDER BY w.version DESC LIMIT 1) = :workflow_id AS latest
-), made AS (
-    INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
-                            remaining_nodes, started_at, created_at, idempotency_key,
-                            dedupe_key)
-    SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
-           CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
-           CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
-           CAST(:dedupe_key AS varchar)
-    FROM target WHERE target.latest
-    ON CONFLICT DO NOTHING
-    RETURNING id
-), states AS (
-    INSERT INTO node_states (execution_id, node_id, status, waiting_on)
-    SELECT made.id, s.node_id, s.status, s.waiting_on
-    FROM made, unnest(CAST(:state_nodes AS varchar[]), CAST(:state_statuses AS varchar[]),
-                      CAST(:state_waiting AS integer[])) AS s (node_id, status, waiting_on)
-), jobs AS (
-    INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
-                      tries_before, tenant_id, workflow_id, execution_id, node_id, next_run_at,
-                      created_at, enqueued_at)
-    SELECT j.id, j.kind, j.queue, '{}', j.status, :priority, j.max_retries, 0, 0, :tenant_id,
-           :workflow_id, made.id, j.node_id, j.next_run_at, :now, :now
-    FROM made, unnest(CAST(:job_ids AS uuid[]), CAST(:job_kinds AS varchar[]),
-                      CAST(:job_queues AS varchar[]), CAST(:job_statuses AS varchar[]),
-                      CAST(:job_nodes AS varchar[]), CAST(:job_retries AS integer[]),
-                      CAST(:job_next AS timestamptz[]))
-         AS j (id, kind, queue, status, node_id, max_retries, next_run_at)
-)
-SELECT coalesce((SELECT latest FROM target), false) AS latest,
-       (SELECT count(*) FROM made) AS made
-"""
-).bindparams(
-    bindparam("input", type_=EXECUTIONS.c.input.type),
-    bindparam("now", type_=UTCDateTime()),
-    bindparam("started_at", type_=UTCDateTime()),
-)
 
 # Statements of the hot path built once (their construction cost more than their execution).
 TENANTS = cast(Table, Tenant.__table__)

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import redis
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from conveyor.engine.states import ExecutionStatus
@@ -191,17 +192,26 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
 
 @contextmanager
 def statements(service: Conveyor) -> Iterator[list[str]]:
-    """The SQL statements this thread sends to the database inside the block (the worker's
-    threads share the engine: theirs are not counted)."""
+    """The SQL statements this thread sends to the database inside the block, through the
+    engine or on the driver's connection (store.hot); the worker's threads share the
+    process: theirs are not counted."""
+    assert service.db.engine.dialect.name == "postgresql"
     sent: list[str] = []
     me = threading.get_ident()
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
 
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if threading.get_ident() == me:
-            sent.append(statement)
+    def counted(real: Any) -> Any:
+        def run(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() == me:
+                sent.append(str(query))
+            return real(cursor, query, *args, **kwargs)
 
-    event.listen(service.db.engine, "before_cursor_execute", seen)
+        return run
+
+    psycopg.Cursor.execute = counted(execute)  # type: ignore[method-assign]
+    psycopg.Cursor.executemany = counted(executemany)  # type: ignore[method-assign]
     try:
         yield sent
     finally:
-        event.remove(service.db.engine, "before_cursor_execute", seen)
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]

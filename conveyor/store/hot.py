@@ -1,0 +1,303 @@
+"""The hot path's statements, run on the driver's own connection (PostgreSQL, psycopg).
+
+A trigger, a claim and an outcome are sent once per node. Through SQLAlchemy's Connection
+each cost more client CPU (connection and transaction objects, result metadata, bind and
+result processing) than the server spent running it. These statements are fixed text,
+compiled once for psycopg; their parameters are plain values and their rows are read by
+position. Errors come out as SQLAlchemy's (``DBAPIError`` and its subclasses, a lost
+connection invalidated), as they would through the engine: callers retry them unchanged.
+
+Only for PostgreSQL: SQLite takes :class:`~conveyor.store.sql.SqlStore`'s general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Connection,
+    Dialect,
+    Float,
+    Integer,
+    String,
+    Table,
+    TextClause,
+    Uuid,
+    bindparam,
+    text,
+)
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import Pool, PoolProxiedConnection
+
+from conveyor.engine.records import ExecutionRecord, JobRecord
+from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority
+from conveyor.models import Execution, Job, NodeState
+from conveyor.models.base import UTCDateTime
+
+JOBS = cast(Table, Job.__table__)
+EXECUTIONS = cast(Table, Execution.__table__)
+NODE_STATES = cast(Table, NodeState.__table__)
+_DIALECT: Dialect = psycopg_dialect()  # type: ignore[no-untyped-call]
+
+
+class Statement:
+    """A fixed statement compiled once for psycopg (``%(name)s`` placeholders, with the
+    casts its typed parameters need); ``json`` names the parameters sent as jsonb."""
+
+    def __init__(self, clause: TextClause) -> None:
+        compiled = clause.compile(dialect=_DIALECT)
+        self.sql = str(compiled)
+        self.json = tuple(
+            name
+            for name, bind in compiled.binds.items()
+            if isinstance(bind.type.dialect_impl(_DIALECT), JSON)
+        )
+
+
+class Driver:
+    """Runs :class:`Statement` s on one psycopg connection: an autocommit unit's own (see
+    :meth:`conveyor.store.Database.autocommit`) or a transaction's."""
+
+    def __init__(
+        self, connection: Any, dialect: Dialect, lost: Callable[[BaseException], None]
+    ) -> None:
+        self._connection: psycopg.Connection[Any] = connection
+        self._dialect = dialect
+        self._lost = lost
+
+    @classmethod
+    def of(cls, connection: Connection) -> Driver:
+        """The driver connection under a SQLAlchemy connection (inside its transaction)."""
+        pooled = connection.connection
+
+        def lost(exc: BaseException) -> None:
+            invalidate_pool(connection.engine.pool, pooled, exc)
+            connection.invalidate(exc)
+
+        return cls(pooled.driver_connection, connection.dialect, lost)
+
+    def rows(self, statement: Statement, values: dict[str, Any]) -> list[tuple[Any, ...]]:
+        params = {**values, **{name: Jsonb(values[name]) for name in statement.json}}
+        try:
+            with self._connection.cursor() as cursor:
+                cursor.execute(statement.sql, params)
+                return cursor.fetchall()
+        except psycopg.Error as exc:
+            lost = self._dialect.is_disconnect(cast(Any, exc), cast(Any, self._connection), None)
+            if lost:
+                self._lost(exc)
+            raise DBAPIError.instance(
+                statement.sql, params, exc, psycopg.Error, hide_parameters=True,
+                connection_invalidated=lost, dialect=self._dialect,
+            ) from exc  # fmt: skip
+
+
+def invalidate_pool(pool: Pool, pooled: PoolProxiedConnection, exc: BaseException) -> None:
+    """As the engine does when a statement finds the server gone: every connection made
+    before now is replaced at its next checkout (the server likely dropped them all)."""
+    pool._invalidate(pooled, exc, _checkin=False)
+
+
+JOB_COLUMNS = (
+    "id, kind, queue, status, priority, max_retries, retry_count, tries_before, enqueued_at, "
+    "tenant_id, workflow_id, execution_id, node_id"
+)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+def job_of(row: Sequence[Any]) -> JobRecord:
+    """A job from the first columns of a row (:data:`JOB_COLUMNS`' order)."""
+    return JobRecord(
+        id=row[0], kind=JobKind(row[1]), queue=row[2], status=JobStatus(row[3]),
+        priority=Priority(row[4]), max_retries=row[5], retry_count=row[6],
+        tries_before=row[7], enqueued_at=_utc(row[8]), tenant_id=row[9], workflow_id=row[10],
+        execution_id=row[11], node_id=row[12],
+    )  # fmt: skip
+
+
+def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, Any]]:
+    """A row of :data:`CLAIM_NODE`: the job, its execution, the outputs of the needs read."""
+    job = job_of(row)
+    execution = ExecutionRecord(
+        id=job.execution_id, tenant_id=job.tenant_id, workflow_id=job.workflow_id,
+        status=ExecutionStatus(row[13]), priority=Priority(row[14]), input=row[15],
+        created_at=row[16].astimezone(UTC), scheduled_for=_utc(row[17]),
+    )  # fmt: skip
+    return job, execution, row[18] or {}
+
+
+# The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
+# attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
+CLAIM_NODE = Statement(
+    text(
+        """
+WITH job AS (
+    UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
+    WHERE id = :id AND kind = 'node' AND status IN ('queued', 'parked')
+      AND node_id IS NOT NULL
+    RETURNING *
+), ex AS (
+    SELECT executions.* FROM executions JOIN job ON executions.id = job.execution_id
+), attempt AS (
+    INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, waited,
+                              timed_out)
+    SELECT job.id, job.tries_before + job.retry_count + 1, 'running', :worker, :now,
+           greatest(0, extract(epoch FROM (CAST(:now AS timestamptz) - job.enqueued_at))),
+           false
+    FROM job, ex WHERE ex.status IN ('pending', 'running')
+), node AS (
+    UPDATE node_states SET status = 'running',
+                           started_at = coalesce(node_states.started_at, :now)
+    FROM job, ex
+    WHERE ex.status IN ('pending', 'running') AND node_states.execution_id = job.execution_id
+      AND node_states.node_id = job.node_id
+)
+SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
+       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
+       (SELECT jsonb_object_agg(n.node_id, n.output) FROM node_states n
+        WHERE n.execution_id = job.execution_id
+          AND n.node_id = ANY(CAST(:needs AS varchar[]))) AS x_needs
+FROM job, ex
+""".format(job_columns=", ".join(f"job.{c}" for c in JOB_COLUMNS.split(", ")))  # noqa: S608
+    ).bindparams(
+        bindparam("id", type_=Uuid()),
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("worker", type_=String()),
+    )
+)
+
+
+# A node's success in one round trip (PostgreSQL), when its execution still runs: what
+# transition_job + finish_attempt + set_node do on complete_node's common path.
+_COMPLETE_CTES = """
+WITH {before}job AS (
+    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
+    WHERE id = :id AND status = 'processing'{guard}
+      AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
+    RETURNING id
+), attempt AS (
+    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
+                            error = NULL, timed_out = false
+    WHERE job_id IN (SELECT id FROM job) AND attempt_number = :attempt
+), node AS (
+    UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
+                           finished_at = :now, error = NULL
+    WHERE execution_id = :execution_id AND node_id = :node_id AND EXISTS (SELECT 1 FROM job)
+    RETURNING 1
+)"""
+_COMPLETE_PARAMS = (
+    bindparam("id", type_=Uuid()),
+    bindparam("execution_id", type_=Uuid()),
+    bindparam("node_id", type_=String()),
+    bindparam("attempt", type_=Integer()),
+    bindparam("output", type_=NODE_STATES.c.output.type),
+    bindparam("branch", type_=String()),
+    bindparam("now", type_=UTCDateTime()),
+    bindparam("duration", type_=Float()),
+)
+COMPLETE_NODE = Statement(
+    text(_COMPLETE_CTES.format(before="", guard="") + "\nSELECT count(*) FROM job").bindparams(
+        *_COMPLETE_PARAMS
+    )
+)
+# A node's whole success in one statement when it makes no successor ready: its successors
+# (locked first, in one order) all wait on another node too. They count one need fewer, the
+# execution one node fewer and, for a node nothing waits on whose output makes the
+# execution's (:finishes), the execution completes when it was the last. Otherwise nothing
+# changes, and the caller takes the transaction (enqueueing what becomes ready). A successor
+# still waiting on another node is unsettled, so the count cannot reach zero unfinished.
+# Row locks: the successors, the job, the node, the execution (it reads node, which reads
+# job; unread, a CTE runs at the statement's end in no order to rely on): the order of every
+# other transaction, and of the status NOTIFYs a stream relays.
+_ALONE_BEFORE = """locked AS (
+    SELECT id, waiting_on, status FROM node_states
+    WHERE execution_id = :execution_id AND node_id = ANY(CAST(:successors AS varchar[]))
+    ORDER BY node_id FOR UPDATE
+), alone AS (
+    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
+), """
+_ALONE_AFTER = """, counted AS (
+    UPDATE node_states SET waiting_on = waiting_on - 1
+    WHERE id IN (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM node)
+    RETURNING 1
+), settled AS (
+    UPDATE executions SET
+        remaining_nodes = remaining_nodes - 1,
+        status = CASE WHEN remaining_nodes = 1 AND :finishes THEN 'completed' ELSE status END,
+        finished_at = CASE WHEN remaining_nodes = 1 AND :finishes THEN :now ELSE finished_at END,
+        output = CASE WHEN remaining_nodes = 1 AND :finishes THEN :execution_output
+                      ELSE output END
+    WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
+      AND (SELECT count(*) FROM counted) >= 0
+)
+SELECT count(*) FROM job"""
+COMPLETE_ALONE = Statement(
+    text(
+        _COMPLETE_CTES.format(before=_ALONE_BEFORE, guard=" AND (SELECT yes FROM alone)")
+        + _ALONE_AFTER
+    ).bindparams(
+        *_COMPLETE_PARAMS,
+        bindparam("finishes", type_=Boolean()),
+        bindparam("execution_output", type_=EXECUTIONS.c.output.type),
+    )
+)
+
+
+# An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
+# idempotency or deduplication key inserts nothing: the rows hang off ``made``'s RETURNING.
+# Nor does a workflow version that is not the tenant's latest any more (``target``): the
+# caller planned it from what it knew, and plans again.
+CREATE_EXECUTION = Statement(
+    text(
+        """
+WITH target AS (
+    SELECT (SELECT w.id FROM workflows w JOIN tenants t ON t.id = w.tenant_id
+            WHERE t.id = :tenant_id AND t.name = :tenant_name AND w.name = :workflow_name
+            ORDER BY w.version DESC LIMIT 1) = :workflow_id AS latest
+), made AS (
+    INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
+                            remaining_nodes, started_at, created_at, idempotency_key,
+                            dedupe_key)
+    SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
+           CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
+           CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
+           CAST(:dedupe_key AS varchar)
+    FROM target WHERE target.latest
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), states AS (
+    INSERT INTO node_states (execution_id, node_id, status, waiting_on)
+    SELECT made.id, s.node_id, s.status, s.waiting_on
+    FROM made, unnest(CAST(:state_nodes AS varchar[]), CAST(:state_statuses AS varchar[]),
+                      CAST(:state_waiting AS integer[])) AS s (node_id, status, waiting_on)
+), jobs AS (
+    INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
+                      tries_before, tenant_id, workflow_id, execution_id, node_id, next_run_at,
+                      created_at, enqueued_at)
+    SELECT j.id, j.kind, j.queue, '{}', j.status, :priority, j.max_retries, 0, 0, :tenant_id,
+           :workflow_id, made.id, j.node_id, j.next_run_at, :now, :now
+    FROM made, unnest(CAST(:job_ids AS uuid[]), CAST(:job_kinds AS varchar[]),
+                      CAST(:job_queues AS varchar[]), CAST(:job_statuses AS varchar[]),
+                      CAST(:job_nodes AS varchar[]), CAST(:job_retries AS integer[]),
+                      CAST(:job_next AS timestamptz[]))
+         AS j (id, kind, queue, status, node_id, max_retries, next_run_at)
+)
+SELECT coalesce((SELECT latest FROM target), false) AS latest,
+       (SELECT count(*) FROM made) AS made
+"""
+    ).bindparams(
+        bindparam("input", type_=EXECUTIONS.c.input.type),
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("started_at", type_=UTCDateTime()),
+    )
+)

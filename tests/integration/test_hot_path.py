@@ -1,0 +1,120 @@
+"""The hot path's statements on the driver's connection (store.hot), against real PostgreSQL:
+errors come out as SQLAlchemy's with the parameters hidden, a connection lost under them is
+replaced and the work run again, and the pooled connection goes back to transactions."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DataError, DBAPIError
+
+from conveyor.engine import runner
+from conveyor.engine.records import Dispatch
+from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.service import Conveyor, utcnow
+from conveyor.store import Database, hot
+
+ONE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": {"function": "test.add"},
+                                 "inputs": {"a": 1, "b": 2}}]}  # fmt: skip
+APP = "conveyor-hot-path-test"
+
+
+class Held:
+    """A dispatcher that keeps what it is given: the test runs the jobs itself."""
+
+    def __init__(self) -> None:
+        self.dispatches: list[Dispatch] = []
+
+    def publish(self, dispatches: Sequence[Dispatch]) -> None:
+        self.dispatches.extend(dispatches)
+
+
+@pytest.fixture
+def own(conveyor_service: Conveyor, database_url: str) -> Iterator[Conveyor]:
+    """A service over its own engine (named, so that its connections can be found) and a
+    dispatcher that publishes nothing."""
+    db = Database(f"{database_url}?application_name={APP}")
+    service = Conveyor(db, Held())
+    service.apply(parse_workflow(ONE))
+    yield service
+    db.dispose()
+
+
+def run_all(service: Conveyor) -> None:
+    held = service.dispatcher
+    assert isinstance(held, Held)
+    while held.dispatches:
+        service.run_node(held.dispatches.pop().job_id)
+
+
+def status(service: Conveyor, execution_id: object) -> ExecutionStatus | None:
+    with service.db.transaction() as store:
+        return store.execution_status(execution_id)  # type: ignore[arg-type]
+
+
+def test_a_connection_lost_under_the_hot_path_is_replaced_and_the_work_run_again(
+    own: Conveyor, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    own.trigger("one")
+    run_all(own)  # the pool now holds used connections
+    admin = create_engine(database_url)
+    with admin.begin() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = :app"
+            ),
+            {"app": APP},
+        ).scalar()
+    admin.dispose()
+    assert killed and killed >= 1
+
+    with caplog.at_level(logging.WARNING, logger="conveyor.store.database"):
+        execution_id = own.trigger("one")  # its statement fails once, then runs again
+        run_all(own)
+
+    assert status(own, execution_id) == ExecutionStatus.COMPLETED
+    assert any("retrying" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_database_error_is_sqlalchemy_s_and_does_not_show_the_parameters(
+    own: Conveyor,
+) -> None:
+    secret = "do-not-log-me"  # a node's output, say: data the logs must not carry
+
+    def bad(store: object) -> object:
+        driver = store._driver  # type: ignore[attr-defined]
+        return driver.rows(
+            hot.COMPLETE_NODE,
+            {"id": uuid.uuid4(), "execution_id": uuid.uuid4(), "node_id": "n",
+             "attempt": 2**40, "output": {"k": secret}, "branch": None, "now": utcnow(),
+             "duration": 0.0},
+        )  # fmt: skip
+
+    with pytest.raises(DBAPIError) as raised:
+        own.db.autocommit(bad)
+
+    assert isinstance(raised.value, DataError), type(raised.value)  # the caller's catch
+    assert raised.value.orig is not None and raised.value.orig.sqlstate is not None  # type: ignore[attr-defined]
+    assert secret not in str(raised.value)
+
+
+def test_the_pooled_connection_goes_back_to_transactions(own: Conveyor) -> None:
+    own.trigger("one")  # the process knows the workflow: the next trigger is one statement
+    own.db.engine.dispose()
+    own.db.autocommit(lambda s: runner.trigger(s, workflow_name="one", tenant="default",
+                                               input={}, now=utcnow()))  # fmt: skip
+    assert own.db.engine.pool.checkedin() == 1  # type: ignore[attr-defined]
+    # The transaction below is on the connection the trigger ran on.
+
+    with pytest.raises(RuntimeError), own.db.transaction() as store:
+        store.create_tenant("rolled-back")
+        raise RuntimeError("roll it back")
+
+    with own.db.transaction() as store:
+        assert "rolled-back" not in store.tenant_names()
