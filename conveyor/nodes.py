@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
 import httpx
@@ -128,11 +129,17 @@ def _ensure_json(value: Any) -> Any:
     return value
 
 
+@lru_cache(maxsize=1024)
+def _takes_ctx(fn: Callable[..., Any]) -> bool:
+    """Whether a registered function asks for the node context (read once per function)."""
+    return "ctx" in inspect.signature(fn).parameters
+
+
 def _call_python(
     fn: Callable[..., Any], inputs: dict[str, Any], ctx: NodeContext, timeout: float | None
 ) -> Any:
     kwargs = dict(inputs)
-    if "ctx" in inspect.signature(fn).parameters:
+    if _takes_ctx(fn):
         kwargs["ctx"] = ctx
     outcome: dict[str, Any] = {}
 
