@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, Undefined, nodes
+from jinja2 import StrictUndefined, Template, Undefined, nodes
+from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -43,12 +45,25 @@ def render_value(value: Any, context: Mapping[str, Any]) -> Any:
 def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
     """Evaluate one sandboxed expression (as used by condition nodes)."""
     try:
-        value = _ENV.compile_expression(expression, undefined_to_none=False)(**context)
+        value = _expression(expression)(**context)
         if isinstance(value, Undefined):
             value._fail_with_undefined_error()  # an unknown name, or an attribute the sandbox hides
     except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise TemplateError(f"expression {expression!r} failed: {exc}") from exc
     return value
+
+
+# Compiling a template costs some 250 us (parse, generate, compile() the Python); rendering
+# one costs a few. A definition has a fixed set of them: each is compiled once per process.
+# A compiled template is immutable: threads share it.
+@lru_cache(maxsize=4096)
+def _expression(expression: str) -> TemplateExpression:
+    return _ENV.compile_expression(expression, undefined_to_none=False)
+
+
+@lru_cache(maxsize=4096)
+def _template(text: str) -> Template:
+    return _ENV.from_string(text)
 
 
 def _render_string(value: str, context: Mapping[str, Any]) -> Any:
@@ -58,7 +73,7 @@ def _render_string(value: str, context: Mapping[str, Any]) -> Any:
     if whole and "}}" not in whole.group("expr"):
         return evaluate(whole.group("expr"), context)
     try:
-        return _ENV.from_string(value).render(**context)
+        return _template(value).render(**context)
     except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise TemplateError(f"template {value!r} failed: {exc}") from exc
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.engine import templates
 from conveyor.engine.templates import evaluate, referenced_nodes, render_value, syntax_error
 from conveyor.exceptions import TemplateError
 
@@ -146,3 +147,32 @@ def test_referenced_nodes_finds_nodes_inside_blocks_and_filters() -> None:
 def test_referenced_nodes_reads_bare_expressions_when_asked() -> None:
     assert referenced_nodes("nodes.a.n > 1", expression=True) == {"a"}
     assert referenced_nodes("nodes.a.n > 1") == set()
+
+
+# Cost: a template is compiled once per process, whatever the context
+
+
+def test_a_template_is_compiled_once_and_rendered_with_each_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    compiled: list[str] = []
+    real = templates._ENV.compile_expression
+    real_text = templates._ENV.from_string
+
+    def expression(source: str, **kwargs: Any) -> Any:
+        compiled.append(source)
+        return real(source, **kwargs)
+
+    def text(source: Any) -> Any:
+        if isinstance(source, str):  # (compile_expression passes it a parsed tree)
+            compiled.append(source)
+        return real_text(source)
+
+    monkeypatch.setattr(templates._ENV, "compile_expression", expression)
+    monkeypatch.setattr(templates._ENV, "from_string", text)
+    whole, mixed = "{{ input.count * 7 }}", "n={{ input.count * 7 }}!"
+
+    found = [render_value([whole, mixed], {"input": {"count": n}}) for n in range(5)]
+
+    assert found == [[n * 7, f"n={n * 7}!"] for n in range(5)]
+    assert sorted(compiled) == sorted([" input.count * 7 ", mixed])
