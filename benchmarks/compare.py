@@ -44,6 +44,12 @@ from conveyor.tasks.dispatch import CeleryDispatcher
 
 NOOP = {"function": "bench.noop"}
 ONE_NODE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": NOOP}]}
+# The latency's node: it records when its code started, as the raw task does.
+STARTED = {"name": "started", "nodes": [{"id": "n", "type": "python",
+                                         "config": {"function": "bench.started"},
+                                         "inputs": {"key": "{{ input.key }}"}}]}  # fmt: skip
+# How often each side looks for the fan-out's end (raw: a Redis GET; Conveyor: a SELECT).
+END_POLL = 0.005
 LIMITS = {
     "CONVEYOR_LIMIT_GLOBAL": "100000",
     "CONVEYOR_LIMIT_TENANT": "100000",
@@ -93,7 +99,7 @@ class Bench:
         raw.conf.result_backend = self.svc.redis_url
         return raw
 
-    def finished_at(self, execution_id: uuid.UUID, timeout: float) -> datetime:
+    def finished_at(self, execution_id: uuid.UUID, timeout: float, poll: float = 0.002) -> datetime:
         """Wait for an execution to complete; when it finished (the worker's clock)."""
         deadline = time.monotonic() + timeout
         query = select(Execution.status, Execution.finished_at).where(Execution.id == execution_id)
@@ -107,7 +113,7 @@ class Bench:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"execution {execution_id} not completed in {timeout} s")
                 conn.rollback()
-                time.sleep(0.002)
+                time.sleep(poll)
 
 
 # -- 1. fan-out / fan-in -------------------------------------------------------------------
@@ -119,7 +125,7 @@ def fanout(bench: Bench, n: int) -> dict[str, float]:
     with bench.conveyor_workers():
         started = time.time()
         made = bench.client.trigger(f"fanout{n}")
-        finished = bench.finished_at(made, timeout=120 + n)
+        finished = bench.finished_at(made, timeout=120 + n, poll=END_POLL)
         conveyor = (finished.timestamp() - started) / (n + 2)
 
     raw, key = bench.raw_app(), f"bench:chord:{uuid.uuid4().hex[:6]}"
@@ -130,7 +136,7 @@ def fanout(bench: Bench, n: int) -> dict[str, float]:
         while (done := bench.redis.get(key)) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError("the chord's callback did not run")
-            time.sleep(0.005)
+            time.sleep(END_POLL)
         chord = (float(done) - started) / (n + 2)
     return {"conveyor_s_per_node": conveyor, "raw_s_per_node": chord}
 
@@ -199,21 +205,23 @@ def raw_throughput(bench: Bench, n: int) -> float:
 
 
 def conveyor_latency(bench: Bench, runs: int) -> dict[str, list[float]]:
-    """Seconds from trigger to node start and to execution completed, run after run."""
+    """Seconds from trigger to the node's code starting (it pushes the time to a Redis list
+    the harness waits on, as the raw task does) and to the execution completed, run after
+    run."""
+    bench.client.apply(parse_workflow(STARTED))
+    key = f"bench:started:{uuid.uuid4().hex[:6]}"
     to_start, to_done = [], []
     with bench.conveyor_workers():
-        for _ in range(5):  # warm: connections, imports, the definition cache
-            bench.finished_at(bench.client.trigger("one"), timeout=30)
-        for _ in range(runs):
+        for i in range(runs + 5):  # the first five warm connections, imports, the cache
             started = time.time()
-            made = bench.client.trigger("one")
+            made = bench.client.trigger("started", {"key": key})
+            popped = bench.redis.blpop([key], timeout=30)
+            if popped is None:
+                raise RuntimeError("the node did not start within 30 s")
             finished = bench.finished_at(made, timeout=30)
-            with bench.database.engine.connect() as conn:
-                node_start = conn.execute(
-                    select(NodeState.started_at).where(NodeState.execution_id == made)
-                ).scalar_one()
-            to_start.append(node_start.timestamp() - started)
-            to_done.append(finished.timestamp() - started)
+            if i >= 5:
+                to_start.append(float(popped[1]) - started)
+                to_done.append(finished.timestamp() - started)
     return {"trigger_to_node_start": to_start, "trigger_to_completed": to_done}
 
 

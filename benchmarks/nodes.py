@@ -67,6 +67,13 @@ def raw_count(counter_key: str, target: int) -> None:
         _redis().set(f"{counter_key}:done", time.time())
 
 
+@conveyor.node("bench.started")
+def started(key: str) -> dict[str, bool]:
+    """Record when the node's code started (the latency benchmark's trigger -> start)."""
+    _redis().rpush(key, time.time())
+    return {"ok": True}
+
+
 @raw.task(name="bench.raw_started")
 def raw_started(key: str) -> None:
     """Record when the task started (the latency benchmark's apply_async -> start)."""
