@@ -48,6 +48,9 @@ ONE_NODE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": NOO
 STARTED = {"name": "started", "nodes": [{"id": "n", "type": "python",
                                          "config": {"function": "bench.started"},
                                          "inputs": {"key": "{{ input.key }}"}}]}  # fmt: skip
+# A pause before each latency run: the workers finish the last run's aftermath (acks, task
+# events, permits) and are idle when the next run starts.
+SETTLE = 0.002
 # How often each side looks for the fan-out's end (raw: a Redis GET; Conveyor: a SELECT).
 END_POLL = 0.005
 LIMITS = {
@@ -209,40 +212,39 @@ def raw_throughput(bench: Bench, n: int) -> float:
 # -- 3. latency ----------------------------------------------------------------------------
 
 
-def conveyor_latency(bench: Bench, runs: int) -> dict[str, list[float]]:
-    """Seconds from trigger to the node's code starting (it pushes the time to a Redis list
-    the harness waits on, as the raw task does) and to the execution completed, run after
-    run."""
+def latency(bench: Bench, runs: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Conveyor: seconds from trigger to the node's code starting (it pushes the time to a
+    Redis list the harness waits on) and to the execution completed. Raw Celery: seconds from
+    apply_async to the task's code starting (the same push). Both pools run at once and the
+    runs alternate, one after the other on idle workers (``SETTLE`` apart), so that both
+    sides see the same machine; the first five of each warm connections, imports and caches."""
     bench.client.apply(parse_workflow(STARTED))
-    key = f"bench:started:{uuid.uuid4().hex[:6]}"
-    to_start, to_done = [], []
-    with bench.conveyor_workers():
-        for i in range(runs + 5):  # the first five warm connections, imports, the cache
-            started = time.time()
-            made = bench.client.trigger("started", {"key": key})
-            popped = bench.redis.blpop([key], timeout=30)
-            if popped is None:
-                raise RuntimeError("the node did not start within 30 s")
-            finished = bench.finished_at(made, timeout=30)
-            if i >= 5:
-                to_start.append(float(popped[1]) - started)
-                to_done.append(finished.timestamp() - started)
-    return {"trigger_to_node_start": to_start, "trigger_to_completed": to_done}
-
-
-def raw_latency(bench: Bench, runs: int) -> list[float]:
-    raw, key = bench.raw_app(), f"bench:started:{uuid.uuid4().hex[:6]}"
-    found = []
-    with bench.raw_workers():
+    raw = bench.raw_app()
+    ours, theirs = (f"bench:started:{uuid.uuid4().hex[:6]}" for _ in range(2))
+    to_start, to_done, raw_start = [], [], []
+    with bench.conveyor_workers(), bench.raw_workers():
         for i in range(runs + 5):
+            time.sleep(SETTLE)
             started = time.time()
-            raw.send_task("bench.raw_started", args=[key], queue="raw")
-            popped = bench.redis.blpop([key], timeout=30)
-            if popped is None:
-                raise RuntimeError("the raw task did not start within 30 s")
-            if i >= 5:  # the same warm-up as Conveyor's
-                found.append(float(popped[1]) - started)
-    return found
+            made = bench.client.trigger("started", {"key": ours})
+            node_start = _popped(bench, ours)
+            finished = bench.finished_at(made, timeout=30)
+            time.sleep(SETTLE)
+            raw_started = time.time()
+            raw.send_task("bench.raw_started", args=[theirs], queue="raw")
+            task_start = _popped(bench, theirs)
+            if i >= 5:
+                to_start.append(node_start - started)
+                to_done.append(finished.timestamp() - started)
+                raw_start.append(task_start - raw_started)
+    return {"trigger_to_node_start": to_start, "trigger_to_completed": to_done}, raw_start
+
+
+def _popped(bench: Bench, key: str) -> float:
+    popped = bench.redis.blpop([key], timeout=30)
+    if popped is None:
+        raise RuntimeError("the node (task) did not start within 30 s")
+    return float(popped[1])
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -329,13 +331,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for n in (int(w) for w in args.fanout.split(",") if w):
                 figures[f"fanout_{n}"] = fanout(bench, n)
         if "throughput" not in skip or "scale" not in skip:
-            figures["throughput"] = {
-                "conveyor_per_s": median(conveyor_throughput, bench, args),
-                "raw_per_s": median(raw_throughput, bench, args),
-            }
+            figures["throughput"] = throughput(bench, args)
         if "latency" not in skip:
-            found = conveyor_latency(bench, args.latency_runs)
-            raw = raw_latency(bench, args.latency_runs)
+            found, raw = latency(bench, args.latency_runs)
             figures["latency"] = {
                 "conveyor_node_start": percentiles(found["trigger_to_node_start"]),
                 "conveyor_completed": percentiles(found["trigger_to_completed"]),
@@ -358,6 +356,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with open(args.json_path, "w") as out:
             json.dump(results, out, indent=2)
     return results
+
+
+def throughput(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """The medians of ``--rounds`` runs each side, the rounds alternating between the two so
+    that the machine's drift (this one's moves by 15 to 30 % within minutes) falls on both."""
+    ours, raws = [], []
+    for _ in range(args.rounds):
+        ours.append(conveyor_throughput(bench, args.executions))
+        raws.append(raw_throughput(bench, args.executions))
+    return {
+        "conveyor_per_s": statistics.median(ours), "raw_per_s": statistics.median(raws),
+        "conveyor_rounds": ours, "raw_rounds": raws,
+    }  # fmt: skip
 
 
 def median(measure: Any, bench: Bench, args: argparse.Namespace) -> float:
