@@ -122,31 +122,41 @@ class Bench:
 # -- 1. fan-out / fan-in -------------------------------------------------------------------
 
 
-def fanout(bench: Bench, n: int) -> dict[str, float]:
-    """Seconds per node from trigger to the join's end, for Conveyor and for a chord; each
-    side runs its fan-out once untimed first (connections, imports, the definition cache),
-    as the latency runs warm up."""
+def fanout(bench: Bench, n: int, rounds: int) -> dict[str, Any]:
+    """Seconds per node from trigger to the join's end, for Conveyor and for a chord: the
+    median of ``rounds`` runs each, alternating between the two with both pools running,
+    after one untimed run each (connections, imports, the definition cache)."""
     bench.client.apply(parse_workflow(fanout_definition(n)))
-    with bench.conveyor_workers():
-        for _ in range(2):
-            started = time.time()
-            made = bench.client.trigger(f"fanout{n}")
-            finished = bench.finished_at(made, timeout=120 + n, poll=END_POLL)
-        conveyor = (finished.timestamp() - started) / (n + 2)
+    ours, chords = [], []
+    with bench.conveyor_workers(), bench.raw_workers():
+        for i in range(rounds + 1):
+            conveyor, chord = _conveyor_fanout(bench, n), _raw_fanout(bench, n)
+            if i:
+                ours.append(conveyor)
+                chords.append(chord)
+    return {
+        "conveyor_s_per_node": statistics.median(ours), "raw_s_per_node": statistics.median(chords),
+        "conveyor_rounds": ours, "raw_rounds": chords,
+    }  # fmt: skip
 
-    raw = bench.raw_app()
-    with bench.raw_workers():
-        for _ in range(2):
-            key = f"bench:chord:{uuid.uuid4().hex[:6]}"
-            started = time.time()
-            raw.send_task("bench.raw_root", args=[n, key], queue="raw")
-            deadline = time.monotonic() + 120 + n
-            while (done := bench.redis.get(key)) is None:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the chord's callback did not run")
-                time.sleep(END_POLL)
-        chord = (float(done) - started) / (n + 2)
-    return {"conveyor_s_per_node": conveyor, "raw_s_per_node": chord}
+
+def _conveyor_fanout(bench: Bench, n: int) -> float:
+    started = time.time()
+    made = bench.client.trigger(f"fanout{n}")
+    finished = bench.finished_at(made, timeout=120 + n, poll=END_POLL)
+    return (finished.timestamp() - started) / (n + 2)
+
+
+def _raw_fanout(bench: Bench, n: int) -> float:
+    key = f"bench:chord:{uuid.uuid4().hex[:6]}"
+    started = time.time()
+    bench.raw_app().send_task("bench.raw_root", args=[n, key], queue="raw")
+    deadline = time.monotonic() + 120 + n
+    while (done := bench.redis.get(key)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the chord's callback did not run")
+        time.sleep(END_POLL)
+    return (float(done) - started) / (n + 2)
 
 
 # -- 2. and 4. throughput ------------------------------------------------------------------
@@ -316,7 +326,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--latency-runs", type=int, default=500)
     parser.add_argument("--scale-rows", type=int, default=1_000_000)
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
-    parser.add_argument("--rounds", type=int, default=3, help="throughput runs (the median)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="fan-out and throughput runs (the median)"
+    )
     parser.add_argument("--skip", default="", help="skip: fanout,throughput,latency,scale")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
@@ -329,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bench.client.apply(parse_workflow(ONE_NODE))
         if "fanout" not in skip:
             for n in (int(w) for w in args.fanout.split(",") if w):
-                figures[f"fanout_{n}"] = fanout(bench, n)
+                figures[f"fanout_{n}"] = fanout(bench, n, args.rounds)
         if "throughput" not in skip or "scale" not in skip:
             figures["throughput"] = throughput(bench, args)
         if "latency" not in skip:
