@@ -78,7 +78,9 @@ _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, RecoveryQueries):
-    """The store port over one SQLAlchemy session (PostgreSQL or SQLite)."""
+    """The store port over one SQLAlchemy session (PostgreSQL or SQLite); on PostgreSQL the
+    hot path's statements (store.hot) run on the session's driver connection, or on the
+    autocommit unit's own."""
 
     def __init__(
         self,
@@ -101,14 +103,14 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             self._session = self._opens()
         return self._session
 
-    @session.setter
+    @session.setter  # (the query mixins declare ``session`` a plain attribute)
     def session(self, session: Session) -> None:
         self._session = session
 
     def _core(self, statement: Executable, params: Any = None) -> CursorResult[Any]:
-        """Run a Core statement on the transaction's connection. The hot path (trigger,
-        claim, complete) goes this way: it reads records, never ORM objects, so the ORM's
-        bookkeeping per statement (identity map, session synchronisation) buys nothing."""
+        """Run a Core statement on the transaction's connection: statements that read
+        records, never ORM objects, so the ORM's bookkeeping per statement (identity map,
+        session synchronisation) buys nothing. The hottest go further (:meth:`_hot`)."""
         return self.session.connection().execute(statement, params)
 
     @property

@@ -52,9 +52,9 @@ def run_all(service: Conveyor) -> None:
         service.run_node(held.dispatches.pop().job_id)
 
 
-def status(service: Conveyor, execution_id: object) -> ExecutionStatus | None:
+def status(service: Conveyor, execution_id: uuid.UUID) -> ExecutionStatus | None:
     with service.db.transaction() as store:
-        return store.execution_status(execution_id)  # type: ignore[arg-type]
+        return store.execution_status(execution_id)
 
 
 def test_a_connection_lost_under_the_hot_path_is_replaced_and_the_work_run_again(
