@@ -645,8 +645,11 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) ->
         if not ready:
             continue
         # Their needs' rows, all at once. A ready node never needs another ready one: that
-        # one has not settled, so the first would still be waiting on it.
-        rows = store.node_rows(execution.id, {need for n in ready for need in n.needs})
+        # one has not settled, so the first would still be waiting on it. Outputs only for a
+        # delay node (its delay may be a template): a node's claim reads its needs' outputs.
+        delays = any(n.type == "delay" for n in ready)
+        needs_of_ready = {need for n in ready for need in n.needs}
+        rows = store.node_rows(execution.id, needs_of_ready, outputs=delays)
         runnable: list[tuple[Node, dict[str, Any]]] = []
         for successor in ready:
             needs = {
@@ -658,7 +661,7 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) ->
                 settled += 1
                 frontier.append(successor.id)
                 continue
-            outputs = {need: rows[need].output for need in successor.needs}
+            outputs = {need: rows[need].output for need in successor.needs} if delays else {}
             runnable.append((successor, _context(execution, outputs)))
         dispatches += _enqueue_nodes(store, execution, workflow, runnable, now)
     known = {} if output is None else {run.node.id: output}

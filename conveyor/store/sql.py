@@ -12,11 +12,15 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
     CursorResult,
     Executable,
     Row,
     Select,
+    String,
     Table,
+    any_,
     bindparam,
     case,
     func,
@@ -74,6 +78,7 @@ NODE_STATES = cast(Table, NodeState.__table__)
 ATTEMPTS = cast(Table, JobAttempt.__table__)
 WORKFLOWS = cast(Table, WorkflowVersion.__table__)
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+_READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
@@ -462,15 +467,22 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             )
         )
 
+    def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
+        """``node_id IN (...)``; on PostgreSQL ``node_id = ANY(array)``: one parameter, however
+        many nodes (a fan-out's thousands as an IN list were a new statement text each time,
+        which psycopg parses again: ~30 ms for 2,000)."""
+        if self._postgres:
+            ids = bindparam(None, list(node_ids), type_=ARRAY(String()))
+            return NODE_STATES.c.node_id == any_(ids)
+        return NODE_STATES.c.node_id.in_(list(node_ids))
+
     def decrement_waiting(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> dict[str, int]:
         """One more need of each of ``node_ids`` settled; how many each still waits on.
 
         The row locks this takes are what make a join start exactly once when its
         predecessors finish at the same instant. Several rows are locked first in the order
         given (callers sort), so that two settles touching the same rows cannot deadlock."""
-        where = (NODE_STATES.c.execution_id == execution_id) & NODE_STATES.c.node_id.in_(
-            list(node_ids)
-        )
+        where = (NODE_STATES.c.execution_id == execution_id) & self._nodes_among(node_ids)
         if len(node_ids) > 1:
             self._core(
                 select(NODE_STATES.c.id)
@@ -495,20 +507,24 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             update(NODE_STATES)
             .where(
                 NODE_STATES.c.execution_id == execution_id,
-                NODE_STATES.c.node_id.in_(list(node_ids)),
+                self._nodes_among(node_ids),
                 NODE_STATES.c.status == NodeStatus.PENDING,
             )
             .values(status=NodeStatus.QUEUED)
         )
 
-    def node_rows(self, execution_id: uuid.UUID, node_ids: Iterable[str]) -> dict[str, Row[Any]]:
-        """The state rows of some nodes of an execution (status, branch, output...)."""
+    def node_rows(
+        self, execution_id: uuid.UUID, node_ids: Iterable[str], *, outputs: bool = True
+    ) -> dict[str, Row[Any]]:
+        """The state rows of some nodes of an execution (status, branch, output...); without
+        ``outputs``, only their status and branch (a wide join's readiness reads no outputs)."""
         wanted = list(node_ids)
         if not wanted:
             return {}
+        columns = NODE_STATES.c if outputs else _READINESS
         rows = self._core(
-            select(NODE_STATES).where(
-                NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id.in_(wanted)
+            select(*columns).where(
+                NODE_STATES.c.execution_id == execution_id, self._nodes_among(wanted)
             )
         )
         return {r.node_id: r for r in rows}

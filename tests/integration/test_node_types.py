@@ -146,6 +146,28 @@ def test_delay_node_waits_in_the_database_then_completes(conveyor_service: Conve
     assert (states["after"].started_at - row.created_at).total_seconds() >= 1.0
 
 
+def test_a_delay_after_a_node_takes_its_length_from_that_node_s_output(
+    conveyor_service: Conveyor,
+) -> None:
+    apply(
+        conveyor_service,
+        "measured-wait",
+        [
+            {"id": "first", "type": "python", "config": {"function": "test.add"},
+             "inputs": {"a": 0.25, "b": 0.5}},
+            {"id": "wait", "type": "delay", "needs": ["first"],
+             "config": {"seconds": "{{ nodes.first.sum }}"}},
+        ],
+    )  # fmt: skip
+
+    row = wait_for(conveyor_service, conveyor_service.trigger("measured-wait"))
+
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    states = node_states(conveyor_service, row.id)
+    assert states["wait"].output == {"delayed_seconds": 0.75}
+    assert (states["wait"].started_at - states["first"].finished_at).total_seconds() >= 0.75
+
+
 @pytest.mark.parametrize(
     ("amount", "taken", "skipped"), [(500, "big", "small"), (5, "small", "big")]
 )
