@@ -88,7 +88,7 @@ class Driver:
         try:
             with self._connection.cursor() as cursor:
                 cursor.execute(statement.sql, params)
-                return cursor.fetchall()
+                return cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
             lost = self._dialect.is_disconnect(cast(Any, exc), cast(Any, self._connection), None)
             if lost:
@@ -300,4 +300,23 @@ SELECT coalesce((SELECT latest FROM target), false) AS latest,
         bindparam("now", type_=UTCDateTime()),
         bindparam("started_at", type_=UTCDateTime()),
     )
+)
+
+
+# Node jobs of a running execution in one statement (PostgreSQL): a wide fan-out's thousands
+# of rows as a few arrays, not one INSERT per row.
+ADD_NODE_JOBS = Statement(
+    text(
+        """
+INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
+                  tries_before, tenant_id, workflow_id, execution_id, node_id, next_run_at,
+                  created_at, enqueued_at)
+SELECT j.id, 'node', CAST(:queue AS varchar), '{}', j.status, CAST(:priority AS varchar),
+       j.max_retries, 0, 0, :tenant_id, :workflow_id, :execution_id, j.node_id,
+       j.next_run_at, :now, :now
+FROM unnest(CAST(:job_ids AS uuid[]), CAST(:job_statuses AS varchar[]),
+            CAST(:job_nodes AS varchar[]), CAST(:job_retries AS integer[]),
+            CAST(:job_next AS timestamptz[])) AS j (id, status, node_id, max_retries, next_run_at)
+"""
+    ).bindparams(bindparam("now", type_=UTCDateTime()))
 )

@@ -535,10 +535,19 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
     ) -> None:
         """Insert node jobs, queued (or scheduled, with a ``next_run_at``), in one statement."""
-        self._core(
-            insert(JOBS),
-            [{**_node_job(execution, j, now), "execution_id": execution.id} for j in jobs],
-        )
+        rows = [_node_job(execution, j, now) for j in jobs]
+        if not self._postgres:
+            self._core(insert(JOBS), [{**r, "execution_id": execution.id} for r in rows])
+            return
+        self._hot(hot.ADD_NODE_JOBS, {
+            "queue": NODE_QUEUE, "priority": execution.priority.value,
+            "tenant_id": execution.tenant_id, "workflow_id": execution.workflow_id,
+            "execution_id": execution.id, "now": now,
+            "job_ids": [r["id"] for r in rows], "job_statuses": [r["status"].value for r in rows],
+            "job_nodes": [r["node_id"] for r in rows],
+            "job_retries": [r["max_retries"] for r in rows],
+            "job_next": [r["next_run_at"] for r in rows],
+        })  # fmt: skip
 
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
         """queued (or parked) -> processing; None when the job is not a runnable job of that
