@@ -1,6 +1,7 @@
 """The hot path's statements, run on the driver's own connection (PostgreSQL, psycopg).
 
-A trigger, a claim and an outcome are sent once per node. Through SQLAlchemy's Connection
+A trigger, a claim and an outcome are sent once per node (and a settle's jobs insert once
+per node that makes others ready). Through SQLAlchemy's Connection
 each cost more client CPU (connection and transaction objects, result metadata, bind and
 result processing) than the server spent running it. These statements are fixed text,
 compiled once for psycopg; their parameters are plain values and their rows are read by
