@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -80,20 +80,20 @@ class Database:
     def _driver(self) -> Iterator[Driver]:
         """A pooled connection in autocommit, for the hot path's statements (store.hot)."""
         pooled = self.engine.raw_connection()  # pinged first if it sat idle
-        connection: Any = pooled.driver_connection
+
+        def lost(exc: BaseException) -> None:
+            invalidate_pool(self.engine.pool, pooled, exc)
+            pooled.invalidate(exc)
+
+        driver = Driver(pooled.driver_connection, self.engine.dialect, lost)
         try:
-            connection.autocommit = True
-
-            def lost(exc: BaseException) -> None:
-                invalidate_pool(self.engine.pool, pooled, exc)
-                pooled.invalidate(exc)
-
-            yield Driver(connection, self.engine.dialect, lost)
+            driver.set_autocommit(True)
+            yield driver
         finally:
             if pooled.is_valid:
                 try:
-                    connection.autocommit = False  # as the pool hands connections out
-                except Exception:  # broken: the pool must not hand it out again
+                    driver.set_autocommit(False)  # as the pool hands connections out
+                except DBAPIError:  # broken: the pool must not hand it out again
                     pooled.invalidate()
             pooled.close()
 

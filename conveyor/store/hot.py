@@ -13,7 +13,8 @@ Only for PostgreSQL: SQLite takes :class:`~conveyor.store.sql.SqlStore`'s genera
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -86,16 +87,26 @@ class Driver:
 
     def rows(self, statement: Statement, values: dict[str, Any]) -> list[tuple[Any, ...]]:
         params = {**values, **{name: Jsonb(values[name]) for name in statement.json}}
+        with self._translated(statement.sql, params), self._connection.cursor() as cursor:
+            cursor.execute(statement.sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+
+    def set_autocommit(self, on: bool) -> None:
+        """Each statement its own transaction (on), or not (as the pool hands them out)."""
+        with self._translated("-- set autocommit", None):
+            self._connection.autocommit = on
+
+    @contextmanager
+    def _translated(self, sql: str, params: dict[str, Any] | None) -> Iterator[None]:
+        """psycopg's errors as SQLAlchemy's, a lost connection reported to ``lost``."""
         try:
-            with self._connection.cursor() as cursor:
-                cursor.execute(statement.sql, params)
-                return cursor.fetchall() if cursor.description is not None else []
+            yield
         except psycopg.Error as exc:
             lost = self._dialect.is_disconnect(cast(Any, exc), cast(Any, self._connection), None)
             if lost:
                 self._lost(exc)
             raise DBAPIError.instance(
-                statement.sql, params, exc, psycopg.Error, hide_parameters=True,
+                sql, params, exc, psycopg.Error, hide_parameters=True,
                 connection_invalidated=lost, dialect=self._dialect,
             ) from exc  # fmt: skip
 

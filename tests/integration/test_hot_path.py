@@ -8,6 +8,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 
+import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DataError, DBAPIError
@@ -118,3 +119,17 @@ def test_the_pooled_connection_goes_back_to_transactions(own: Conveyor) -> None:
 
     with own.db.transaction() as store:
         assert "rolled-back" not in store.tenant_names()
+
+
+def test_a_connection_already_gone_fails_as_sqlalchemy_s_and_is_reported_lost(
+    own: Conveyor, database_url: str
+) -> None:
+    connection = psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql"))
+    connection.close()
+    reported: list[BaseException] = []
+    driver = hot.Driver(connection, own.db.engine.dialect, reported.append)
+
+    with pytest.raises(DBAPIError) as raised:
+        driver.set_autocommit(True)
+
+    assert raised.value.connection_invalidated and len(reported) == 1
