@@ -62,5 +62,15 @@ def test_flower_shows_node_tasks_with_their_job_execution_and_node(
         time.sleep(0.2)
     shown = nodes[0]["args"]
     assert f"execution={execution_id}" in shown and "node=step" in shown and "job=" in shown
-    workers = httpx.get(f"{flower}/api/workers?refresh=1", timeout=20).json()
-    assert any(name.startswith("seen-") for name in workers), workers
+    # refresh=1 asks the workers now and waits Flower's inspect timeout (1 s) for replies: on
+    # a loaded machine a reply can miss it, and the answer is {}. Ask again until it shows.
+    workers = _workers(flower)
+    while not any(name.startswith("seen-") for name in workers):
+        assert time.monotonic() < deadline + 20, workers
+        time.sleep(0.5)
+        workers = _workers(flower)
+
+
+def _workers(flower: str) -> dict[str, object]:
+    found: dict[str, object] = httpx.get(f"{flower}/api/workers?refresh=1", timeout=20).json()
+    return found
