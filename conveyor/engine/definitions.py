@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -148,10 +149,14 @@ class Workflow(BaseModel):
         return [s.name or self.name for s in self.schedules]
 
     def node(self, node_id: str) -> Node:
-        for n in self.nodes:
-            if n.id == node_id:
-                return n
-        raise KeyError(node_id)
+        return self._by_id[node_id]  # KeyError for an unknown id
+
+    @cached_property
+    def _by_id(self) -> dict[str, Node]:
+        """The nodes by id, built at the first lookup: a 2,000-wide join's readiness looks up
+        each of its needs (a scan of the list each was 4 million comparisons, ~75 ms). Not a
+        field: equality, hashing and dumps ignore it."""
+        return {n.id: n for n in self.nodes}
 
     def retry_for(self, node: Node) -> RetryPolicy:
         return node.retry or self.defaults.retry
