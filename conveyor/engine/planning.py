@@ -41,7 +41,6 @@ class Plan:
     successors: Mapping[str, tuple[str, ...]]
     waiting_on: Mapping[str, int]
     sinks: tuple[str, ...]
-    nodes: Mapping[str, Node]  # by id (Workflow.node looks through the list)
 
 
 def plan(workflow: Workflow) -> Plan:
@@ -50,7 +49,6 @@ def plan(workflow: Workflow) -> Plan:
         for need in dict.fromkeys(node.needs):  # a repeated need counts once
             successors[need].append(node.id)
     return Plan(
-        nodes={n.id: n for n in workflow.nodes},
         roots=tuple(n.id for n in workflow.nodes if not n.needs),
         successors={k: tuple(v) for k, v in successors.items()},
         waiting_on={n.id: len(set(n.needs)) for n in workflow.nodes},

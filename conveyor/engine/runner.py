@@ -247,7 +247,7 @@ def _create(
     if len(workflow.nodes) <= INLINE_PLAN_NODES:
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = _context(execution, {})
-        jobs = _new_jobs(workflow, [(shape.nodes[root], context) for root in shape.roots], now)
+        jobs = _new_jobs(workflow, [(workflow.node(root), context) for root in shape.roots], now)
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
@@ -445,8 +445,8 @@ def claim_node(
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
         store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
         return None
-    workflow, shape = load_workflow(store, execution.workflow_id)
-    node = shape.nodes[job.node_id]
+    workflow, _ = load_workflow(store, execution.workflow_id)
+    node = workflow.node(job.node_id)
     if outputs is None or hinted is None or hinted[0] != job.node_id:
         rows = store.node_rows(execution.id, node.needs)
         outputs = {need: row.output for need, row in rows.items()}
@@ -459,8 +459,11 @@ def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
     if hints is None or hints.node_id is None:
         return None
     cached = cached_workflow(hints.workflow_id)
-    node = cached[1].nodes.get(hints.node_id) if cached is not None else None
-    if node is None:
+    if cached is None:
+        return None
+    try:
+        node = cached[0].node(hints.node_id)
+    except KeyError:  # a hint naming no node of that version: the claim reads the job's
         return None
     return node.id, sorted(set(node.needs))
 
@@ -641,7 +644,7 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) ->
         if not successors:
             continue
         left = store.decrement_waiting(execution.id, successors)
-        ready = [shape.nodes[s] for s in successors if left[s] == 0]
+        ready = [workflow.node(s) for s in successors if left[s] == 0]
         if not ready:
             continue
         # Their needs' rows, all at once. A ready node never needs another ready one: that
