@@ -28,7 +28,6 @@ from sqlalchemy import (
     Float,
     Integer,
     String,
-    Table,
     TextClause,
     Uuid,
     bindparam,
@@ -40,12 +39,8 @@ from sqlalchemy.pool import Pool, PoolProxiedConnection
 
 from conveyor.engine.records import ExecutionRecord, JobRecord
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority
-from conveyor.models import Execution, Job, NodeState
-from conveyor.models.base import UTCDateTime
+from conveyor.models.base import JsonType, UTCDateTime
 
-JOBS = cast(Table, Job.__table__)
-EXECUTIONS = cast(Table, Execution.__table__)
-NODE_STATES = cast(Table, NodeState.__table__)
 _DIALECT: Dialect = psycopg_dialect()  # type: ignore[no-untyped-call]
 
 
@@ -212,7 +207,7 @@ _COMPLETE_PARAMS = (
     bindparam("execution_id", type_=Uuid()),
     bindparam("node_id", type_=String()),
     bindparam("attempt", type_=Integer()),
-    bindparam("output", type_=NODE_STATES.c.output.type),
+    bindparam("output", type_=JsonType),
     bindparam("branch", type_=String()),
     bindparam("now", type_=UTCDateTime()),
     bindparam("duration", type_=Float()),
@@ -260,7 +255,7 @@ COMPLETE_ALONE = Statement(
     ).bindparams(
         *_COMPLETE_PARAMS,
         bindparam("finishes", type_=Boolean()),
-        bindparam("execution_output", type_=EXECUTIONS.c.output.type),
+        bindparam("execution_output", type_=JsonType),
     )
 )
 
@@ -308,7 +303,7 @@ SELECT coalesce((SELECT latest FROM target), false) AS latest,
        (SELECT count(*) FROM made) AS made
 """
     ).bindparams(
-        bindparam("input", type_=EXECUTIONS.c.input.type),
+        bindparam("input", type_=JsonType),
         bindparam("now", type_=UTCDateTime()),
         bindparam("started_at", type_=UTCDateTime()),
     )
