@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -141,44 +143,112 @@ def _call_python(
     kwargs = dict(inputs)
     if _takes_ctx(fn):
         kwargs["ctx"] = ctx
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn(**kwargs)
-        except BaseException as exc:
-            outcome["error"] = exc
-
-    # The function runs on its own thread so that a timeout or a cancel frees this worker
-    # slot at once; the abandoned thread is told to stop through ctx.cancelled.
-    thread = threading.Thread(target=target, name=f"conveyor-node-{ctx.node_id}", daemon=True)
+    # The function runs on a thread of its own so that a timeout or a cancel frees this
+    # worker slot at once; the abandoned thread is told to stop through ctx.cancelled.
+    call = _Call(fn, kwargs, f"conveyor-node-{ctx.node_id}")
+    thread = _NodeThread.take()
+    thread.run(call)
     started = time.monotonic()
-    thread.start()
-    while thread.is_alive():
+    while not call.done.is_set():
         remaining = None if timeout is None else timeout - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
-            raise _timed_out(thread, ctx, timeout or 0.0)
+            raise _timed_out(thread, call, ctx, timeout or 0.0)
         if ctx.cancelled:
+            thread.retire()
             raise NodeCancelled(f"node {ctx.node_id!r} was stopped: its execution was cancelled")
-        thread.join(0.2 if remaining is None else min(0.2, remaining))
-    if "error" in outcome:
-        error = outcome["error"]
+        call.done.wait(0.2 if remaining is None else min(0.2, remaining))
+    thread.put_back()
+    if call.error is not None:
+        error = call.error
         if isinstance(error, NodeError):
             raise error
         if isinstance(error, TypeError) and _is_signature_error(fn, kwargs):
             raise NonRetryableError(f"inputs do not match the function: {error}") from error
         raise error
-    return outcome.get("value")
+    return call.value
 
 
-def _timed_out(thread: threading.Thread, ctx: NodeContext, timeout: float) -> NodeTimeout:
+class _Call:
+    """One call of a node function, handed to a :class:`_NodeThread`."""
+
+    __slots__ = ("done", "error", "fn", "kwargs", "name", "value")
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> None:
+        self.fn, self.kwargs, self.name = fn, kwargs, name
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class _NodeThread:
+    """A thread that runs node functions one after another: starting a thread per node cost
+    a thread's creation and a wait for it to start, on every node. A thread whose call was
+    given up on (a timeout, a cancel) finishes that call and ends; a new one takes its place.
+    """
+
+    _idle: list[_NodeThread] = []
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="conveyor-node", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def take(cls) -> _NodeThread:
+        with cls._lock:
+            while cls._idle:
+                found = cls._idle.pop()
+                if found.alive:
+                    return found
+        return cls()
+
+    def run(self, call: _Call) -> None:
+        self._calls.put(call)
+
+    def put_back(self) -> None:
+        with self._lock:
+            self._idle.append(self)
+
+    def retire(self) -> None:
+        """Its call was given up on: the thread ends once that call returns, if ever."""
+        self._calls.put(None)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _loop(self) -> None:
+        current = threading.current_thread()
+        while (call := self._calls.get()) is not None:
+            current.name = call.name
+            try:
+                call.value = call.fn(**call.kwargs)
+            except BaseException as exc:
+                call.error = exc
+            call.done.set()
+            current.name = "conveyor-node"
+
+    @classmethod
+    def forget_all(cls) -> None:
+        """In a forked child: the parent's threads did not come along (``alive`` says so too),
+        and a lock another of its threads held would stay held."""
+        cls._idle = []
+        cls._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_NodeThread.forget_all)
+
+
+def _timed_out(thread: _NodeThread, call: _Call, ctx: NodeContext, timeout: float) -> NodeTimeout:
     """Tell the function to stop and give it a grace period. One that ignores ctx.cancelled
     is not retried: a new try would run beside the abandoned one."""
     ctx.cancel_event.set()
+    thread.retire()
     grace = min(5.0, max(1.0, timeout))
-    thread.join(grace)
+    call.done.wait(grace)
     message = f"node {ctx.node_id!r} ran past its timeout of {timeout:g} s"
-    if thread.is_alive():
+    if not call.done.is_set():
         return NodeTimeout(
             f"{message} and did not stop within {grace:g} s of being told to (ctx.cancelled); "
             f"not retried, so that two tries never run at once",

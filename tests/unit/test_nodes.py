@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Any
 
@@ -43,6 +45,11 @@ def sleep_two_seconds() -> None:
 @conveyor.node("unit.polite_sleep")
 def sleep_until_told_to_stop(ctx: NodeContext) -> None:
     ctx.cancel_event.wait(2)
+
+
+@conveyor.node("unit.thread")
+def thread_ident() -> dict[str, Any]:
+    return {"ident": threading.get_ident(), "name": threading.current_thread().name}
 
 
 @conveyor.node("unit.returns_set")
@@ -139,6 +146,43 @@ def test_python_node_of_a_cancelled_execution_raises_node_cancelled() -> None:
 
     assert time.monotonic() - started < 1.5
     assert raised.value.retryable is False
+
+
+def test_nodes_run_one_after_another_on_the_same_thread_not_the_caller_s() -> None:
+    first, second = run(python("unit.thread")), run(python("unit.thread"))
+
+    assert first["ident"] == second["ident"] != threading.get_ident()
+    assert first["name"] == "conveyor-node-n"  # named after the node while it runs
+
+
+def test_a_thread_whose_node_timed_out_or_was_cancelled_is_not_given_another() -> None:
+    before = run(python("unit.thread"))["ident"]
+    with pytest.raises(NodeTimeout):  # the sleeping thread takes 2 s to come back
+        execute(python("unit.sleep"), context(), node_ctx(), 0.1)
+    timed_out = run(python("unit.thread"))["ident"]
+    cancelled = node_ctx()
+    cancelled.cancel_event.set()
+    with pytest.raises(NodeCancelled):
+        execute(python("unit.polite_sleep"), context(), cancelled, None)
+    after = run(python("unit.thread"))["ident"]
+
+    assert before != timed_out != after  # each give-up retired the thread it ran on
+    assert run(python("unit.thread"))["ident"] == after
+
+
+def test_a_forked_child_runs_nodes_on_threads_of_its_own() -> None:
+    run(python("unit.thread"))  # the parent keeps an idle thread, which a child lacks
+    pid = os.fork()
+    if pid == 0:  # the child: a node handed to the parent's thread would never run
+        code = 1
+        try:
+            result = execute(python("unit.add", a=1, b=2), context(), node_ctx(), 2.0)
+            code = 0 if result == {"sum": 3} else 1
+        finally:
+            os._exit(code)
+    _, code = os.waitpid(pid, 0)
+
+    assert os.waitstatus_to_exitcode(code) == 0
 
 
 def test_unregistered_function_raises_unknown_function_that_is_not_retryable() -> None:
