@@ -8,9 +8,9 @@ derives its key names). Redis errors become :class:`LimitError`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.resources import files
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -27,6 +27,7 @@ from conveyor.engine.limits import (
 from conveyor.exceptions import LimitError
 
 _SCRIPT = files("conveyor.limiter").joinpath("limiter.lua").read_text()
+R = TypeVar("R")
 
 
 def _text(value: Any) -> str:
@@ -56,23 +57,31 @@ class RedisLimiter:
     def acquire(self, request: PermitRequest) -> Acquired:
         return _acquired(request, self._call("acquire", *_acquire_args(request)))
 
-    def begin_acquire(self, request: PermitRequest) -> PendingAcquire:
-        """Send a try-only acquire (refused: the job is not parked) on a connection of its
-        own and return at once; :meth:`PendingAcquire.result` reads the answer."""
+    def begin_acquire(self, request: PermitRequest) -> Pending[Acquired]:
+        """Send a try-only acquire (refused: the job is not parked) and return at once;
+        :meth:`Pending.result` reads the answer."""
+        args = [*_acquire_args(request), _TRY_ONLY]
+        return self._begin("acquire", args, lambda reply: _acquired(request, reply))
+
+    def begin_release(self, permit: Permit) -> Pending[list[Wake]]:
+        """Send the permits back and return at once; :meth:`Pending.result` reads whom
+        that woke."""
+        return self._begin(
+            "release", [permit.token, permit.tenant_key, permit.workflow_key], _wakes
+        )
+
+    def _begin(self, op: str, args: list[str | int], parse: Callable[[Any], R]) -> Pending[R]:
+        """The script's ``op`` sent on a pooled connection of its own, its answer unread."""
         pool = self.client.connection_pool
         connection = pool.get_connection()
         try:
             connection.send_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self._script.sha, 0, "acquire", self.prefix, self.lease_ms,
-                *_acquire_args(request), _TRY_ONLY,
-            )  # fmt: skip
+                "EVALSHA", self._script.sha, 0, op, self.prefix, self.lease_ms, *args
+            )
         except redis.RedisError as exc:  # send_command disconnected it
             pool.release(connection)
-            raise _limit_error("acquire", exc) from exc
-        return PendingAcquire(self, request, connection)
-
-    def _try_acquire(self, request: PermitRequest) -> Any:
-        return self._call("acquire", *_acquire_args(request), _TRY_ONLY)
+            raise _limit_error(op, exc) from exc
+        return Pending(pool, connection, parse, lambda: self._call(op, *args), op)
 
     def _call(self, op: str, *args: str | int) -> Any:
         try:
@@ -119,32 +128,38 @@ class RedisLimiter:
         return sorted(usages, key=lambda u: (order.get(u.kind, 3), u.key))
 
 
-class PendingAcquire:
-    """A try-only acquire sent and not answered yet: its caller claims the job meanwhile (two
-    round trips at once, to Redis and to PostgreSQL). Read it exactly once."""
+class Pending(Generic[R]):
+    """A script call sent and not answered yet: its caller does other work meanwhile (a round
+    trip to PostgreSQL beside the one to Redis). Read it exactly once."""
 
     def __init__(
-        self, limiter: RedisLimiter, request: PermitRequest, connection: redis.Connection
+        self,
+        pool: redis.ConnectionPool,
+        connection: redis.Connection,
+        parse: Callable[[Any], R],
+        again: Callable[[], Any],
+        op: str,
     ) -> None:
-        self._limiter = limiter
-        self._request = request
+        self._pool = pool
         self._connection: redis.Connection | None = connection
+        self._parse = parse
+        self._again = again  # the call made the usual way, which loads the script
+        self._op = op
 
-    def result(self) -> Acquired:
+    def result(self) -> R:
         connection, self._connection = self._connection, None
         if connection is None:
-            raise RuntimeError("a pending acquire is read once")
-        pool = self._limiter.client.connection_pool
+            raise RuntimeError(f"a pending {self._op} is read once")
         try:
             reply = connection.read_response()
         except redis.exceptions.NoScriptError:  # Redis restarted or flushed its scripts
-            pool.release(connection)
-            return _acquired(self._request, self._limiter._try_acquire(self._request))
+            self._pool.release(connection)
+            return self._parse(self._again())
         except redis.RedisError as exc:  # read_response disconnected it: no reply left behind
-            pool.release(connection)
-            raise _limit_error("acquire", exc) from exc
-        pool.release(connection)
-        return _acquired(self._request, reply)
+            self._pool.release(connection)
+            raise _limit_error(self._op, exc) from exc
+        self._pool.release(connection)
+        return self._parse(reply)
 
 
 _TRY_ONLY = 1  # limiter.lua's acquire, ARGV[12]: refused, the job is not parked
