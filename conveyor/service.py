@@ -10,7 +10,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy.exc import DataError
 from conveyor import logs, nodes
 from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
-from conveyor.engine.limits import Limits
+from conveyor.engine.limits import Limits, Permit
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import Dispatch, NodeHints, TenantRef, WorkflowRecord
 from conveyor.engine.states import JobStatus, Priority, TriggerSource
@@ -33,7 +34,7 @@ from conveyor.exceptions import (
     NotFound,
     SignatureError,
 )
-from conveyor.limiter.gate import Gate, Held
+from conveyor.limiter.gate import Gate
 from conveyor.nodes import NodeContext
 from conveyor.scheduler import schedules
 from conveyor.store import DEFAULT_TENANT, Database, SqlStore
@@ -238,9 +239,8 @@ class Conveyor:
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Take the job's permits (or park it), claim, run and record it; the permits go back
-        as the node stops, while its outcome is written. ``hints``: the message's (see
-        NodeHints). With hints the permits are asked for while the job is claimed; refused,
-        the claim goes back."""
+        once the outcome is committed. ``hints``: the message's (see NodeHints). With hints
+        the permits are asked for while the job is claimed; refused, the claim goes back."""
         if self.gate is None:
             if (run := self._claim(job_id, hints)) is not None:
                 self._run(run)
@@ -250,9 +250,9 @@ class Conveyor:
                 job_id, hints, lambda: self._claim(job_id, hints), self._unclaim
             )
             if permit is not None:
-                with self.gate.holding(permit) as held:
+                with self._holding(permit):
                     if run is not None:
-                        self._run(run, held)
+                        self._run(run)
                 return
             if run is None:
                 return  # not runnable (and not in the limiter's line)
@@ -260,9 +260,17 @@ class Conveyor:
         permit = self.gate.admit(job_id, hints)
         if permit is None:
             return
-        with self.gate.holding(permit) as held:
+        with self._holding(permit):
             if (run := self._claim(job_id, hints)) is not None:
-                self._run(run, held)
+                self._run(run)
+
+    @contextmanager
+    def _holding(self, permit: Permit) -> Iterator[None]:
+        assert self.gate is not None
+        try:
+            yield
+        finally:
+            self.gate.release(permit)
 
     def _claim(self, job_id: uuid.UUID, hints: NodeHints | None) -> runner.NodeRun | None:
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
@@ -278,9 +286,8 @@ class Conveyor:
         if run is not None:
             self.db.run(lambda s: runner.unclaim_node(s, run))
 
-    def _run(self, run: runner.NodeRun, held: Held | None = None) -> None:
-        """Run a claimed node outside any transaction and record the outcome; the permits
-        ``held`` are sent back as the node stops, while its outcome is written."""
+    def _run(self, run: runner.NodeRun) -> None:
+        """Run a claimed node outside any transaction and record the outcome."""
         job_log = events.bind(
             job_id=str(run.job.id),
             execution_id=str(run.execution.id),
@@ -300,15 +307,11 @@ class Conveyor:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
         except Exception as exc:
             duration = time.monotonic() - started
-            if held is not None:
-                held.node_stopped()
             failed = self._record_failure(run, exc, duration)
             _log_failure(job_log, failed, exc, duration)
             dispatches = failed.dispatches
         else:
             duration = time.monotonic() - started
-            if held is not None:
-                held.node_stopped()
             dispatches = self._record_success(run, output, duration, job_log)
         finally:
             self.watcher.unwatch(run.job.id)

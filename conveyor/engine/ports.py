@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from conveyor.engine.limits import Acquired, KeyUsage, Permit, PermitRequest, SweepReport, Wake
 from conveyor.engine.records import Dispatch
-
-R_co = TypeVar("R_co", covariant=True)
 
 
 class Dispatcher(Protocol):
@@ -20,9 +18,9 @@ class Dispatcher(Protocol):
     def publish(self, dispatches: Sequence[Dispatch]) -> None: ...
 
 
-class Pending(Protocol[R_co]):
-    def result(self) -> R_co:
-        """The answer of a call begun without waiting for it (read once)."""
+class PendingAcquire(Protocol):
+    def result(self) -> Acquired:
+        """The answer of :meth:`Limiter.begin_acquire` (read once)."""
         ...
 
 
@@ -38,13 +36,9 @@ class Limiter(Protocol):
         duplicate message would, stays parked once)."""
         ...
 
-    def begin_acquire(self, request: PermitRequest) -> Pending[Acquired]:
+    def begin_acquire(self, request: PermitRequest) -> PendingAcquire:
         """Ask for the permits without waiting for the answer, and without a place in line:
         refused, the job is not parked (its caller asks again with :meth:`acquire`)."""
-        ...
-
-    def begin_release(self, permit: Permit) -> Pending[list[Wake]]:
-        """Give the permits back without waiting for the answer (whom it woke)."""
         ...
 
     def release(self, permit: Permit) -> list[Wake]:

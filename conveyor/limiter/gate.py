@@ -11,15 +11,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING, TypeVar
 
 from conveyor.engine import limits, runner
 from conveyor.engine.definitions import Workflow
-from conveyor.engine.limits import Acquired, Permit, PermitRequest, Wake
-from conveyor.engine.ports import Limiter, Pending
+from conveyor.engine.limits import Permit, PermitRequest, Wake
+from conveyor.engine.ports import Limiter, PendingAcquire
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Admission, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
@@ -158,7 +157,7 @@ class Gate:
         self.keeper.hold(acquired.permit)
         return acquired.permit
 
-    def _give_back(self, pending: Pending[Acquired]) -> None:
+    def _give_back(self, pending: PendingAcquire) -> None:
         """The permits a failed claim was granted go back; if Redis cannot be reached, their
         lease lapses (the claim's own error is the one raised)."""
         try:
@@ -172,29 +171,6 @@ class Gate:
     def release(self, permit: Permit) -> None:
         self.keeper.drop(permit)
         self._wake(self.limiter.release(permit))
-
-    @contextmanager
-    def holding(self, permit: Permit) -> Iterator[Held]:
-        """The permits held for the block, back at its end at the latest."""
-        held = Held(self, permit)
-        try:
-            yield held
-        finally:
-            held.end()
-
-    def begin_release(self, permit: Permit) -> Pending[list[Wake]] | None:
-        """Send the permits back without waiting (:meth:`finish_release` reads the answer);
-        None when Redis could not be reached: the caller releases again the usual way."""
-        try:
-            pending = self.limiter.begin_release(permit)
-        except LimitError:
-            log.warning("permits not sent back; trying again after the outcome", exc_info=True)
-            return None
-        self.keeper.drop(permit)
-        return pending
-
-    def finish_release(self, pending: Pending[list[Wake]]) -> None:
-        self._wake(pending.result())
 
     def forget(self, job_ids: Sequence[uuid.UUID]) -> None:
         self._wake(self.limiter.forget(job_ids))
@@ -287,32 +263,6 @@ class Gate:
     def _wake(self, woken: Sequence[Wake]) -> None:
         if woken:
             self.publish(woken_dispatches(woken))
-
-
-class Held:
-    """A job's permits while its node runs. They go back once its node has stopped: sent
-    while its outcome is recorded (:meth:`node_stopped`), the answer read at :meth:`end`."""
-
-    def __init__(self, gate: Gate, permit: Permit) -> None:
-        self._gate = gate
-        self._permit = permit
-        self._pending: Pending[list[Wake]] | None = None
-        self._sent = self._done = False
-
-    def node_stopped(self) -> None:
-        if not self._sent:
-            self._sent = True
-            self._pending = self._gate.begin_release(self._permit)
-
-    def end(self) -> None:
-        """The permits back, if they were not sent yet, and whom that woke published."""
-        if self._done:
-            return
-        self._done = True
-        if self._pending is not None:
-            self._gate.finish_release(self._pending)
-        else:
-            self._gate.release(self._permit)
 
 
 def _runnable(store: SqlStore, job_id: uuid.UUID) -> Admission | None:

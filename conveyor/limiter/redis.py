@@ -8,9 +8,9 @@ derives its key names). Redis errors become :class:`LimitError`.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib.resources import files
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import redis
 
@@ -27,7 +27,6 @@ from conveyor.engine.limits import (
 from conveyor.exceptions import LimitError
 
 _SCRIPT = files("conveyor.limiter").joinpath("limiter.lua").read_text()
-R = TypeVar("R")
 
 
 def _text(value: Any) -> str:
@@ -57,31 +56,23 @@ class RedisLimiter:
     def acquire(self, request: PermitRequest) -> Acquired:
         return _acquired(request, self._call("acquire", *_acquire_args(request)))
 
-    def begin_acquire(self, request: PermitRequest) -> Pending[Acquired]:
-        """Send a try-only acquire (refused: the job is not parked) and return at once;
-        :meth:`Pending.result` reads the answer."""
-        args = [*_acquire_args(request), _TRY_ONLY]
-        return self._begin("acquire", args, lambda reply: _acquired(request, reply))
-
-    def begin_release(self, permit: Permit) -> Pending[list[Wake]]:
-        """Send the permits back and return at once; :meth:`Pending.result` reads whom
-        that woke."""
-        return self._begin(
-            "release", [permit.token, permit.tenant_key, permit.workflow_key], _wakes
-        )
-
-    def _begin(self, op: str, args: list[str | int], parse: Callable[[Any], R]) -> Pending[R]:
-        """The script's ``op`` sent on a pooled connection of its own, its answer unread."""
+    def begin_acquire(self, request: PermitRequest) -> PendingAcquire:
+        """Send a try-only acquire (refused: the job is not parked) on a connection of its
+        own and return at once; :meth:`PendingAcquire.result` reads the answer."""
         pool = self.client.connection_pool
         connection = pool.get_connection()
         try:
             connection.send_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self._script.sha, 0, op, self.prefix, self.lease_ms, *args
-            )
+                "EVALSHA", self._script.sha, 0, "acquire", self.prefix, self.lease_ms,
+                *_acquire_args(request), _TRY_ONLY,
+            )  # fmt: skip
         except redis.RedisError as exc:  # send_command disconnected it
             pool.release(connection)
-            raise _limit_error(op, exc) from exc
-        return Pending(pool, connection, parse, lambda: self._call(op, *args), op)
+            raise _limit_error("acquire", exc) from exc
+        return PendingAcquire(self, request, connection)
+
+    def _try_acquire(self, request: PermitRequest) -> Any:
+        return self._call("acquire", *_acquire_args(request), _TRY_ONLY)
 
     def _call(self, op: str, *args: str | int) -> Any:
         try:
@@ -128,38 +119,32 @@ class RedisLimiter:
         return sorted(usages, key=lambda u: (order.get(u.kind, 3), u.key))
 
 
-class Pending(Generic[R]):
-    """A script call sent and not answered yet: its caller does other work meanwhile (a round
-    trip to PostgreSQL beside the one to Redis). Read it exactly once."""
+class PendingAcquire:
+    """A try-only acquire sent and not answered yet: its caller claims the job meanwhile (two
+    round trips at once, to Redis and to PostgreSQL). Read it exactly once."""
 
     def __init__(
-        self,
-        pool: redis.ConnectionPool,
-        connection: redis.Connection,
-        parse: Callable[[Any], R],
-        again: Callable[[], Any],
-        op: str,
+        self, limiter: RedisLimiter, request: PermitRequest, connection: redis.Connection
     ) -> None:
-        self._pool = pool
+        self._limiter = limiter
+        self._request = request
         self._connection: redis.Connection | None = connection
-        self._parse = parse
-        self._again = again  # the call made the usual way, which loads the script
-        self._op = op
 
-    def result(self) -> R:
+    def result(self) -> Acquired:
         connection, self._connection = self._connection, None
         if connection is None:
-            raise RuntimeError(f"a pending {self._op} is read once")
+            raise RuntimeError("a pending acquire is read once")
+        pool = self._limiter.client.connection_pool
         try:
             reply = connection.read_response()
         except redis.exceptions.NoScriptError:  # Redis restarted or flushed its scripts
-            self._pool.release(connection)
-            return self._parse(self._again())
+            pool.release(connection)
+            return _acquired(self._request, self._limiter._try_acquire(self._request))
         except redis.RedisError as exc:  # read_response disconnected it: no reply left behind
-            self._pool.release(connection)
-            raise _limit_error(self._op, exc) from exc
-        self._pool.release(connection)
-        return self._parse(reply)
+            pool.release(connection)
+            raise _limit_error("acquire", exc) from exc
+        pool.release(connection)
+        return _acquired(self._request, reply)
 
 
 _TRY_ONLY = 1  # limiter.lua's acquire, ARGV[12]: refused, the job is not parked

@@ -263,16 +263,3 @@ def test_a_try_only_acquire_loads_the_script_when_redis_lost_it(limiter: RedisLi
 
     assert answer.permit is not None
     assert limiter._script.sha != "0" * 40
-
-
-def test_a_release_sent_now_is_answered_when_read_with_whom_it_woke(
-    limiter: RedisLimiter,
-) -> None:
-    permit = held(limiter, request(limits=(100, 10, 1)))
-    waiting = request(limits=(100, 10, 1))
-    assert limiter.acquire(waiting).permit is None  # parked behind the permit
-
-    woken = limiter.begin_release(permit).result()
-
-    assert [w.job_id for w in woken] == [waiting.job_id]
-    assert limiter.known([waiting.job_id]) == {waiting.job_id: "granted"}

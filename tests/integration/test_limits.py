@@ -267,22 +267,3 @@ def test_a_claim_that_fails_while_permits_are_asked_for_gives_them_back(
 
     assert limiter_usage(conveyor_service)["global"] == (0, 0)
     assert gate.overlaps(dispatch.hints)  # granted, not refused
-
-
-def test_permits_go_back_as_the_node_stops_before_its_outcome_is_written(
-    conveyor_service: Conveyor,
-) -> None:
-    gate = gate_of(conveyor_service)
-    (dispatch,) = planned(conveyor_service, "early-release", 1).dispatches
-    permit = gate.admit(dispatch.job_id, dispatch.hints)
-    assert permit is not None
-
-    with gate.holding(permit) as held:
-        held.node_stopped()  # sent: Redis has them back while the outcome is written
-        deadline = time.monotonic() + 5
-        while limiter_usage(conveyor_service)["global"] != (0, 0):
-            assert time.monotonic() < deadline, limiter_usage(conveyor_service)
-            time.sleep(0.01)
-    held.end()  # once only: nothing more to give back
-
-    assert limiter_usage(conveyor_service)["global"] == (0, 0)
