@@ -10,8 +10,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,7 +19,7 @@ from sqlalchemy.exc import DataError
 from conveyor import logs, nodes
 from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
-from conveyor.engine.limits import Limits, Permit
+from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import Dispatch, NodeHints, TenantRef, WorkflowRecord
 from conveyor.engine.states import JobStatus, Priority, TriggerSource
@@ -238,41 +237,21 @@ class Conveyor:
         )
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
-        """Take the job's permits (or park it), claim, run and record it; the permits go back
-        once the outcome is committed. ``hints``: the message's (see NodeHints). With hints
-        the permits are asked for while the job is claimed; refused, the claim goes back."""
+        """Take the job's permits (or park it), then claim, run and record it; the permits
+        go back once the outcome is committed. ``hints``: the message's (see NodeHints)."""
         if self.gate is None:
-            if (run := self._claim(job_id, hints)) is not None:
-                self._run(run)
+            self._run_node(job_id, hints)
             return
-        if hints is not None and self.gate.overlaps(hints):
-            permit, run = self.gate.admit_while(
-                job_id, hints, lambda: self._claim(job_id, hints), self._unclaim
-            )
-            if permit is not None:
-                with self._holding(permit):
-                    if run is not None:
-                        self._run(run)
-                return
-            if run is None:
-                return  # not runnable (and not in the limiter's line)
-            self._unclaim(run)  # refused: queued again, then in line like any other
         permit = self.gate.admit(job_id, hints)
         if permit is None:
             return
-        with self._holding(permit):
-            if (run := self._claim(job_id, hints)) is not None:
-                self._run(run)
-
-    @contextmanager
-    def _holding(self, permit: Permit) -> Iterator[None]:
-        assert self.gate is not None
         try:
-            yield
+            self._run_node(job_id, hints)
         finally:
             self.gate.release(permit)
 
-    def _claim(self, job_id: uuid.UUID, hints: NodeHints | None) -> runner.NodeRun | None:
+    def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
+        """Claim a node job, run the node outside any transaction, record the outcome."""
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
         run = self.db.autocommit(
@@ -280,14 +259,7 @@ class Conveyor:
         )
         if run is None:
             events.info("message dropped", job_id=str(job_id), reason="job not queued any more")
-        return run
-
-    def _unclaim(self, run: runner.NodeRun | None) -> None:
-        if run is not None:
-            self.db.run(lambda s: runner.unclaim_node(s, run))
-
-    def _run(self, run: runner.NodeRun) -> None:
-        """Run a claimed node outside any transaction and record the outcome."""
+            return
         job_log = events.bind(
             job_id=str(run.job.id),
             execution_id=str(run.execution.id),

@@ -18,12 +18,6 @@ class Dispatcher(Protocol):
     def publish(self, dispatches: Sequence[Dispatch]) -> None: ...
 
 
-class PendingAcquire(Protocol):
-    def result(self) -> Acquired:
-        """The answer of :meth:`Limiter.begin_acquire` (read once)."""
-        ...
-
-
 class Limiter(Protocol):
     """Concurrency permits for node jobs (see :mod:`conveyor.engine.limits`).
 
@@ -34,11 +28,6 @@ class Limiter(Protocol):
     def acquire(self, request: PermitRequest) -> Acquired:
         """All three permits, or none and the job parked (a parked job asking again, as a
         duplicate message would, stays parked once)."""
-        ...
-
-    def begin_acquire(self, request: PermitRequest) -> PendingAcquire:
-        """Ask for the permits without waiting for the answer, and without a place in line:
-        refused, the job is not parked (its caller asks again with :meth:`acquire`)."""
         ...
 
     def release(self, permit: Permit) -> list[Wake]:

@@ -454,12 +454,6 @@ def claim_node(
     return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
 
 
-def unclaim_node(store: SqlStore, run: NodeRun) -> bool:
-    """Give back a claim made while the job's permits were asked for, when they were refused:
-    the job queued as before it (see :meth:`SqlStore.unclaim_node_job`)."""
-    return store.unclaim_node_job(run.job, run.node.id)
-
-
 def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
     """The hinted node and its needs, when its definition is in this process's cache."""
     if hints is None or hints.node_id is None:

@@ -13,16 +13,15 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from conveyor.engine import limits, runner
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Permit, PermitRequest, Wake
-from conveyor.engine.ports import Limiter, PendingAcquire
+from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Admission, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
-from conveyor.exceptions import LimitError
 from conveyor.limiter.heartbeat import LeaseKeeper
 from conveyor.store import Database
 
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.limits")
 
 Publish = Callable[[Sequence[Dispatch]], None]
-T = TypeVar("T")
 
 
 def woken_dispatches(woken: Sequence[Wake]) -> list[Dispatch]:
@@ -46,9 +44,6 @@ def woken_dispatches(woken: Sequence[Wake]) -> list[Dispatch]:
 
 # How long a process trusts the tenant limit it read (``conveyor tenants`` changes it).
 TENANT_LIMIT_TTL = 5.0
-# After a refusal, how long a process asks for permits before claiming, not while claiming:
-# a refused claim is given back, work wasted where limits bind.
-CLAIM_AFTER_REFUSAL = 1.0
 _RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
@@ -89,43 +84,6 @@ class Gate:
         self.publish = publish
         self._cursor: uuid.UUID | None = None
         self._tenant_limits = TenantLimits()
-        self._refused_at = -CLAIM_AFTER_REFUSAL
-
-    def overlaps(self, hints: NodeHints | None) -> bool:
-        """Whether to ask for a hinted job's permits while claiming it (:meth:`admit_while`):
-        unless a request of this process was refused in the last ``CLAIM_AFTER_REFUSAL``."""
-        return hints is not None and time.monotonic() - self._refused_at > CLAIM_AFTER_REFUSAL
-
-    def admit_while(
-        self,
-        job_id: uuid.UUID,
-        hints: NodeHints,
-        claim: Callable[[], T],
-        unclaim: Callable[[T], object],
-    ) -> tuple[Permit | None, T]:
-        """Ask for the job's permits and ``claim`` it at the same time (one round trip to
-        Redis and one to PostgreSQL, side by side): the permit, or None when refused (the job
-        is then not in the limiter's line: the caller gives the claim back and asks again
-        with :meth:`admit`), and what ``claim`` returned. A claim that fails gives back the
-        permits it was granted; a limiter that fails after the claim, the claim (``unclaim``).
-        """
-        pending = self.limiter.begin_acquire(self._hinted(job_id, hints))
-        try:
-            claimed = claim()
-        except BaseException:
-            self._give_back(pending)
-            raise
-        try:
-            acquired = pending.result()
-        except LimitError:
-            unclaim(claimed)
-            raise
-        self._wake(acquired.woken)
-        if acquired.permit is None:
-            self._refused_at = time.monotonic()
-            return None, claimed
-        self.keeper.hold(acquired.permit)
-        return acquired.permit, claimed
 
     def admit(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Permit | None:
         """Permits for the job, or None: it was parked, or it is not runnable any more.
@@ -156,17 +114,6 @@ class Gate:
             return None
         self.keeper.hold(acquired.permit)
         return acquired.permit
-
-    def _give_back(self, pending: PendingAcquire) -> None:
-        """The permits a failed claim was granted go back; if Redis cannot be reached, their
-        lease lapses (the claim's own error is the one raised)."""
-        try:
-            acquired = pending.result()
-            self._wake(acquired.woken)
-            if acquired.permit is not None:
-                self._wake(self.limiter.release(acquired.permit))
-        except LimitError:
-            log.warning("permits of a failed claim not given back: their lease will lapse")
 
     def release(self, permit: Permit) -> None:
         self.keeper.drop(permit)

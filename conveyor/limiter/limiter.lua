@@ -167,8 +167,6 @@ end
 if op == 'acquire' then
   -- ARGV: job id, tenant key, workflow key, class (0 high, 1 normal, 2 low), limits g t w
   -- ARGV[11]: when the job was enqueued (ms), which ageing counts from
-  -- ARGV[12]: '1' to try only: without room, 'refused' and the job not parked (its caller
-  -- claimed it while asking, gives the claim back, then asks again to wait in line)
   local id, t, w, cls = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
   local enqueued = math.min(tonumber(ARGV[11]) or NOW, NOW)
   set_limits(t, w, ARGV[8], ARGV[9], ARGV[10])
@@ -194,9 +192,6 @@ if op == 'acquire' then
   local blocked = w -- the first full semaphore, or its workflow's line
   if redis.call('ZCARD', wq(w)) == 0 then
     if not has_room(w) then blocked = w elseif not has_room(t) then blocked = t else blocked = G end
-  end
-  if ARGV[12] == '1' then
-    return {'refused', blocked, grants}
   end
   park(id, t, w, cls, enqueued)
   refresh(t, w, false)

@@ -53,32 +53,34 @@ class RedisLimiter:
     def from_url(cls, url: str, *, lease: float = 30.0) -> RedisLimiter:
         return cls(redis.Redis.from_url(url, health_check_interval=30), lease=lease)
 
-    def acquire(self, request: PermitRequest) -> Acquired:
-        return _acquired(request, self._call("acquire", *_acquire_args(request)))
-
-    def begin_acquire(self, request: PermitRequest) -> PendingAcquire:
-        """Send a try-only acquire (refused: the job is not parked) on a connection of its
-        own and return at once; :meth:`PendingAcquire.result` reads the answer."""
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        try:
-            connection.send_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", self._script.sha, 0, "acquire", self.prefix, self.lease_ms,
-                *_acquire_args(request), _TRY_ONLY,
-            )  # fmt: skip
-        except redis.RedisError as exc:  # send_command disconnected it
-            pool.release(connection)
-            raise _limit_error("acquire", exc) from exc
-        return PendingAcquire(self, request, connection)
-
-    def _try_acquire(self, request: PermitRequest) -> Any:
-        return self._call("acquire", *_acquire_args(request), _TRY_ONLY)
-
     def _call(self, op: str, *args: str | int) -> Any:
         try:
             return self._script(args=[op, self.prefix, self.lease_ms, *args])
         except redis.RedisError as exc:
-            raise _limit_error(op, exc) from exc
+            raise LimitError(
+                f"the concurrency limiter could not {op} ({exc}); check that Redis at "
+                f"CONVEYOR_REDIS_URL is reachable"
+            ) from exc
+
+    def acquire(self, request: PermitRequest) -> Acquired:
+        limits = request.limits
+        status, detail, woken = self._call(
+            "acquire",
+            str(request.job_id),
+            request.tenant_key,
+            request.workflow_key,
+            PRIORITY_CLASS[request.priority],
+            limits.global_,
+            limits.tenant,
+            limits.workflow,
+            request.enqueued_at_ms,
+        )
+        if _text(status) != "granted":
+            return Acquired(permit=None, blocked_by=_text(detail), woken=_wakes(woken))
+        permit = Permit(
+            token=_text(detail), tenant_key=request.tenant_key, workflow_key=request.workflow_key
+        )
+        return Acquired(permit=permit, woken=_wakes(woken))
 
     def release(self, permit: Permit) -> list[Wake]:
         return _wakes(self._call("release", permit.token, permit.tenant_key, permit.workflow_key))
@@ -117,60 +119,3 @@ class RedisLimiter:
         ]
         order = {"global": 0, "tenant": 1, "workflow": 2}
         return sorted(usages, key=lambda u: (order.get(u.kind, 3), u.key))
-
-
-class PendingAcquire:
-    """A try-only acquire sent and not answered yet: its caller claims the job meanwhile (two
-    round trips at once, to Redis and to PostgreSQL). Read it exactly once."""
-
-    def __init__(
-        self, limiter: RedisLimiter, request: PermitRequest, connection: redis.Connection
-    ) -> None:
-        self._limiter = limiter
-        self._request = request
-        self._connection: redis.Connection | None = connection
-
-    def result(self) -> Acquired:
-        connection, self._connection = self._connection, None
-        if connection is None:
-            raise RuntimeError("a pending acquire is read once")
-        pool = self._limiter.client.connection_pool
-        try:
-            reply = connection.read_response()
-        except redis.exceptions.NoScriptError:  # Redis restarted or flushed its scripts
-            pool.release(connection)
-            return _acquired(self._request, self._limiter._try_acquire(self._request))
-        except redis.RedisError as exc:  # read_response disconnected it: no reply left behind
-            pool.release(connection)
-            raise _limit_error("acquire", exc) from exc
-        pool.release(connection)
-        return _acquired(self._request, reply)
-
-
-_TRY_ONLY = 1  # limiter.lua's acquire, ARGV[12]: refused, the job is not parked
-
-
-def _acquire_args(request: PermitRequest) -> list[str | int]:
-    limits = request.limits
-    return [
-        str(request.job_id), request.tenant_key, request.workflow_key,
-        PRIORITY_CLASS[request.priority], limits.global_, limits.tenant, limits.workflow,
-        request.enqueued_at_ms,
-    ]  # fmt: skip
-
-
-def _acquired(request: PermitRequest, reply: Any) -> Acquired:
-    status, detail, woken = reply
-    if _text(status) != "granted":
-        return Acquired(permit=None, blocked_by=_text(detail), woken=_wakes(woken))
-    permit = Permit(
-        token=_text(detail), tenant_key=request.tenant_key, workflow_key=request.workflow_key
-    )
-    return Acquired(permit=permit, woken=_wakes(woken))
-
-
-def _limit_error(op: str, exc: BaseException) -> LimitError:
-    return LimitError(
-        f"the concurrency limiter could not {op} ({exc}); check that Redis at "
-        f"CONVEYOR_REDIS_URL is reachable"
-    )

@@ -23,7 +23,6 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
-    delete,
     func,
     insert,
     select,
@@ -639,33 +638,6 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             .values(status=new, **values)
         )
         return bool(result.rowcount)
-
-    def unclaim_node_job(self, job: JobRecord, node_id: str) -> bool:
-        """Undo a claim that ran while the job's permits were asked for and then refused:
-        the job queued again, the try's row gone, the node queued again (never started, if
-        this was its first try). False when the job was not processing any more."""
-        if not self.transition_job(
-            job.id, JobStatus.PROCESSING, JobStatus.QUEUED, processed_at=None, heartbeat_at=None
-        ):
-            return False
-        self._core(
-            delete(ATTEMPTS).where(
-                ATTEMPTS.c.job_id == job.id,
-                ATTEMPTS.c.attempt_number == job.try_number,
-                ATTEMPTS.c.status == AttemptStatus.RUNNING,
-            )
-        )
-        started = None if job.try_number == 1 else NODE_STATES.c.started_at
-        self._core(
-            update(NODE_STATES)
-            .where(
-                NODE_STATES.c.execution_id == job.execution_id,
-                NODE_STATES.c.node_id == node_id,
-                NODE_STATES.c.status == NodeStatus.RUNNING,
-            )
-            .values(status=NodeStatus.QUEUED, started_at=started)
-        )
-        return True
 
     def schedule_retry(self, job_id: uuid.UUID, next_run_at: datetime, error: str) -> bool:
         result = self.session.execute(

@@ -237,29 +237,3 @@ def test_a_forgotten_job_leaves_the_line_and_a_forgotten_grant_is_given_back(
 
     assert passed_on.job_id == last.job_id
     assert usage(limiter)[last.workflow_key] == (1, 1, 0)
-
-
-def test_a_try_only_acquire_is_answered_when_read_and_a_refused_job_takes_no_place_in_line(
-    limiter: RedisLimiter,
-) -> None:
-    held(limiter, request(limits=(100, 10, 1)))
-    refused, granted = request(limits=(100, 10, 1)), request(workflow="other")
-
-    pending = [limiter.begin_acquire(r) for r in (refused, granted)]  # both sent, none read
-    answers = [p.result() for p in pending]
-
-    assert answers[0].permit is None and answers[0].blocked_by == refused.workflow_key
-    assert answers[1].permit is not None
-    assert limiter.known([refused.job_id]) == {refused.job_id: ""}  # not parked
-    assert usage(limiter)["global"] == (2, 100, 0)
-    with pytest.raises(RuntimeError):
-        pending[0].result()  # read once
-
-
-def test_a_try_only_acquire_loads_the_script_when_redis_lost_it(limiter: RedisLimiter) -> None:
-    limiter._script.sha = "0" * 40  # as after a restart: Redis knows no such script
-
-    answer = limiter.begin_acquire(request()).result()
-
-    assert answer.permit is not None
-    assert limiter._script.sha != "0" * 40

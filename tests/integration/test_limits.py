@@ -7,12 +7,10 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from conveyor.engine import runner
-from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
+from conveyor.engine.states import ExecutionStatus, JobStatus, Priority
 from conveyor.engine.validation import parse_workflow
-from conveyor.limiter.gate import CLAIM_AFTER_REFUSAL, Gate
+from conveyor.limiter.gate import Gate
 from conveyor.service import Conveyor
 from tests.conftest import TEST_DB_URL
 from tests.support.services import max_overlap, spans, statements, wait_for
@@ -203,67 +201,3 @@ def test_a_refused_hinted_message_of_a_job_not_runnable_leaves_no_trace_in_the_l
     assert job_status(conveyor_service, second.job_id) is JobStatus.PROCESSING  # not parked
     assert limiter_usage(conveyor_service)["global"] == (1, 0)
     gate.release(permit)
-
-
-# -- permits asked for while the job is claimed -------------------------------------------------
-
-
-def overlapping(gate: Gate, hints: object) -> None:
-    """Wait out a refusal another test left behind (the gate then asks before claiming)."""
-    deadline = time.monotonic() + CLAIM_AFTER_REFUSAL + 1
-    while not gate.overlaps(hints):  # type: ignore[arg-type]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
-
-def test_a_hinted_job_refused_while_it_was_claimed_gives_the_claim_back_and_waits_in_line(
-    conveyor_service: Conveyor,
-) -> None:
-    gate = gate_of(conveyor_service)
-    triggered = planned(conveyor_service, "refused-claim", 2)
-    first, second = triggered.dispatches
-    permit = gate.admit(first.job_id, first.hints)  # the workflow's only permit
-    assert permit is not None
-    overlapping(gate, second.hints)
-
-    with statements(conveyor_service) as sent:
-        conveyor_service.run_node(second.job_id, second.hints)
-
-    # Then it was claimed meanwhile, given back, and parked as a refused job is
-    assert any("set_config('synchronous_commit'" in s for s in sent), sent
-    assert job_status(conveyor_service, second.job_id) is JobStatus.PARKED
-    with conveyor_service.db.transaction() as store:
-        jobs = store.execution_jobs(triggered.execution_id)
-        ((job, tries),) = [(j, t) for j, t in jobs if j.id == second.job_id]
-        nodes = {n.node_id: n for n in store.execution_nodes(triggered.execution_id)}
-        node = nodes[job.node_id]
-    assert tries == [] and job.processed_at is None
-    assert node.status is NodeStatus.QUEUED and node.started_at is None
-    assert gate.limiter.known([second.job_id]) == {second.job_id: "parked"}
-    assert limiter_usage(conveyor_service)["global"] == (1, 1)
-    assert not gate.overlaps(second.hints)  # a refusal: the next ask before claiming
-
-    # And when the permit comes back, the woken job runs (the in-process worker)
-    gate.release(permit)
-    deadline = time.monotonic() + 10
-    while job_status(conveyor_service, second.job_id) is not JobStatus.COMPLETED:
-        assert time.monotonic() < deadline, job_status(conveyor_service, second.job_id)
-        time.sleep(0.02)
-
-
-def test_a_claim_that_fails_while_permits_are_asked_for_gives_them_back(
-    conveyor_service: Conveyor,
-) -> None:
-    gate = gate_of(conveyor_service)
-    (dispatch,) = planned(conveyor_service, "failed-claim", 1).dispatches
-    assert dispatch.hints is not None
-    overlapping(gate, dispatch.hints)
-
-    def claim() -> None:
-        raise RuntimeError("the database went away")
-
-    with pytest.raises(RuntimeError, match="went away"):
-        gate.admit_while(dispatch.job_id, dispatch.hints, claim, lambda _: None)
-
-    assert limiter_usage(conveyor_service)["global"] == (0, 0)
-    assert gate.overlaps(dispatch.hints)  # granted, not refused
