@@ -84,7 +84,9 @@ class Driver:
         params = {**values, **{name: Jsonb(values[name]) for name in statement.json}}
         with self._translated(statement.sql, params), self._connection.cursor() as cursor:
             cursor.execute(statement.sql, params)
-            return cursor.fetchall() if cursor.description is not None else []
+            # (``cursor.description`` would build a column object per column, every call)
+            result = cursor.pgresult
+            return cursor.fetchall() if result is not None and result.nfields else []
 
     def set_autocommit(self, on: bool) -> None:
         """Each statement its own transaction (on), or not (as the pool hands them out)."""
