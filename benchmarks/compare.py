@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -85,9 +87,14 @@ class Bench:
         self.env = svc.env(**LIMITS)
 
     @contextmanager
-    def conveyor_workers(self) -> Iterator[float]:
+    def conveyor_workers(
+        self,
+        env: dict[str, str] | None = None,
+        python: Sequence[str] = (sys.executable,),
+        cwd: Path = harness.ROOT,
+    ) -> Iterator[float]:
         specs = [("workflow-execution", 1), ("workflow-node", self.concurrency)]
-        with harness.workers("conveyor.tasks", specs, self.env) as ready:
+        with harness.workers("conveyor.tasks", specs, env or self.env, python, cwd) as ready:
             yield ready
 
     @contextmanager

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +84,15 @@ def services() -> Iterator[Services]:
 
 
 @contextmanager
-def workers(app: str, specs: list[tuple[str, int]], env: dict[str, str]) -> Iterator[float]:
-    """Start one worker per (queues, concurrency); yields the moment the last was ready."""
+def workers(
+    app: str,
+    specs: list[tuple[str, int]],
+    env: dict[str, str],
+    python: Sequence[str] = (sys.executable,),
+    cwd: Path = ROOT,
+) -> Iterator[float]:
+    """Start one worker per (queues, concurrency); yields the moment the last was ready.
+    ``python`` and ``cwd``: how and where (benchmarks.ab runs an older commit's code)."""
     logs = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     env = {**env, "BENCH_READY_DIR": str(logs)}
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
@@ -94,10 +101,10 @@ def workers(app: str, specs: list[tuple[str, int]], env: dict[str, str]) -> Iter
             log = logs / f"w{i}.log"
             with log.open("wb") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues,
+                    [*python, "-m", "celery", "-A", app, "worker", "-Q", queues,
                      "-c", str(concurrency), "-n", f"bench{i}-{uuid.uuid4().hex[:6]}@%h",
                      "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
-                    cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                    cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )  # fmt: skip
             started.append((process, log))

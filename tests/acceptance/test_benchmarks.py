@@ -59,3 +59,22 @@ def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_pa
     assert all(v > 0 for v in figures["ratios"].values())
     assert len(figures["raw_latencies"]["trigger_to_node_start"]) == 5
     assert "raw Celery" in result.stdout and "target" in result.stdout
+
+
+def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "ab.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ab", "HEAD", "--fanout", "5", "--cycles", "1",
+         "--runs", "1", "--concurrency", "2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures["values"]) == {"this tree", "old"}
+    assert all(len(v) == 1 and v[0] > 0 for v in figures["values"].values())
+    assert "this tree / HEAD" in result.stdout
+    listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True)
+    assert "conveyor-ab-" not in listed.stdout  # the worktree is gone
