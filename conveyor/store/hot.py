@@ -147,17 +147,10 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 
 # The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
-# Its commit does not wait for the WAL flush (``synchronous_commit`` off for this transaction
-# only, PostgreSQL's per-transaction asynchronous commit): about a third of a claim's time on
-# a disk that syncs in 0.3 ms. A claim lost to a server crash within the WAL writer's delay
-# leaves the job queued as if never claimed, and the recovery sweep sends it again; once the
-# try's outcome commits (synchronously) the claim before it is durable too.
 CLAIM_NODE = Statement(
     text(
         """
-WITH lazy AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-), job AS (
+WITH job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
     WHERE id = :id AND kind = 'node' AND status IN ('queued', 'parked')
       AND node_id IS NOT NULL
@@ -183,7 +176,7 @@ SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        (SELECT jsonb_object_agg(n.node_id, n.output) FROM node_states n
         WHERE n.execution_id = job.execution_id
           AND n.node_id = ANY(CAST(:needs AS varchar[]))) AS x_needs
-FROM job, ex, lazy
+FROM job, ex
 """.format(job_columns=", ".join(f"job.{c}" for c in JOB_COLUMNS.split(", ")))  # noqa: S608
     ).bindparams(
         bindparam("id", type_=Uuid()),

@@ -19,12 +19,10 @@ from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor, utcnow
 from conveyor.store import Database, hot
-from conveyor.store.sql import SqlStore
 
 ONE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": {"function": "test.add"},
                                  "inputs": {"a": 1, "b": 2}}]}  # fmt: skip
 APP = "conveyor-hot-path-test"
-SHOW_SYNC = hot.Statement(text("SHOW synchronous_commit"))
 
 
 class Held:
@@ -135,24 +133,3 @@ def test_a_connection_already_gone_fails_as_sqlalchemy_s_and_is_reported_lost(
         driver.set_autocommit(True)
 
     assert raised.value.connection_invalidated and len(reported) == 1
-
-
-def test_a_claim_commits_without_waiting_for_the_wal_flush_and_only_the_claim(
-    own: Conveyor,
-) -> None:
-    own.trigger("one")
-    held = own.dispatcher
-    assert isinstance(held, Held)
-    job_id = held.dispatches.pop().job_id
-
-    def claim_then_ask(store: SqlStore) -> tuple[bool, str]:
-        run = runner.claim_node(store, job_id, utcnow(), "w")
-        return run is not None, store._hot(SHOW_SYNC, {})[0][0]  # on the claim's connection
-
-    with pytest.raises(RuntimeError), own.db.transaction() as store:
-        claimed, during = claim_then_ask(store)  # in a transaction: the setting is its own
-        raise RuntimeError("roll the claim back")
-    assert claimed and during == "off"
-    claimed, after = own.db.autocommit(claim_then_ask)  # alone: its own statement's only
-
-    assert claimed and after == "on"
