@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import site
 import statistics
 import subprocess
@@ -40,7 +41,8 @@ LATENCY_RUNS = 150  # sequential triggers per side and cycle (the first five war
 @contextmanager
 def worktree(ref: str) -> Iterator[Path]:
     """The commit ``ref`` checked out beside this tree, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="conveyor-ab-")) / "tree"
+    parent = Path(tempfile.mkdtemp(prefix="conveyor-ab-"))
+    path = parent / "tree"
     subprocess.run(
         ["git", "worktree", "add", "--detach", str(path), ref],
         cwd=harness.ROOT, check=True, capture_output=True,
@@ -52,6 +54,7 @@ def worktree(ref: str) -> Iterator[Path]:
             ["git", "worktree", "remove", "--force", str(path)],
             cwd=harness.ROOT, check=False, capture_output=True,
         )  # fmt: skip
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 class Side:

@@ -228,6 +228,7 @@ class _NodeThread:
                 call.error = exc
             call.done.set()
             current.name = "conveyor-node"
+            del call  # its inputs and output are not kept alive while the thread waits
 
     @classmethod
     def forget_all(cls) -> None:
