@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,22 +79,14 @@ def sides(bench: compare.Bench, old_root: Path) -> list[Side]:
 
 
 def fanout_runs(bench: compare.Bench, n: int, runs: int) -> list[float]:
-    compare._conveyor_fanout(bench, n)  # untimed: connections, imports, definition caches
-    return [compare._conveyor_fanout(bench, n) * 1000 for _ in range(runs)]
+    compare.conveyor_fanout(bench, n)  # untimed: connections, imports, definition caches
+    return [compare.conveyor_fanout(bench, n) * 1000 for _ in range(runs)]
 
 
 def latency_p50(bench: compare.Bench, key: str) -> float:
     """The median trigger -> node start of sequential runs on idle workers (ms)."""
-    found = []
-    for i in range(LATENCY_RUNS):
-        time.sleep(compare.SETTLE)
-        started = time.time()
-        made = bench.client.trigger("started", {"key": key})
-        node_start = compare._popped(bench, key)
-        bench.finished_at(made, timeout=30)
-        if i >= 5:
-            found.append(node_start - started)
-    return statistics.median(found) * 1000
+    found = [compare.conveyor_latency(bench, key)[0] for _ in range(LATENCY_RUNS)]
+    return statistics.median(found[5:]) * 1000  # the first five warm up
 
 
 def measure(

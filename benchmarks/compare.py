@@ -137,7 +137,7 @@ def fanout(bench: Bench, n: int, rounds: int) -> dict[str, Any]:
     ours, chords = [], []
     with bench.conveyor_workers(), bench.raw_workers():
         for i in range(rounds + 1):
-            conveyor, chord = _conveyor_fanout(bench, n), _raw_fanout(bench, n)
+            conveyor, chord = conveyor_fanout(bench, n), _raw_fanout(bench, n)
             if i:
                 ours.append(conveyor)
                 chords.append(chord)
@@ -147,7 +147,7 @@ def fanout(bench: Bench, n: int, rounds: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _conveyor_fanout(bench: Bench, n: int) -> float:
+def conveyor_fanout(bench: Bench, n: int) -> float:
     started = time.time()
     made = bench.client.trigger(f"fanout{n}")
     finished = bench.finished_at(made, timeout=120 + n, poll=END_POLL)
@@ -241,20 +241,28 @@ def latency(bench: Bench, runs: int) -> tuple[dict[str, list[float]], list[float
     to_start, to_done, raw_start = [], [], []
     with bench.conveyor_workers(), bench.raw_workers():
         for i in range(runs + 5):
-            time.sleep(SETTLE)
-            started = time.time()
-            made = bench.client.trigger("started", {"key": ours})
-            node_start = _popped(bench, ours)
-            finished = bench.finished_at(made, timeout=30)
+            took_to_start, took_to_done = conveyor_latency(bench, ours)
             time.sleep(SETTLE)
             raw_started = time.time()
             raw.send_task("bench.raw_started", args=[theirs], queue="raw")
             task_start = _popped(bench, theirs)
             if i >= 5:
-                to_start.append(node_start - started)
-                to_done.append(finished.timestamp() - started)
+                to_start.append(took_to_start)
+                to_done.append(took_to_done)
                 raw_start.append(task_start - raw_started)
     return {"trigger_to_node_start": to_start, "trigger_to_completed": to_done}, raw_start
+
+
+def conveyor_latency(bench: Bench, key: str) -> tuple[float, float]:
+    """One run on idle workers (``SETTLE`` after the last): seconds from trigger to the
+    node's code starting (it pushes the time to the Redis list ``key``) and to the execution
+    completed."""
+    time.sleep(SETTLE)
+    started = time.time()
+    made = bench.client.trigger("started", {"key": key})
+    node_start = _popped(bench, key)
+    finished = bench.finished_at(made, timeout=30)
+    return node_start - started, finished.timestamp() - started
 
 
 def _popped(bench: Bench, key: str) -> float:
