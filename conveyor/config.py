@@ -117,6 +117,19 @@ class Settings(BaseSettings):
         gt=0,
         description="A job queued this long is re-published if the broker cannot hold its message.",
     )
+    batch_most: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="Node jobs made ready together travel in messages of up to this many, "
+        "run one after another by one worker; 1 sends each alone.",
+    )
+    batch_budget: float = Field(
+        default=0.05,
+        ge=0,
+        description="Seconds a batch message runs before the jobs it has not started are "
+        "handed back, one a message, for other workers (a slow node's siblings stay parallel).",
+    )
     task_events: bool = Field(
         default=True, description="Send Celery task events (Flower needs them)."
     )

@@ -17,12 +17,14 @@ from typing import Any
 from sqlalchemy.exc import DataError
 
 from conveyor import logs, nodes
+from conveyor.batches import Member, run_batch
 from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
+from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch, NodeHints, TenantRef, WorkflowRecord
-from conveyor.engine.states import JobStatus, Priority, TriggerSource
+from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
@@ -58,6 +60,18 @@ def _log_failure(
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _alone(job_id: uuid.UUID, hints: NodeHints | None) -> Dispatch:
+    """A node job's message of its own (a batch's hand-back)."""
+    return Dispatch(
+        job_id=job_id,
+        kind=JobKind.NODE,
+        queue=NODE_QUEUE,
+        priority=hints.priority if hints else Priority.NORMAL,
+        label=f"node={hints.node_id}" if hints and hints.node_id else "",
+        hints=hints,
+    )
 
 
 class Conveyor:
@@ -249,6 +263,16 @@ class Conveyor:
             self._run_node(job_id, hints)
         finally:
             self.gate.release(permit)
+
+    def run_nodes(self, members: Sequence[Member], budget: float) -> None:
+        """Run a batch message's node jobs one after another, each as :meth:`run_node` runs
+        one; past ``budget`` seconds those not started are published again, one a message
+        (see :mod:`conveyor.batches`)."""
+        run_batch(members, budget, self._hand_back, self.run_node)
+
+    def _hand_back(self, members: list[Member]) -> None:
+        self._publish([_alone(job_id, hints) for job_id, hints in members], batch=False)
+        log.info("a batch ran past its budget: %d job(s) handed back", len(members))
 
     def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Claim a node job, run the node outside any transaction, record the outcome."""
@@ -463,11 +487,11 @@ class Conveyor:
                 f"CONVEYOR_BROKER_URL and that the broker is up"
             ) from exc
 
-    def _publish(self, dispatches: Sequence[Dispatch]) -> None:
+    def _publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
         if not dispatches:
             return
         try:
-            self.dispatcher.publish(dispatches)
+            self.dispatcher.publish(dispatches, batch=batch)
         except Exception:
             # The jobs stay committed as queued. Nothing re-publishes them yet: that is the
             # recovery sweep's work (durability issue). The error is logged loudly meanwhile.

@@ -13,9 +13,11 @@ from conveyor.engine.records import Dispatch
 
 
 class Dispatcher(Protocol):
-    """Publishes job ids to the broker. Called only after the transaction has committed."""
+    """Publishes job ids to the broker. Called only after the transaction has committed.
+    ``batch``: node jobs may share a message (see :mod:`conveyor.engine.batching`); False
+    sends each in a message of its own (a batch's hand-back)."""
 
-    def publish(self, dispatches: Sequence[Dispatch]) -> None: ...
+    def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None: ...
 
 
 class Limiter(Protocol):

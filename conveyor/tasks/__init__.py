@@ -62,19 +62,38 @@ def start_execution(job_id: str) -> None:
         service().start_execution(parsed)
 
 
-@app.task(
-    name="conveyor.node.run",
-    ignore_result=True,
-    autoretry_for=(LimitError,),
-    retry_backoff=1,
-    retry_backoff_max=30,
-    max_retries=None,
-)
+# A node task's message is retried with backoff while the limiter (Redis) is unreachable.
+_NODE_TASK: dict[str, Any] = {
+    "ignore_result": True,
+    "autoretry_for": (LimitError,),
+    "retry_backoff": 1,
+    "retry_backoff_max": 30,
+    "max_retries": None,
+}
+
+
+@app.task(name="conveyor.node.run", **_NODE_TASK)
 def run_node(job_id: str, hints: Any = None) -> None:
     """Run one node and enqueue the successors it makes ready. While the limiter (Redis) is
     unreachable the message is retried with backoff, the job untouched."""
     if (parsed := _job_id(job_id)) is not None:
         service().run_node(parsed, decode_hints(hints))
+
+
+@app.task(name="conveyor.node.run_many", **_NODE_TASK)
+def run_many(job_ids: Any, hints: Any = None) -> None:
+    """Run several node jobs one after another, each as :func:`run_node` runs one; those not
+    started when the batch has run for its budget are handed back, one a message."""
+    if not isinstance(job_ids, list):
+        log.error("dropping a batch message whose job ids are not a list: %.80r", job_ids)
+        return
+    hinted = hints if isinstance(hints, list) and len(hints) == len(job_ids) else []
+    members = [
+        (parsed, decode_hints(hinted[i]) if hinted else None)
+        for i, raw in enumerate(job_ids)
+        if (parsed := _job_id(raw)) is not None
+    ]
+    service().run_nodes(members, get_settings().batch_budget)
 
 
 @app.task(name="conveyor.webhook.deliver", ignore_result=True)

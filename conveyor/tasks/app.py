@@ -54,6 +54,8 @@ def create_app(settings: Settings) -> Celery:
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         task_default_priority=3,
+        # how many node jobs one message may carry (conveyor.tasks.dispatch)
+        conveyor_batch_most=settings.batch_most,
     )
     if settings.resolved_broker_url.startswith(("redis://", "rediss://")):
         # kombu's Redis transport, but a malformed message is dropped instead of stopping

@@ -3,7 +3,11 @@
 A node job's message carries hints (tenant, workflow version, priority, when it was queued,
 node) as the keyword argument ``hints``: its admission then reads nothing, and its claim
 reads its needs' outputs at once. The job id alone is enough: a message without hints (an
-older version's) is admitted and claimed from the database."""
+older version's) is admitted and claimed from the database.
+
+Node jobs published together are packed into messages of up to ``conveyor_batch_most`` jobs
+(``CONVEYOR_BATCH_MOST``; see :mod:`conveyor.engine.batching`): ``conveyor.node.run_many``
+with the job ids and their hints as two lists."""
 
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ from typing import Any
 
 from celery import Celery
 
+from conveyor.engine.batching import pack
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
 
+RUN_MANY = "conveyor.node.run_many"
 TASK_FOR_KIND = {
     JobKind.EXECUTION: "conveyor.execution.start",
     JobKind.NODE: "conveyor.node.run",
@@ -33,19 +39,40 @@ class CeleryDispatcher:
         self.app = app
         amqp = str(app.conf.broker_url or "").startswith(("amqp", "pyamqp"))
         self._priority = _AMQP_PRIORITY if amqp else _REDIS_PRIORITY
+        self.batch_most = int(app.conf.get("conveyor_batch_most") or 1)
 
-    def publish(self, dispatches: Sequence[Dispatch]) -> None:
+    def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
+        """One message per job, or per pack of node jobs when ``batch`` (see the module)."""
+        messages = pack(dispatches, self.batch_most if batch else 1)
         with self.app.producer_or_acquire() as producer:
-            for d in dispatches:
-                self.app.send_task(
-                    TASK_FOR_KIND[d.kind],
-                    args=[str(d.job_id)],
-                    kwargs={"hints": encode_hints(d.hints)} if d.hints else None,
-                    queue=d.queue,
-                    priority=self._priority[d.priority],
-                    producer=producer,
-                    argsrepr=f"job={d.job_id} {d.label}".rstrip(),
-                )
+            for message in messages:
+                if len(message) == 1:
+                    self._send_one(message[0], producer)
+                else:
+                    self._send_many(message, producer)
+
+    def _send_one(self, d: Dispatch, producer: Any) -> None:
+        self.app.send_task(
+            TASK_FOR_KIND[d.kind],
+            args=[str(d.job_id)],
+            kwargs={"hints": encode_hints(d.hints)} if d.hints else None,
+            queue=d.queue,
+            priority=self._priority[d.priority],
+            producer=producer,
+            argsrepr=f"job={d.job_id} {d.label}".rstrip(),
+        )
+
+    def _send_many(self, message: list[Dispatch], producer: Any) -> None:
+        first = message[0]
+        self.app.send_task(
+            RUN_MANY,
+            args=[[str(d.job_id) for d in message]],
+            kwargs={"hints": [encode_hints(d.hints) if d.hints else None for d in message]},
+            queue=first.queue,
+            priority=self._priority[first.priority],
+            producer=producer,
+            argsrepr=f"{len(message)} jobs, first job={first.job_id} {first.label}".rstrip(),
+        )
 
 
 def encode_hints(hints: NodeHints) -> dict[str, Any]:

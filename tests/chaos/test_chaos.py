@@ -219,6 +219,10 @@ def test_malformed_messages_and_unknown_jobs_disturb_nothing(
         for args in ([str(uuid.uuid4())], ["not-a-uuid"], [None], []):
             app.send_task("conveyor.node.run", args=args, queue="workflow-node",
                           connection=connection)  # fmt: skip
+        for batch in ([[str(uuid.uuid4()), "not-a-uuid", None]], ["not-a-list"], [None], []):
+            app.send_task("conveyor.node.run_many", args=batch, queue="workflow-node",
+                          kwargs={"hints": [{"tenant_id": "?"}, 7]},
+                          connection=connection)  # fmt: skip
 
     assert_nothing_lost_nothing_twice(chaos_client, ids)
     assert all(w.poll() is None for w in [cluster.planner, *cluster.nodes])  # none died

@@ -31,7 +31,7 @@ class Held:
     def __init__(self) -> None:
         self.dispatches: list[Dispatch] = []
 
-    def publish(self, dispatches: Sequence[Dispatch]) -> None:
+    def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
         self.dispatches.extend(dispatches)
 
 

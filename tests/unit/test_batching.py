@@ -1,0 +1,153 @@
+"""Sibling batching: which node jobs share a message (pure), and a batch's hand-back."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from conveyor.batches import BatchRun, Member, run_batch
+from conveyor.engine.batching import pack, split
+from conveyor.engine.records import Dispatch, NodeHints
+from conveyor.engine.states import JobKind, Priority
+
+NOW = datetime(2026, 11, 23, tzinfo=UTC)
+
+
+def node(priority: Priority = Priority.NORMAL, queue: str = "workflow-node") -> Dispatch:
+    hints = NodeHints(
+        tenant_id=uuid.uuid4(), workflow_id=uuid.uuid4(), priority=priority, enqueued_at=NOW
+    )
+    return Dispatch(
+        job_id=uuid.uuid4(), kind=JobKind.NODE, queue=queue, priority=priority, hints=hints
+    )
+
+
+def start_job() -> Dispatch:
+    return Dispatch(
+        job_id=uuid.uuid4(),
+        kind=JobKind.EXECUTION,
+        queue="workflow-execution",
+        priority=Priority.NORMAL,
+    )
+
+
+def sizes(messages: list[list[Dispatch]]) -> list[int]:
+    return [len(m) for m in messages]
+
+
+@pytest.mark.parametrize(
+    ("count", "most", "expected"),
+    [(200, 8, [8] * 25), (9, 8, [5, 4]), (8, 8, [8]), (3, 8, [3]), (17, 8, [6, 6, 5])],
+)
+def test_split_makes_the_fewest_groups_of_even_sizes(
+    count: int, most: int, expected: list[int]
+) -> None:
+    items = [node() for _ in range(count)]
+
+    groups = split(items, most)
+
+    assert sizes(groups) == expected
+    assert [d for g in groups for d in g] == items  # every job once, in order
+
+
+def test_pack_keeps_each_job_alone_when_batching_is_off() -> None:
+    items = [node() for _ in range(5)]
+
+    assert pack(items, 1) == [[d] for d in items]
+
+
+def test_pack_groups_node_jobs_of_one_queue_and_priority_only() -> None:
+    high = [node(Priority.HIGH) for _ in range(3)]
+    normal = [node() for _ in range(2)]
+    other_queue = [node(queue="workflow-other") for _ in range(2)]
+    start = start_job()
+    unhinted = Dispatch(
+        job_id=uuid.uuid4(), kind=JobKind.NODE, queue="workflow-node", priority=Priority.NORMAL
+    )
+    mixed = [high[0], normal[0], start, high[1], other_queue[0], unhinted, normal[1], high[2]]
+    mixed.append(other_queue[1])
+
+    messages = pack(mixed, 8)
+
+    # in the order of each message's first job; a start job and an unhinted node job alone
+    assert messages == [high, normal, [start], other_queue, [unhinted]]
+
+
+def test_pack_of_one_job_is_that_job() -> None:
+    one = node()
+
+    assert pack([one], 8) == [[one]]
+
+
+def members(count: int) -> list[Member]:
+    return [(uuid.uuid4(), None) for _ in range(count)]
+
+
+def test_a_batch_within_its_budget_runs_every_job_in_order_and_hands_back_none() -> None:
+    batch = members(5)
+    ran: list[uuid.UUID] = []
+    handed: list[list[Member]] = []
+
+    run_batch(batch, 10.0, handed.append, lambda job_id, _: ran.append(job_id))
+
+    assert ran == [job_id for job_id, _ in batch]
+    assert handed == []
+
+
+def test_past_its_budget_a_batch_takes_one_more_and_hands_back_the_rest() -> None:
+    batch = members(4)
+    handed: list[list[Member]] = []
+    run = BatchRun(batch, 0.0, handed.append)
+
+    first = run.take()
+    after = run.take()
+
+    # the worker, free now, runs the one it takes; the rest go to other workers
+    assert first == batch[0]
+    assert handed == [batch[1:]]
+    assert after is None
+
+
+def test_a_slow_job_has_the_rest_handed_back_at_the_deadline_not_after_it() -> None:
+    # Given a batch whose first job runs for far longer than the budget
+    batch = members(3)
+    handed_at: list[float] = []
+    handed: list[list[Member]] = []
+    ran: list[uuid.UUID] = []
+    release = threading.Event()
+
+    def hand_back(rest: list[Member]) -> None:
+        handed_at.append(time.monotonic())
+        handed.append(rest)
+        release.set()
+
+    def run(job_id: uuid.UUID, _: object) -> None:
+        ran.append(job_id)
+        release.wait(5.0)  # the slow node: it ends only once the rest are handed back
+
+    # When it runs
+    started = time.monotonic()
+    run_batch(batch, 0.1, hand_back, run)
+
+    # Then the jobs not started were handed back while the first still ran, and not run here
+    assert handed == [batch[1:]]
+    assert handed_at[0] - started < 2.0
+    assert ran == [batch[0][0]]
+
+
+def test_a_job_whose_run_raises_hands_back_the_rest_and_the_error_goes_on() -> None:
+    batch = members(4)
+    handed: list[list[Member]] = []
+
+    def run(job_id: uuid.UUID, _: object) -> None:
+        if job_id == batch[1][0]:
+            raise ConnectionError("redis is down")
+
+    with pytest.raises(ConnectionError):
+        run_batch(batch, 10.0, handed.append, run)
+
+    assert handed == [batch[2:]]
