@@ -21,7 +21,7 @@ Metrics (all prefixed ``conveyor_``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -131,8 +131,12 @@ def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
         client.close()
 
 
-def broker_holds(broker_url: str) -> dict[str, int] | None:
-    """Messages a Redis broker holds waiting, per queue; None for other brokers.
+def broker_holds(
+    broker_url: str, jobs_per_message: Mapping[str, int] | None = None
+) -> dict[str, int] | None:
+    """Jobs a Redis broker may hold waiting, per queue: its messages times the most jobs one
+    message of that queue carries (``jobs_per_message``, 1 if not named: a batch message names
+    up to ``CONVEYOR_BATCH_MOST`` node jobs); None for other brokers.
 
     Reserved messages (kombu's ``unacked`` hash) are left out on purpose: those of a live
     worker are claimed within moments, so a job queued for long whose message is only
@@ -141,9 +145,10 @@ def broker_holds(broker_url: str) -> dict[str, int] | None:
     depth = queue_depth(broker_url)
     if depth is None:
         return None
+    per = jobs_per_message or {}
     held: dict[str, int] = {}
     for (queue, _), n in depth.items():
-        held[queue] = held.get(queue, 0) + n
+        held[queue] = held.get(queue, 0) + n * per.get(queue, 1)
     return held
 
 

@@ -418,11 +418,11 @@ class Conveyor:
         - ``reclaimed``: node jobs processing whose heartbeat is older than
           ``heartbeat_timeout``: their try failed (worker lost), the retry policy decides;
         - ``republished``: jobs (and webhook deliveries) queued for over ``lost_after``
-          seconds whose queue in the broker holds fewer waiting messages than there are such
-          jobs (``broker_holds``: messages per queue; None when it cannot tell, and then each
-          is re-published): a message was lost (Redis flushed, a crash between commit and
-          publish, a worker killed holding it). A duplicate is harmless: the job is claimed
-          once.
+          seconds whose queue in the broker cannot hold them all (``broker_holds``: at most
+          how many jobs each queue's waiting messages name; None when it cannot tell, and
+          then each is re-published): a message was lost (Redis flushed, a crash between
+          commit and publish, a worker killed holding it). A duplicate is harmless: the job
+          is claimed once.
         """
         now = utcnow()
 

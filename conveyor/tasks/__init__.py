@@ -18,6 +18,7 @@ from sqlalchemy.orm import configure_mappers
 
 from conveyor import logs, metrics, runtime
 from conveyor.config import get_settings
+from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
 from conveyor.service import Conveyor
@@ -123,7 +124,9 @@ def recover() -> dict[str, int]:
     done = service().recover(
         heartbeat_timeout=settings.heartbeat_timeout,
         lost_after=settings.lost_after,
-        broker_holds=lambda: metrics.broker_holds(settings.resolved_broker_url),
+        broker_holds=lambda: metrics.broker_holds(
+            settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
+        ),
     )
     service().promote_due()
     service().sweep_limits()

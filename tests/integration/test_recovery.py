@@ -10,16 +10,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 import conveyor
+from conveyor import metrics
 from conveyor.engine import runner
 from conveyor.engine.states import ExecutionStatus, JobStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import NodeCancelled
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 from conveyor.service import Conveyor, utcnow
+from tests.conftest import REDIS_DB
 from tests.support.services import effects, wait_for
 
 
@@ -173,6 +176,26 @@ def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
     assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
     with conveyor_service.db.transaction() as store:
         assert store.recovery_counts()["republished"] == 1
+
+
+def test_the_broker_may_hold_as_many_node_jobs_as_its_batch_messages_name() -> None:
+    # Given a Redis broker no worker reads: two node messages (normal priority), one start job
+    url = f"redis://127.0.0.1:6379/{REDIS_DB + 4}"  # (+1 acceptance, +2 chaos; 14 benchmarks)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        client.lpush("workflow-node:3", b"first", b"second")
+        client.lpush("workflow-execution", b"start")
+
+        held = metrics.broker_holds(url, {"workflow-node": 8})
+    finally:
+        client.flushdb()
+        client.close()
+
+    # Then a node message may name up to 8 jobs (a batch), any other message one
+    assert held is not None
+    assert (held["workflow-node"], held["workflow-execution"]) == (16, 1)
+    assert metrics.broker_holds("memory://localhost/") is None
 
 
 def test_a_duplicate_message_changes_nothing(conveyor_service: Conveyor) -> None:
