@@ -127,8 +127,9 @@ class Settings(BaseSettings):
     batch_budget: float = Field(
         default=0.05,
         ge=0,
-        description="Seconds a batch message runs before the jobs it has not started are "
-        "handed back, one a message, for other workers (a slow node's siblings stay parallel).",
+        description="Seconds a batch message runs (or one of its jobs, a quarter of them) "
+        "before the jobs it has not started are handed back, one a message, for other "
+        "workers: slow siblings stay parallel.",
     )
     task_events: bool = Field(
         default=True, description="Send Celery task events (Flower needs them)."

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy.exc import DataError
 
 from conveyor import logs, nodes
-from conveyor.batches import Member, run_batch
+from conveyor.batches import Durations, Member, run_batch
 from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
@@ -95,6 +95,7 @@ class Conveyor:
         self.age_low_after = age_low_after
         self.misfire_grace = misfire_grace
         self.watcher = Watcher(database)
+        self.durations = Durations()  # of the nodes this process ran (for batches)
         self._rng = random.Random()
         self.gate = (
             Gate(
@@ -268,7 +269,7 @@ class Conveyor:
         """Run a batch message's node jobs one after another, each as :meth:`run_node` runs
         one; past ``budget`` seconds those not started are published again, one a message
         (see :mod:`conveyor.batches`)."""
-        run_batch(members, budget, self._hand_back, self.run_node)
+        run_batch(members, budget, self._hand_back, self.run_node, self.durations.slow)
 
     def _hand_back(self, members: list[Member]) -> None:
         self._publish([_alone(job_id, hints) for job_id, hints in members], batch=False)
@@ -311,6 +312,9 @@ class Conveyor:
             dispatches = self._record_success(run, output, duration, job_log)
         finally:
             self.watcher.unwatch(run.job.id)
+            self.durations.record(
+                run.execution.workflow_id, run.node.id, time.monotonic() - started
+            )
         self._publish(dispatches)
 
     def _record_success(

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from conveyor.batches import BatchRun, Member, run_batch
+from conveyor.batches import BatchRun, Durations, Member, run_batch
 from conveyor.engine.batching import pack, split
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
@@ -151,3 +151,71 @@ def test_a_job_whose_run_raises_hands_back_the_rest_and_the_error_goes_on() -> N
         run_batch(batch, 10.0, handed.append, run)
 
     assert handed == [batch[2:]]
+
+
+def test_a_job_past_a_quarter_of_the_budget_has_the_rest_handed_back_early() -> None:
+    # Given four jobs with a budget of 1 s (a quarter of it each), the first of which runs 0.6 s
+    batch = members(4)
+    handed_at: list[float] = []
+    handed: list[list[Member]] = []
+
+    def hand_back(rest: list[Member]) -> None:
+        handed_at.append(time.monotonic())
+        handed.append(rest)
+
+    def run(job_id: uuid.UUID, _: object) -> None:
+        if job_id == batch[0][0]:
+            time.sleep(0.6)
+
+    started = time.monotonic()
+    run_batch(batch, 1.0, hand_back, run)
+
+    # Then the rest went back while it ran, though the batch was well within its budget
+    assert handed == [batch[1:]]
+    assert handed_at[0] - started < 0.55
+
+
+def hinted(node_id: str, workflow_id: uuid.UUID) -> Member:
+    hints = NodeHints(
+        tenant_id=uuid.uuid4(),
+        workflow_id=workflow_id,
+        priority=Priority.NORMAL,
+        enqueued_at=NOW,
+        node_id=node_id,
+    )
+    return uuid.uuid4(), hints
+
+
+def test_a_node_slow_here_before_has_the_rest_handed_back_before_it_starts() -> None:
+    # Given a process that ran node "fetch" for 0.2 s last time, and a batch whose second
+    # job is that node
+    workflow = uuid.uuid4()
+    durations = Durations()
+    durations.record(workflow, "fetch", 0.2)
+    durations.record(workflow, "parse", 0.001)
+    batch = [hinted("parse", workflow), hinted("fetch", workflow), *members(2)]
+    events: list[str] = []
+
+    def run(job_id: uuid.UUID, hints: NodeHints | None) -> None:
+        events.append(f"ran {hints.node_id if hints else job_id}")
+
+    # When it runs with a budget of 0.4 s: a job's share is 0.1 s, less than "fetch" took
+    run_batch(batch, 0.4, lambda rest: events.append(f"handed back {len(rest)}"), run,
+              durations.slow)  # fmt: skip
+
+    # Then the two after it went to other workers before it started, not after it ended
+    assert events == ["ran parse", "handed back 2", "ran fetch"]
+
+
+def test_durations_know_only_nodes_this_process_ran() -> None:
+    durations = Durations(most=2)
+    workflow = uuid.uuid4()
+    durations.record(workflow, "a", 1.0)
+
+    assert durations.slow(hinted("a", workflow), 0.5)
+    assert not durations.slow(hinted("a", uuid.uuid4()), 0.5)  # another version's "a"
+    assert not durations.slow(hinted("b", workflow), 0.5)
+    assert not durations.slow((uuid.uuid4(), None), 0.5)  # no hints: unknown
+    durations.record(workflow, "b", 1.0)
+    durations.record(workflow, "c", 1.0)  # past its size it starts over
+    assert not durations.slow(hinted("a", workflow), 0.5)
