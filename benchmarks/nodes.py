@@ -18,6 +18,13 @@ def noop() -> dict[str, bool]:
     return {"ok": True}
 
 
+@conveyor.node("bench.sleep")
+def sleep(seconds: float) -> dict[str, bool]:
+    """A node that waits, as one calling a remote service would (benchmarks.batching)."""
+    time.sleep(seconds)
+    return {"ok": True}
+
+
 # The same no-op as a plain Celery task, with the settings Conveyor's workers use by default:
 # acks late, prefetch 1, and task events on (CONVEYOR_TASK_EVENTS, for Flower).
 raw = Celery("bench", broker=os.environ.get("BENCH_BROKER_URL", "memory://"))

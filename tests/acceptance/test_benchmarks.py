@@ -78,3 +78,19 @@ def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(
     assert "this tree / HEAD" in result.stdout
     listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True)
     assert "conveyor-ab-" not in listed.stdout  # the worktree is gone
+
+
+def test_the_batching_benchmark_runs_both_sides_and_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "batching.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.batching", "--rounds", "1", "--width", "10",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    assert set(figures["medians"]) == {"on", "off"}
+    for side in figures["medians"].values():
+        assert side["wide_s_per_node"] > 0 and side["slow_total_s"] > 0.04
+    assert "batching on" in result.stdout
