@@ -56,6 +56,8 @@ def slow_fanout(bench: Bench) -> tuple[float, float]:
                 NodeState.execution_id == made, NodeState.node_id.like("s%")
             )
         ).one()
+    if first is None or last is None:
+        raise RuntimeError("the members have no start recorded")
     return finished.timestamp() - started, (last - first).total_seconds()
 
 

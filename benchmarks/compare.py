@@ -105,8 +105,7 @@ class Bench:
     def raw_app(self) -> Any:
         from benchmarks.nodes import raw
 
-        raw.conf.broker_url = self.svc.redis_url
-        raw.conf.result_backend = self.svc.redis_url
+        raw.conf.update(broker_url=self.svc.redis_url, result_backend=self.svc.redis_url)
         return raw
 
     def finished_at(self, execution_id: uuid.UUID, timeout: float, poll: float = 0.002) -> datetime:
@@ -116,8 +115,8 @@ class Bench:
         with self.database.engine.connect() as conn:
             while True:
                 status, finished = conn.execute(query).one()
-                if status is ExecutionStatus.COMPLETED:
-                    return finished  # type: ignore[no-any-return]
+                if status is ExecutionStatus.COMPLETED and finished is not None:
+                    return finished
                 if status.finished:
                     raise RuntimeError(f"execution {execution_id} ended {status.value}")
                 if time.monotonic() > deadline:
@@ -183,6 +182,8 @@ def conveyor_throughput(bench: Bench, n: int) -> float:
         last = conn.execute(
             select(func.max(Execution.finished_at)).where(Execution.id.in_(made))
         ).scalar_one()
+    if first is None or last is None:
+        raise RuntimeError("the drained executions have no start or end recorded")
     return n / (last - first).total_seconds()
 
 
@@ -400,7 +401,7 @@ def throughput(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
 
 def median(measure: Any, bench: Bench, args: argparse.Namespace) -> float:
     """The median of ``--rounds`` runs: one run's figure moves by 15 % on a busy machine."""
-    return statistics.median(measure(bench, args.executions) for _ in range(args.rounds))
+    return float(statistics.median(measure(bench, args.executions) for _ in range(args.rounds)))
 
 
 def ratios(figures: dict[str, Any]) -> dict[str, float]:

@@ -120,7 +120,7 @@ def raw_throughput(svc: harness.Services, n: int, concurrency: int) -> float:
     svc.flush()
     from benchmarks.nodes import raw
 
-    raw.conf.broker_url = svc.redis_url
+    raw.conf.update(broker_url=svc.redis_url)
     key = f"bench:done:{uuid.uuid4().hex[:6]}"
     with raw.producer_or_acquire() as producer:
         for _ in range(n):

@@ -59,8 +59,10 @@ def _announce(sender: object = None, **_: object) -> None:
 
 # -- the raw-Celery twins of the comparison benchmark (benchmarks.compare) -----------------
 # A chord needs a result backend: the same Redis. Only the chord's members keep results.
-raw.conf.result_backend = os.environ.get("BENCH_BROKER_URL", "cache+memory://")
-raw.conf.task_default_queue = "raw"  # the chord's tasks too
+raw.conf.update(
+    result_backend=os.environ.get("BENCH_BROKER_URL", "cache+memory://"),
+    task_default_queue="raw",  # the chord's tasks too
+)
 
 
 @raw.task(name="bench.raw_count")
