@@ -53,10 +53,10 @@ class BatchRun:
         self.deadline = min(self._end, now + self._share)  # of the job running now
 
     def take(self) -> Member | None:
-        """The next job to run, or None when none is left. Past the deadline (the batch's
-        budget, or the last job's share of it), or when ``slow`` says the job taken last ran
-        longer than its share here before, the rest is handed back first: this worker is
-        free for one, others for the rest."""
+        """The next job to run, or None when none is left. The rest is handed back first
+        when the deadline passed (the batch's budget, or the last job's share of it) or when
+        ``slow`` says the job handed out now took longer than a share here before: this
+        worker is free for one, others for the rest."""
         with self._lock:
             if not self._pending:
                 return None
