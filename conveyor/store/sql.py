@@ -1,4 +1,6 @@
-"""All SQL lives here. The store never commits: the caller owns the unit of work.
+"""All SQL lives in this package, one module a domain noun; this one holds executions, their
+node states, and a node's claim and success, which touch all three tables at once. The store
+never commits: the caller owns the unit of work.
 
 Every state change of a job or an execution is a guarded UPDATE that only succeeds from the
 expected status, so a message delivered twice, or two workers racing, change nothing twice.
@@ -7,19 +9,15 @@ expected status, so a message delivered twice, or two workers racing, change not
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
     ARRAY,
     ColumnElement,
-    CursorResult,
-    Executable,
     Row,
-    Select,
     String,
-    Table,
     any_,
     bindparam,
     case,
@@ -28,206 +26,51 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
-from conveyor.engine.records import (
-    Admission,
-    Created,
-    ExecutionRecord,
-    Finish,
-    JobRecord,
-    NewJob,
-    WorkflowRecord,
-)
+from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
 from conveyor.engine.states import (
     WAITING_JOB,
-    AttemptStatus,
     ExecutionStatus,
     JobKind,
     JobStatus,
     NodeStatus,
     Priority,
 )
-from conveyor.exceptions import (
-    DuplicateExecution,
-    ExecutionNotFound,
-    StoreError,
-    TenantNotFound,
-    WorkflowNotFound,
-)
+from conveyor.exceptions import DuplicateExecution, ExecutionNotFound, StoreError
 from conveyor.ids import new_id
-from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
+from conveyor.models import Execution, Job, NodeState
 from conveyor.models.base import UTCDateTime
 from conveyor.store import hot
 from conveyor.store.access import AccessQueries
+from conveyor.store.catalog import DEFAULT_TENANT, CatalogQueries
+from conveyor.store.core import EXECUTIONS, JOBS, NODE_STATES
 from conveyor.store.dead_letters import DeadLetterQueries
+from conveyor.store.jobs import RUNNABLE, JobQueries, node_job_row, start_job_row
+from conveyor.store.listing import ListingQueries
 from conveyor.store.recovery import RecoveryQueries
-from conveyor.store.rows import execution_record, job_record, workflow_record
+from conveyor.store.rows import execution_record
 from conveyor.store.schedules import ScheduleQueries
 from conveyor.store.stats import StatsQueries
 
-DEFAULT_TENANT = "default"
-# The tables, for the Core statements of the hot path (see SqlStore._core).
-JOBS = cast(Table, Job.__table__)
-EXECUTIONS = cast(Table, Execution.__table__)
-NODE_STATES = cast(Table, NodeState.__table__)
-ATTEMPTS = cast(Table, JobAttempt.__table__)
-WORKFLOWS = cast(Table, WorkflowVersion.__table__)
+__all__ = ["DEFAULT_TENANT", "SqlStore"]
+
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
-_RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
-class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, RecoveryQueries):
-    """The store port over one SQLAlchemy session (PostgreSQL or SQLite); on PostgreSQL the
-    hot path's statements (store.hot) run on the session's driver connection, or on the
-    autocommit unit's own."""
-
-    def __init__(
-        self,
-        session: Session | None = None,
-        driver: hot.Driver | None = None,
-        *,
-        opens: Callable[[], Session] | None = None,
-    ) -> None:
-        """Over ``session``; or, in an autocommit unit, over ``driver`` (the connection of
-        the hot statements) and a session that ``opens`` makes when another statement runs."""
-        self._session = session
-        self._opens = opens
-        self._driver = driver
-
-    @property
-    def session(self) -> Session:
-        if self._session is None:
-            if self._opens is None:
-                raise StoreError("this store has no session")
-            self._session = self._opens()
-        return self._session
-
-    @session.setter  # (the query mixins declare ``session`` a plain attribute)
-    def session(self, session: Session) -> None:
-        self._session = session
-
-    def _core(self, statement: Executable, params: Any = None) -> CursorResult[Any]:
-        """Run a Core statement on the transaction's connection: statements that read
-        records, never ORM objects, so the ORM's bookkeeping per statement (identity map,
-        session synchronisation) buys nothing. The hottest go further (:meth:`_hot`)."""
-        return self.session.connection().execute(statement, params)
-
-    @property
-    def _postgres(self) -> bool:
-        return self._driver is not None or self.session.get_bind().dialect.name == "postgresql"
-
-    def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Run a statement of the hot path on the driver's connection (PostgreSQL only): the
-        autocommit unit's, or the transaction's."""
-        if self._driver is None:
-            self._driver = hot.Driver.of(self.session.connection())
-        return self._driver.rows(statement, params)
-
-    # -- tenants --------------------------------------------------------------------------
-
-    def trigger_target(self, tenant: str, workflow: str) -> tuple[uuid.UUID, uuid.UUID | None]:
-        """The tenant's id and the id of its latest version of ``workflow`` (None: it has
-        none), in one read; a missing tenant as :meth:`tenant_id` has it."""
-        row = self._core(_TRIGGER_TARGET, {"tenant": tenant, "workflow": workflow}).one_or_none()
-        if row is None:
-            return self.tenant_id(tenant), None  # made now (the default): no workflow yet
-        return row.id, row.workflow_id
-
-    def tenant_id(self, name: str) -> uuid.UUID:
-        found = self._core(select(Tenant.id).where(Tenant.name == name)).scalar()
-        if found is not None:
-            return cast(uuid.UUID, found)
-        if name == DEFAULT_TENANT:
-            return self.create_tenant(name)
-        raise TenantNotFound(
-            f"no tenant is named {name!r}; create it with `conveyor tenants create {name}`"
-        )
-
-    def create_tenant(self, name: str) -> uuid.UUID:
-        """The tenant's id, the tenant made if it is new (a racing creation is no error).
-        One guarded statement, without a savepoint: fine outside a transaction too."""
-        dialect = self.session.get_bind().dialect.name
-        make = pg_insert if dialect == "postgresql" else sqlite_insert
-        self._core(make(TENANTS).values(name=name).on_conflict_do_nothing())
-        found = self._core(select(TENANTS.c.id).where(TENANTS.c.name == name)).scalar()
-        if found is None:
-            raise StoreError(f"could not create tenant {name!r}")
-        return cast(uuid.UUID, found)
-
-    def tenant_names(self) -> list[str]:
-        return list(self.session.scalars(select(Tenant.name).order_by(Tenant.name)))
-
-    def tenants(self) -> list[Tenant]:
-        return list(self.session.scalars(select(Tenant).order_by(Tenant.name)))
-
-    def set_tenant_concurrency(self, name: str, limit: int | None) -> bool:
-        """Set (or, with None, clear) a tenant's own limit; False if there is no such tenant."""
-        result = self.session.execute(
-            update(Tenant).where(Tenant.name == name).values(max_concurrency=limit)
-        )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-    # -- workflows ------------------------------------------------------------------------
-
-    def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None:
-        row = self._core(
-            select(WORKFLOWS)
-            .where(WORKFLOWS.c.tenant_id == tenant_id, WORKFLOWS.c.name == name)
-            .order_by(WORKFLOWS.c.version.desc())
-            .limit(1)
-        ).one_or_none()
-        return workflow_record(row) if row else None
-
-    def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord:
-        row = self.session.get(WorkflowVersion, workflow_id)
-        if row is None:
-            raise WorkflowNotFound(f"no workflow version has id {workflow_id}")
-        return workflow_record(row)
-
-    def add_workflow_version(
-        self,
-        tenant_id: uuid.UUID,
-        name: str,
-        digest: str,
-        definition: dict[str, Any],
-        now: datetime,
-    ) -> WorkflowRecord:
-        latest = self.latest_workflow(tenant_id, name)
-        row = WorkflowVersion(
-            tenant_id=tenant_id,
-            name=name,
-            version=(latest.version + 1) if latest else 1,
-            digest=digest,
-            definition=definition,
-            created_at=now,
-        )
-        self.session.add(row)
-        self.session.flush()
-        return workflow_record(row)
-
-    def list_workflows(self, tenant_id: uuid.UUID) -> list[WorkflowRecord]:
-        newest = (
-            select(WorkflowVersion.name, func.max(WorkflowVersion.version).label("v"))
-            .where(WorkflowVersion.tenant_id == tenant_id)
-            .group_by(WorkflowVersion.name)
-            .subquery()
-        )
-        rows = self.session.scalars(
-            select(WorkflowVersion)
-            .join(
-                newest,
-                (WorkflowVersion.name == newest.c.name) & (WorkflowVersion.version == newest.c.v),
-            )
-            .where(WorkflowVersion.tenant_id == tenant_id)
-            .order_by(WorkflowVersion.name)
-        )
-        return [workflow_record(r) for r in rows]
+class SqlStore(
+    CatalogQueries,
+    JobQueries,
+    ScheduleQueries,
+    AccessQueries,
+    DeadLetterQueries,
+    StatsQueries,
+    RecoveryQueries,
+    ListingQueries,
+):
+    """The store port over one SQLAlchemy session (PostgreSQL or SQLite), its SQL in the
+    modules it is made of (store.core says how statements run)."""
 
     # -- executions -----------------------------------------------------------------------
 
@@ -313,11 +156,11 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             if jobs:
                 self.add_node_jobs(execution, jobs, now)
             if start_job is not None:
-                self._core(insert(JOBS).values(_start_job(execution, start_job, now)))
+                self._core(insert(JOBS).values(start_job_row(execution, start_job, now)))
             return Created.CREATED
-        jobs_ = [_node_job(execution, j, now) for j in jobs]
+        jobs_ = [node_job_row(execution, j, now) for j in jobs]
         if start_job is not None:
-            jobs_.append(_start_job(execution, start_job, now))
+            jobs_.append(start_job_row(execution, start_job, now))
         states = list((waiting_on or {}).items())
         params = {
             "id": execution.id, "tenant_id": execution.tenant_id,
@@ -406,7 +249,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
             update(Job)
             .where(
                 Job.execution_id == execution_id,
-                Job.status.in_([*_RUNNABLE, *WAITING_JOB]),
+                Job.status.in_([*RUNNABLE, *WAITING_JOB]),
             )
             .values(status=JobStatus.CANCELLED, completed_at=now)
             .returning(Job.id, Job.kind)
@@ -529,36 +372,7 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         )
         return {r.node_id: r for r in rows}
 
-    # -- jobs -----------------------------------------------------------------------------
-
-    def add_node_jobs(
-        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
-    ) -> None:
-        """Insert node jobs, queued (or scheduled, with a ``next_run_at``), in one statement."""
-        rows = [_node_job(execution, j, now) for j in jobs]
-        if not self._postgres:
-            self._core(insert(JOBS), [{**r, "execution_id": execution.id} for r in rows])
-            return
-        self._hot(hot.ADD_NODE_JOBS, {
-            "queue": NODE_QUEUE, "priority": execution.priority.value,
-            "tenant_id": execution.tenant_id, "workflow_id": execution.workflow_id,
-            "execution_id": execution.id, "now": now,
-            "job_ids": [r["id"] for r in rows], "job_statuses": [r["status"].value for r in rows],
-            "job_nodes": [r["node_id"] for r in rows],
-            "job_retries": [r["max_retries"] for r in rows],
-            "job_next": [r["next_run_at"] for r in rows],
-        })  # fmt: skip
-
-    def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
-        """queued (or parked) -> processing; None when the job is not a runnable job of that
-        kind (a duplicate or misrouted message)."""
-        row = self._core(
-            update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.kind == kind, JOBS.c.status.in_(_RUNNABLE))
-            .values(status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now)
-            .returning(*JOBS.c)
-        ).one_or_none()
-        return job_record(row) if row else None
+    # -- a node's claim and success ------------------------------------------------------
 
     def claim_node_job(
         self,
@@ -625,239 +439,8 @@ class SqlStore(ScheduleQueries, AccessQueries, DeadLetterQueries, StatsQueries, 
         }
         return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
 
-    def job(self, job_id: uuid.UUID) -> JobRecord | None:
-        row = self.session.get(Job, job_id)
-        return job_record(row) if row else None
-
-    def transition_job(
-        self, job_id: uuid.UUID, expected: JobStatus, new: JobStatus, **values: Any
-    ) -> bool:
-        result = self._core(
-            update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.status == expected)
-            .values(status=new, **values)
-        )
-        return bool(result.rowcount)
-
-    def schedule_retry(self, job_id: uuid.UUID, next_run_at: datetime, error: str) -> bool:
-        result = self.session.execute(
-            update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING)
-            .values(
-                status=JobStatus.RETRY_WAIT,
-                retry_count=Job.retry_count + 1,
-                next_run_at=next_run_at,
-                last_error=error,
-            )
-        )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-    def promote_due(self, now: datetime, limit: int) -> list[JobRecord]:
-        """Move waiting jobs whose time has come to queued, skipping rows another promoter
-        holds; the caller publishes them after commit."""
-        due = (
-            select(Job.id)
-            .where(Job.status.in_(list(WAITING_JOB)), Job.next_run_at <= now)
-            .order_by(Job.next_run_at)
-            .limit(limit)
-        )
-        return self._take(
-            due, Job.status.in_(list(WAITING_JOB)), status=JobStatus.QUEUED, enqueued_at=now
-        )
-
-    def _take(self, due: Select[uuid.UUID], still: Any, **values: Any) -> list[JobRecord]:
-        """Lock the rows ``due`` selects, skipping those another worker holds, and update
-        those that still match ``still``."""
-        ids = list(self.session.scalars(due.with_for_update(skip_locked=True)))
-        if not ids:
-            return []
-        rows = self.session.scalars(
-            update(Job).where(Job.id.in_(ids), still).values(**values).returning(Job),
-            execution_options={"synchronize_session": False},
-        ).all()
-        return [job_record(r) for r in rows]
-
-    def admission(self, job_id: uuid.UUID) -> Admission | None:
-        """What the limiter needs to know about a node job, or None if there is no such job."""
-        row = self._core(_ADMISSION, {"job_id": job_id}).one_or_none()
-        if row is None:
-            return None
-        return Admission(
-            job_id=job_id,
-            status=row.status,
-            kind=row.kind,
-            tenant_id=row.tenant_id,
-            workflow_id=row.workflow_id,
-            priority=row.priority,
-            enqueued_at=row.enqueued_at,
-            tenant_concurrency=row.max_concurrency,
-        )
-
-    def tenant_concurrency(self, tenant_id: uuid.UUID) -> int | None:
-        """The tenant's own concurrency limit (None: the default applies)."""
-        return cast(int | None, self._core(_TENANT_LIMIT, {"tenant_id": tenant_id}).scalar())
-
-    def park_job(self, job_id: uuid.UUID) -> bool:
-        """queued -> parked: the job waits for a permit without a message in the broker."""
-        return self.transition_job(job_id, JobStatus.QUEUED, JobStatus.PARKED)
-
-    def parked_jobs(self, after: uuid.UUID | None, limit: int) -> list[tuple[uuid.UUID, Priority]]:
-        """Parked jobs in id order from ``after`` (a cursor, so a sweep covers them all)."""
-        query = select(Job.id, Job.priority).where(Job.status == JobStatus.PARKED)
-        if after is not None:
-            query = query.where(Job.id > after)
-        rows = self.session.execute(query.order_by(Job.id).limit(limit)).all()
-        return [(r.id, r.priority) for r in rows]
-
-    def age_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
-        """Low jobs queued since before ``cutoff`` become normal; the caller re-publishes
-        them at normal priority (the old message finds the job taken and is dropped)."""
-        due = (
-            select(Job.id)
-            .where(
-                Job.status == JobStatus.QUEUED,
-                Job.priority == Priority.LOW,
-                Job.enqueued_at < cutoff,
-            )
-            .limit(limit)
-        )
-        return self._take(due, Job.status == JobStatus.QUEUED, priority=Priority.NORMAL)
-
-    # -- attempts -------------------------------------------------------------------------
-
-    def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
-        """The row of the try a claim of ``job`` starts, with how long the job waited."""
-        waited = (now - job.enqueued_at).total_seconds() if job.enqueued_at else None
-        self._core(
-            insert(ATTEMPTS).values(
-                job_id=job.id,
-                attempt_number=job.try_number,
-                status=AttemptStatus.RUNNING,
-                worker=worker,
-                started_at=now,
-                waited=max(0.0, waited) if waited is not None else None,
-            )
-        )
-
-    def finish_attempt(
-        self,
-        job_id: uuid.UUID,
-        number: int,
-        status: AttemptStatus,
-        now: datetime,
-        duration: float,
-        *,
-        error: str | None = None,
-        timed_out: bool = False,
-    ) -> None:
-        self._core(
-            update(ATTEMPTS)
-            .where(ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.attempt_number == number)
-            .values(
-                status=status, finished_at=now, duration=duration, error=error, timed_out=timed_out
-            )
-        )
-
-    # -- reads for people -----------------------------------------------------------------
-
-    def list_executions(
-        self, tenant_id: uuid.UUID | None, *, status: ExecutionStatus | None, limit: int
-    ) -> Sequence[tuple[Execution, str, int]]:
-        query = (
-            select(Execution, WorkflowVersion.name, WorkflowVersion.version)
-            .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
-            .order_by(Execution.created_at.desc())
-            .limit(limit)
-        )
-        if tenant_id is not None:
-            query = query.where(Execution.tenant_id == tenant_id)
-        if status is not None:
-            query = query.where(Execution.status == status)
-        return [(e, n, v) for e, n, v in self.session.execute(query)]
-
-    def execution_row(self, execution_id: uuid.UUID) -> Execution:
-        row = self.session.get(Execution, execution_id)
-        if row is None:
-            raise ExecutionNotFound(
-                f"no execution has id {execution_id}; list them with `conveyor executions list`"
-            )
-        return row
-
-    def execution_nodes(self, execution_id: uuid.UUID) -> list[NodeState]:
-        return list(
-            self.session.scalars(
-                select(NodeState)
-                .where(NodeState.execution_id == execution_id)
-                .order_by(NodeState.id)
-            )
-        )
-
-    def execution_jobs(self, execution_id: uuid.UUID) -> list[tuple[Job, list[JobAttempt]]]:
-        jobs = list(
-            self.session.scalars(
-                select(Job).where(Job.execution_id == execution_id).order_by(Job.created_at)
-            )
-        )
-        attempts: dict[uuid.UUID, list[JobAttempt]] = {j.id: [] for j in jobs}
-        for attempt in self.session.scalars(
-            select(JobAttempt)
-            .where(JobAttempt.job_id.in_(list(attempts)))
-            .order_by(JobAttempt.attempt_number)
-        ):
-            attempts[attempt.job_id].append(attempt)
-        return [(j, attempts[j.id]) for j in jobs]
-
-
-# A new job's row, but for its execution_id: a node job's, an execution's start job's.
-
-
-def _node_job(execution: ExecutionRecord, job: NewJob, now: datetime) -> dict[str, Any]:
-    return {
-        "id": job.id, "kind": JobKind.NODE, "queue": NODE_QUEUE, "data": {},
-        "status": JobStatus.SCHEDULED if job.next_run_at else JobStatus.QUEUED,
-        "priority": execution.priority, "max_retries": job.max_retries, "retry_count": 0,
-        "tries_before": 0, "tenant_id": execution.tenant_id,
-        "workflow_id": execution.workflow_id, "node_id": job.node_id,
-        "next_run_at": job.next_run_at, "created_at": now, "enqueued_at": now,
-    }  # fmt: skip
-
-
-def _start_job(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> dict[str, Any]:
-    return {
-        "id": job_id, "kind": JobKind.EXECUTION, "queue": EXECUTION_QUEUE, "data": {},
-        "status": JobStatus.QUEUED, "priority": execution.priority, "max_retries": 0,
-        "retry_count": 0, "tries_before": 0, "tenant_id": execution.tenant_id,
-        "workflow_id": execution.workflow_id, "node_id": None, "next_run_at": None,
-        "created_at": now, "enqueued_at": now,
-    }  # fmt: skip
-
 
 # Statements of the hot path built once (their construction cost more than their execution).
-TENANTS = cast(Table, Tenant.__table__)
-_ADMISSION = (
-    select(
-        JOBS.c.status,
-        JOBS.c.kind,
-        JOBS.c.tenant_id,
-        JOBS.c.workflow_id,
-        JOBS.c.priority,
-        JOBS.c.enqueued_at,
-        TENANTS.c.max_concurrency,
-    )
-    .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)
-    .where(JOBS.c.id == bindparam("job_id"))
-)
-_LATEST = (
-    select(WORKFLOWS.c.id)
-    .where(WORKFLOWS.c.tenant_id == TENANTS.c.id, WORKFLOWS.c.name == bindparam("workflow"))
-    .order_by(WORKFLOWS.c.version.desc())
-    .limit(1)
-    .scalar_subquery()
-)
-_TRIGGER_TARGET = select(TENANTS.c.id, _LATEST.label("workflow_id")).where(
-    TENANTS.c.name == bindparam("tenant")
-)
-_TENANT_LIMIT = select(TENANTS.c.max_concurrency).where(TENANTS.c.id == bindparam("tenant_id"))
 _SETTLE = (
     update(EXECUTIONS)
     .where(

@@ -1,0 +1,70 @@
+"""What every part of :class:`~conveyor.store.sql.SqlStore` stands on: the session, Core
+statements on its connection, the hot path's driver, and the tables they address."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Executable, Table
+from sqlalchemy.orm import Session
+
+from conveyor.exceptions import StoreError
+from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
+from conveyor.store import hot
+
+# The tables, for the Core statements of the hot path (see StoreCore._core).
+JOBS = cast(Table, Job.__table__)
+EXECUTIONS = cast(Table, Execution.__table__)
+NODE_STATES = cast(Table, NodeState.__table__)
+ATTEMPTS = cast(Table, JobAttempt.__table__)
+WORKFLOWS = cast(Table, WorkflowVersion.__table__)
+TENANTS = cast(Table, Tenant.__table__)
+
+
+class StoreCore:
+    """One SQLAlchemy session (PostgreSQL or SQLite); on PostgreSQL the hot path's
+    statements (store.hot) run on the session's driver connection, or on the autocommit
+    unit's own."""
+
+    def __init__(
+        self,
+        session: Session | None = None,
+        driver: hot.Driver | None = None,
+        *,
+        opens: Callable[[], Session] | None = None,
+    ) -> None:
+        """Over ``session``; or, in an autocommit unit, over ``driver`` (the connection of
+        the hot statements) and a session that ``opens`` makes when another statement runs."""
+        self._session = session
+        self._opens = opens
+        self._driver = driver
+
+    @property
+    def session(self) -> Session:
+        if self._session is None:
+            if self._opens is None:
+                raise StoreError("this store has no session")
+            self._session = self._opens()
+        return self._session
+
+    @session.setter  # (the query mixins declare ``session`` a plain attribute)
+    def session(self, session: Session) -> None:
+        self._session = session
+
+    def _core(self, statement: Executable, params: Any = None) -> CursorResult[Any]:
+        """Run a Core statement on the transaction's connection: statements that read
+        records, never ORM objects, so the ORM's bookkeeping per statement (identity map,
+        session synchronisation) buys nothing. The hottest go further (:meth:`_hot`)."""
+        return self.session.connection().execute(statement, params)
+
+    @property
+    def _postgres(self) -> bool:
+        return self._driver is not None or self.session.get_bind().dialect.name == "postgresql"
+
+    def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a statement of the hot path on the driver's connection (PostgreSQL only): the
+        autocommit unit's, or the transaction's."""
+        if self._driver is None:
+            self._driver = hot.Driver.of(self.session.connection())
+        return self._driver.rows(statement, params)

@@ -1,0 +1,229 @@
+"""The SQL of jobs and their tries, one job at a time: claims, transitions, retries, the
+promotion of due jobs, what the limiter reads (part of :class:`~conveyor.store.sql.SqlStore`;
+a node's claim and success, which touch its execution too, are there)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Select, bindparam, insert, select, update
+
+from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
+from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
+from conveyor.engine.states import WAITING_JOB, AttemptStatus, JobKind, JobStatus, Priority
+from conveyor.models import Job
+from conveyor.store import hot
+from conveyor.store.core import ATTEMPTS, JOBS, TENANTS, StoreCore
+from conveyor.store.rows import job_record
+
+RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
+
+
+class JobQueries(StoreCore):
+    # -- jobs -----------------------------------------------------------------------------
+
+    def add_node_jobs(
+        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
+    ) -> None:
+        """Insert node jobs, queued (or scheduled, with a ``next_run_at``), in one statement."""
+        rows = [node_job_row(execution, j, now) for j in jobs]
+        if not self._postgres:
+            self._core(insert(JOBS), [{**r, "execution_id": execution.id} for r in rows])
+            return
+        self._hot(hot.ADD_NODE_JOBS, {
+            "queue": NODE_QUEUE, "priority": execution.priority.value,
+            "tenant_id": execution.tenant_id, "workflow_id": execution.workflow_id,
+            "execution_id": execution.id, "now": now,
+            "job_ids": [r["id"] for r in rows], "job_statuses": [r["status"].value for r in rows],
+            "job_nodes": [r["node_id"] for r in rows],
+            "job_retries": [r["max_retries"] for r in rows],
+            "job_next": [r["next_run_at"] for r in rows],
+        })  # fmt: skip
+
+    def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
+        """queued (or parked) -> processing; None when the job is not a runnable job of that
+        kind (a duplicate or misrouted message)."""
+        row = self._core(
+            update(JOBS)
+            .where(JOBS.c.id == job_id, JOBS.c.kind == kind, JOBS.c.status.in_(RUNNABLE))
+            .values(status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now)
+            .returning(*JOBS.c)
+        ).one_or_none()
+        return job_record(row) if row else None
+
+    def job(self, job_id: uuid.UUID) -> JobRecord | None:
+        row = self.session.get(Job, job_id)
+        return job_record(row) if row else None
+
+    def transition_job(
+        self, job_id: uuid.UUID, expected: JobStatus, new: JobStatus, **values: Any
+    ) -> bool:
+        result = self._core(
+            update(JOBS)
+            .where(JOBS.c.id == job_id, JOBS.c.status == expected)
+            .values(status=new, **values)
+        )
+        return bool(result.rowcount)
+
+    def schedule_retry(self, job_id: uuid.UUID, next_run_at: datetime, error: str) -> bool:
+        result = self.session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING)
+            .values(
+                status=JobStatus.RETRY_WAIT,
+                retry_count=Job.retry_count + 1,
+                next_run_at=next_run_at,
+                last_error=error,
+            )
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def promote_due(self, now: datetime, limit: int) -> list[JobRecord]:
+        """Move waiting jobs whose time has come to queued, skipping rows another promoter
+        holds; the caller publishes them after commit."""
+        due = (
+            select(Job.id)
+            .where(Job.status.in_(list(WAITING_JOB)), Job.next_run_at <= now)
+            .order_by(Job.next_run_at)
+            .limit(limit)
+        )
+        return self._take(
+            due, Job.status.in_(list(WAITING_JOB)), status=JobStatus.QUEUED, enqueued_at=now
+        )
+
+    def _take(self, due: Select[uuid.UUID], still: Any, **values: Any) -> list[JobRecord]:
+        """Lock the rows ``due`` selects, skipping those another worker holds, and update
+        those that still match ``still``."""
+        ids = list(self.session.scalars(due.with_for_update(skip_locked=True)))
+        if not ids:
+            return []
+        rows = self.session.scalars(
+            update(Job).where(Job.id.in_(ids), still).values(**values).returning(Job),
+            execution_options={"synchronize_session": False},
+        ).all()
+        return [job_record(r) for r in rows]
+
+    def admission(self, job_id: uuid.UUID) -> Admission | None:
+        """What the limiter needs to know about a node job, or None if there is no such job."""
+        row = self._core(_ADMISSION, {"job_id": job_id}).one_or_none()
+        if row is None:
+            return None
+        return Admission(
+            job_id=job_id,
+            status=row.status,
+            kind=row.kind,
+            tenant_id=row.tenant_id,
+            workflow_id=row.workflow_id,
+            priority=row.priority,
+            enqueued_at=row.enqueued_at,
+            tenant_concurrency=row.max_concurrency,
+        )
+
+    def tenant_concurrency(self, tenant_id: uuid.UUID) -> int | None:
+        """The tenant's own concurrency limit (None: the default applies)."""
+        return cast(int | None, self._core(_TENANT_LIMIT, {"tenant_id": tenant_id}).scalar())
+
+    def park_job(self, job_id: uuid.UUID) -> bool:
+        """queued -> parked: the job waits for a permit without a message in the broker."""
+        return self.transition_job(job_id, JobStatus.QUEUED, JobStatus.PARKED)
+
+    def parked_jobs(self, after: uuid.UUID | None, limit: int) -> list[tuple[uuid.UUID, Priority]]:
+        """Parked jobs in id order from ``after`` (a cursor, so a sweep covers them all)."""
+        query = select(Job.id, Job.priority).where(Job.status == JobStatus.PARKED)
+        if after is not None:
+            query = query.where(Job.id > after)
+        rows = self.session.execute(query.order_by(Job.id).limit(limit)).all()
+        return [(r.id, r.priority) for r in rows]
+
+    def age_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
+        """Low jobs queued since before ``cutoff`` become normal; the caller re-publishes
+        them at normal priority (the old message finds the job taken and is dropped)."""
+        due = (
+            select(Job.id)
+            .where(
+                Job.status == JobStatus.QUEUED,
+                Job.priority == Priority.LOW,
+                Job.enqueued_at < cutoff,
+            )
+            .limit(limit)
+        )
+        return self._take(due, Job.status == JobStatus.QUEUED, priority=Priority.NORMAL)
+
+    # -- attempts -------------------------------------------------------------------------
+
+    def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
+        """The row of the try a claim of ``job`` starts, with how long the job waited."""
+        waited = (now - job.enqueued_at).total_seconds() if job.enqueued_at else None
+        self._core(
+            insert(ATTEMPTS).values(
+                job_id=job.id,
+                attempt_number=job.try_number,
+                status=AttemptStatus.RUNNING,
+                worker=worker,
+                started_at=now,
+                waited=max(0.0, waited) if waited is not None else None,
+            )
+        )
+
+    def finish_attempt(
+        self,
+        job_id: uuid.UUID,
+        number: int,
+        status: AttemptStatus,
+        now: datetime,
+        duration: float,
+        *,
+        error: str | None = None,
+        timed_out: bool = False,
+    ) -> None:
+        self._core(
+            update(ATTEMPTS)
+            .where(ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.attempt_number == number)
+            .values(
+                status=status, finished_at=now, duration=duration, error=error, timed_out=timed_out
+            )
+        )
+
+
+# A new job's row, but for its execution_id: a node job's, an execution's start job's.
+
+
+def node_job_row(execution: ExecutionRecord, job: NewJob, now: datetime) -> dict[str, Any]:
+    return {
+        "id": job.id, "kind": JobKind.NODE, "queue": NODE_QUEUE, "data": {},
+        "status": JobStatus.SCHEDULED if job.next_run_at else JobStatus.QUEUED,
+        "priority": execution.priority, "max_retries": job.max_retries, "retry_count": 0,
+        "tries_before": 0, "tenant_id": execution.tenant_id,
+        "workflow_id": execution.workflow_id, "node_id": job.node_id,
+        "next_run_at": job.next_run_at, "created_at": now, "enqueued_at": now,
+    }  # fmt: skip
+
+
+def start_job_row(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> dict[str, Any]:
+    return {
+        "id": job_id, "kind": JobKind.EXECUTION, "queue": EXECUTION_QUEUE, "data": {},
+        "status": JobStatus.QUEUED, "priority": execution.priority, "max_retries": 0,
+        "retry_count": 0, "tries_before": 0, "tenant_id": execution.tenant_id,
+        "workflow_id": execution.workflow_id, "node_id": None, "next_run_at": None,
+        "created_at": now, "enqueued_at": now,
+    }  # fmt: skip
+
+
+# Built once (their construction cost more than their execution).
+_ADMISSION = (
+    select(
+        JOBS.c.status,
+        JOBS.c.kind,
+        JOBS.c.tenant_id,
+        JOBS.c.workflow_id,
+        JOBS.c.priority,
+        JOBS.c.enqueued_at,
+        TENANTS.c.max_concurrency,
+    )
+    .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)
+    .where(JOBS.c.id == bindparam("job_id"))
+)
+_TENANT_LIMIT = select(TENANTS.c.max_concurrency).where(TENANTS.c.id == bindparam("tenant_id"))

@@ -1,0 +1,65 @@
+"""Reads for people: executions listed and shown whole, with their nodes, jobs and tries, as
+the API and the CLI show them (part of :class:`~conveyor.store.sql.SqlStore`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from conveyor.engine.states import ExecutionStatus
+from conveyor.exceptions import ExecutionNotFound
+from conveyor.models import Execution, Job, JobAttempt, NodeState, WorkflowVersion
+
+
+class ListingQueries:
+    session: Session
+
+    def list_executions(
+        self, tenant_id: uuid.UUID | None, *, status: ExecutionStatus | None, limit: int
+    ) -> Sequence[tuple[Execution, str, int]]:
+        query = (
+            select(Execution, WorkflowVersion.name, WorkflowVersion.version)
+            .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
+            .order_by(Execution.created_at.desc())
+            .limit(limit)
+        )
+        if tenant_id is not None:
+            query = query.where(Execution.tenant_id == tenant_id)
+        if status is not None:
+            query = query.where(Execution.status == status)
+        return [(e, n, v) for e, n, v in self.session.execute(query)]
+
+    def execution_row(self, execution_id: uuid.UUID) -> Execution:
+        row = self.session.get(Execution, execution_id)
+        if row is None:
+            raise ExecutionNotFound(
+                f"no execution has id {execution_id}; list them with `conveyor executions list`"
+            )
+        return row
+
+    def execution_nodes(self, execution_id: uuid.UUID) -> list[NodeState]:
+        return list(
+            self.session.scalars(
+                select(NodeState)
+                .where(NodeState.execution_id == execution_id)
+                .order_by(NodeState.id)
+            )
+        )
+
+    def execution_jobs(self, execution_id: uuid.UUID) -> list[tuple[Job, list[JobAttempt]]]:
+        jobs = list(
+            self.session.scalars(
+                select(Job).where(Job.execution_id == execution_id).order_by(Job.created_at)
+            )
+        )
+        attempts: dict[uuid.UUID, list[JobAttempt]] = {j.id: [] for j in jobs}
+        for attempt in self.session.scalars(
+            select(JobAttempt)
+            .where(JobAttempt.job_id.in_(list(attempts)))
+            .order_by(JobAttempt.attempt_number)
+        ):
+            attempts[attempt.job_id].append(attempt)
+        return [(j, attempts[j.id]) for j in jobs]
