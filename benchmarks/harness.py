@@ -120,6 +120,7 @@ def workers(
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def _wait_ready(process: subprocess.Popen[bytes], log: Path) -> None:
