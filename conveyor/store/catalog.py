@@ -20,6 +20,8 @@ DEFAULT_TENANT = "default"
 
 
 class CatalogQueries(StoreCore):
+    """Tenants and workflow versions (part of :class:`~conveyor.store.sql.SqlStore`)."""
+
     # -- tenants --------------------------------------------------------------------------
 
     def trigger_target(self, tenant: str, workflow: str) -> tuple[uuid.UUID, uuid.UUID | None]:

@@ -1,6 +1,7 @@
 """The SQL of jobs and their tries, one job at a time: claims, transitions, retries, the
 promotion of due jobs, what the limiter reads (part of :class:`~conveyor.store.sql.SqlStore`;
-a node's claim and success, which touch its execution too, are there)."""
+a node job's claim and success, which touch its node state and execution too, are in
+:mod:`conveyor.store.sql`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 class JobQueries(StoreCore):
+    """Jobs and tries (part of :class:`~conveyor.store.sql.SqlStore`)."""
+
     # -- jobs -----------------------------------------------------------------------------
 
     def add_node_jobs(
