@@ -197,7 +197,7 @@ WITH {before}job AS (
 ), attempt AS (
     UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
                             error = NULL, timed_out = false
-    WHERE job_id IN (SELECT id FROM job) AND attempt_number = :attempt
+    WHERE job_id = :id AND attempt_number = :attempt AND EXISTS (SELECT 1 FROM job)
 ), node AS (
     UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
                            finished_at = :now, error = NULL

@@ -5,6 +5,7 @@ replaced and the work run again, and the pooled connection goes back to transact
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -19,6 +20,8 @@ from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor, utcnow
 from conveyor.store import Database, hot
+from tests.conftest import PG_ADMIN_URL, TEST_DB
+from tests.support import services
 
 ONE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": {"function": "test.add"},
                                  "inputs": {"a": 1, "b": 2}}]}  # fmt: skip
@@ -133,3 +136,61 @@ def test_a_connection_already_gone_fails_as_sqlalchemy_s_and_is_reported_lost(
         driver.set_autocommit(True)
 
     assert raised.value.connection_invalidated and len(reported) == 1
+
+
+HOT_TABLES = ("executions", "jobs", "job_attempts", "node_states")
+
+
+@pytest.fixture
+def alone(database_url: str) -> Iterator[tuple[Conveyor, str]]:
+    """A service on a database of its own, which no worker's maintenance reads."""
+    import tests.support.nodes  # noqa: F401  (registers test.add)
+
+    name = f"{TEST_DB}_plans"
+    services.create_database(PG_ADMIN_URL, name)
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    services.prepare_schema(url)
+    db = Database(url)
+    service = Conveyor(db, Held())
+    service.apply(parse_workflow(ONE))
+    yield service, url
+    db.dispose()
+    services.drop_database(PG_ADMIN_URL, name)
+
+
+def rows_read_by_scans(service: Conveyor, url: str) -> dict[str, int]:
+    """Rows read by sequential scans of the hot path's tables so far. A backend reports its
+    counts at the end of a transaction at most once a second: wait out that second, then run
+    one more execution (on the same pooled connection) so that everything before is counted."""
+    time.sleep(1.05)
+    service.trigger("one")
+    run_all(service)
+    admin = create_engine(url)
+    with admin.connect() as conn:
+        found = conn.execute(
+            text("SELECT relname, seq_tup_read FROM pg_stat_user_tables WHERE relname = ANY(:t)"),
+            {"t": list(HOT_TABLES)},
+        ).all()
+    admin.dispose()
+    return {name: int(read) for name, read in found}
+
+
+def test_the_hot_statements_keep_to_indexes_when_planned_on_small_tables(
+    alone: tuple[Conveyor, str],
+) -> None:
+    """psycopg prepares a statement at its fifth run, and PostgreSQL keeps the plan it then
+    made for as long as nothing invalidates it (no ANALYZE where autovacuum is off). A plan
+    made while a table was small must still find its rows by index, not read the whole table
+    on every node: the try's update once did, through a semi-join on its job."""
+    service, url = alone
+    for _ in range(12):  # prepared and planned while the tables hold a few rows
+        service.trigger("one")
+        run_all(service)
+    before = rows_read_by_scans(service, url)
+
+    for _ in range(60):
+        service.trigger("one")
+        run_all(service)
+    after = rows_read_by_scans(service, url)
+
+    assert {t: after[t] - before[t] for t in HOT_TABLES} == dict.fromkeys(HOT_TABLES, 0)
