@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -11,9 +12,10 @@ from typing import TypeVar
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import PoolProxiedConnection
 
 from conveyor.exceptions import StoreError
-from conveyor.store.db import make_engine, make_sessionmaker
+from conveyor.store.db import PING_IDLE_AFTER, make_engine, make_sessionmaker
 from conveyor.store.hot import Driver, invalidate_pool
 from conveyor.store.sql import SqlStore
 
@@ -33,6 +35,7 @@ class Database:
         self._sessions = make_sessionmaker(self.engine)
         autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._autocommits = make_sessionmaker(autocommit)
+        self._kept = _KeptConnections()
 
     @contextmanager
     def transaction(self) -> Iterator[SqlStore]:
@@ -78,27 +81,97 @@ class Database:
 
     @contextmanager
     def _driver(self) -> Iterator[Driver]:
-        """A pooled connection in autocommit, for the hot path's statements (store.hot)."""
-        pooled = self.engine.raw_connection()  # pinged first if it sat idle
+        """A connection in autocommit for the hot path's statements (store.hot): one this
+        process kept from its last use, or one from the pool."""
+        kept = self._kept.take()
+        if kept is None:
+            pooled = self.engine.raw_connection()  # pinged first if it sat idle
+            driver = Driver(pooled.driver_connection, self.engine.dialect, self._lost(pooled))
+            driver.set_autocommit(True)
+            kept = _Kept(pooled, driver)
+        try:
+            yield kept.driver
+        finally:
+            if not self._kept.keep(kept):
+                kept.put_back()
 
+    def _lost(self, pooled: PoolProxiedConnection) -> Callable[[BaseException], None]:
         def lost(exc: BaseException) -> None:
             invalidate_pool(self.engine.pool, pooled, exc)
             pooled.invalidate(exc)
 
-        driver = Driver(pooled.driver_connection, self.engine.dialect, lost)
-        try:
-            driver.set_autocommit(True)
-            yield driver
-        finally:
-            if pooled.is_valid:
-                try:
-                    driver.set_autocommit(False)  # as the pool hands connections out
-                except DBAPIError:  # broken: the pool must not hand it out again
-                    pooled.invalidate()
-            pooled.close()
+        return lost
+
+    def put_back_kept(self) -> None:
+        """Hand the connections kept for the hot path back to the pool."""
+        self._kept.put_back_all()
 
     def dispose(self) -> None:
+        self.put_back_kept()
         self.engine.dispose()
+
+
+class _Kept:
+    """A pooled connection checked out in autocommit, and when it was last used."""
+
+    def __init__(self, pooled: PoolProxiedConnection, driver: Driver) -> None:
+        self.pooled, self.driver = pooled, driver
+        self.used_at = time.monotonic()
+
+    def put_back(self) -> None:
+        """To the pool, out of autocommit as the pool hands connections out."""
+        if self.pooled.is_valid:
+            try:
+                self.driver.set_autocommit(False)
+            except DBAPIError:  # broken: the pool must not hand it out again
+                self.pooled.invalidate()
+        self.pooled.close()
+
+
+class _KeptConnections:
+    """The hot path's connections, kept checked out between uses (at most ``most``): a
+    checkout from SQLAlchemy's pool and the switches in and out of autocommit cost more client
+    CPU than the statement they were for. One kept longer than ``PING_IDLE_AFTER`` unused is
+    pinged first, as the pool pings its own. A forked child never uses its parent's: they
+    share the parent's sockets (and stay referenced, so that nothing closes them here)."""
+
+    def __init__(self, most: int = 2) -> None:
+        self.most = most
+        self._by_process: dict[int, list[_Kept]] = {}
+
+    def _mine(self) -> list[_Kept]:
+        return self._by_process.setdefault(os.getpid(), [])
+
+    def take(self) -> _Kept | None:
+        mine = self._mine()
+        while True:
+            try:
+                kept = mine.pop()  # atomic: threads may take at once
+            except IndexError:
+                return None
+            if time.monotonic() - kept.used_at < PING_IDLE_AFTER or _alive(kept):
+                return kept
+            kept.put_back()  # the pool replaces it
+
+    def keep(self, kept: _Kept) -> bool:
+        mine = self._mine()
+        if not kept.pooled.is_valid or len(mine) >= self.most:
+            return False
+        kept.used_at = time.monotonic()
+        mine.append(kept)
+        return True
+
+    def put_back_all(self) -> None:
+        while (kept := self.take()) is not None:
+            kept.put_back()
+
+
+def _alive(kept: _Kept) -> bool:
+    try:
+        kept.driver.ping()
+    except DBAPIError:
+        return False
+    return True
 
 
 def _retryable(exc: DBAPIError) -> bool:

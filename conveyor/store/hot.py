@@ -88,6 +88,11 @@ class Driver:
             result = cursor.pgresult
             return cursor.fetchall() if result is not None and result.nfields else []
 
+    def ping(self) -> None:
+        """One round trip: fails as :meth:`rows` does if the server is gone."""
+        with self._translated("SELECT 1", None):
+            self._connection.execute("SELECT 1")
+
     def set_autocommit(self, on: bool) -> None:
         """Each statement its own transaction (on), or not (as the pool hands them out)."""
         with self._translated("-- set autocommit", None):

@@ -5,6 +5,7 @@ replaced and the work run again, and the pooled connection goes back to transact
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -110,9 +111,11 @@ def test_a_database_error_is_sqlalchemy_s_and_does_not_show_the_parameters(
 
 def test_the_pooled_connection_goes_back_to_transactions(own: Conveyor) -> None:
     own.trigger("one")  # the process knows the workflow: the next trigger is one statement
-    own.db.engine.dispose()
+    own.db.dispose()
     own.db.autocommit(lambda s: runner.trigger(s, workflow_name="one", tenant="default",
                                                input={}, now=utcnow()))  # fmt: skip
+    assert own.db.engine.pool.checkedin() == 0  # type: ignore[attr-defined]  # kept
+    own.db.put_back_kept()
     assert own.db.engine.pool.checkedin() == 1  # type: ignore[attr-defined]
     # The transaction below is on the connection the trigger ran on.
 
@@ -194,3 +197,51 @@ def test_the_hot_statements_keep_to_indexes_when_planned_on_small_tables(
     after = rows_read_by_scans(service, url)
 
     assert {t: after[t] - before[t] for t in HOT_TABLES} == dict.fromkeys(HOT_TABLES, 0)
+
+
+BACKEND = hot.Statement(text("SELECT pg_backend_pid()"))
+
+
+def backend_of_hot_path(service: Conveyor) -> int:
+    return int(service.db.autocommit(lambda s: s._driver.rows(BACKEND, {}))[0][0])  # type: ignore[attr-defined]
+
+
+def test_the_hot_path_keeps_its_connection_between_uses(own: Conveyor) -> None:
+    first = backend_of_hot_path(own)
+    assert own.db.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+
+    assert backend_of_hot_path(own) == first
+    assert own.db.engine.pool.checkedout() == 1  # type: ignore[attr-defined]
+
+
+def test_a_kept_connection_whose_server_went_away_while_idle_is_replaced_at_once(
+    own: Conveyor, database_url: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    monkeypatch.setattr("conveyor.store.database.PING_IDLE_AFTER", 0.0)  # always pinged
+    gone = backend_of_hot_path(own)
+    admin = create_engine(database_url)
+    with admin.begin() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": gone})
+    admin.dispose()
+
+    with caplog.at_level(logging.WARNING, logger="conveyor.store.database"):
+        replaced = backend_of_hot_path(own)
+
+    assert replaced != gone
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]  # no failed try
+
+
+def test_a_forked_child_takes_a_connection_of_its_own(
+    own: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parents = backend_of_hot_path(own)  # kept by this process
+    real = os.getpid()
+    monkeypatch.setattr("conveyor.store.database.os.getpid", lambda: real + 1)  # a child
+
+    childs = backend_of_hot_path(own)
+
+    assert childs != parents  # the parent's socket is never used by the child
+    own.db.put_back_kept()  # the child's own, as its dispose would
+    monkeypatch.setattr("conveyor.store.database.os.getpid", lambda: real)
+    assert backend_of_hot_path(own) == parents  # still the parent's, untouched
