@@ -162,7 +162,12 @@ class _KeptConnections:
         return True
 
     def put_back_all(self) -> None:
-        while (kept := self.take()) is not None:
+        mine = self._mine()
+        while True:
+            try:
+                kept = mine.pop()
+            except IndexError:
+                return
             kept.put_back()
 
 
