@@ -174,7 +174,7 @@ def conveyor_throughput(bench: Bench, n: int) -> float:
     on either side)."""
     made = [bench.client.trigger("one") for _ in range(n)]
     with bench.conveyor_workers():
-        _wait_completed(bench, set(made), timeout=120 + n / 10)
+        wait_completed(bench, set(made), timeout=120 + n / 10)
     with bench.database.engine.connect() as conn:
         first = conn.execute(
             select(func.min(NodeState.started_at)).where(NodeState.execution_id.in_(made))
@@ -187,7 +187,7 @@ def conveyor_throughput(bench: Bench, n: int) -> float:
     return n / (last - first).total_seconds()
 
 
-def _wait_completed(bench: Bench, ids: set[uuid.UUID], timeout: float) -> None:
+def wait_completed(bench: Bench, ids: set[uuid.UUID], timeout: float) -> None:
     """Poll until every execution completed: every 0.2 s, a hundred of those not seen
     completed yet (the poll must not be the load, nor grow with the tables)."""
     deadline = time.monotonic() + timeout

@@ -94,3 +94,25 @@ def test_the_batching_benchmark_runs_both_sides_and_writes_its_figures(tmp_path:
     for side in figures["medians"].values():
         assert side["wide_s_per_node"] > 0 and side["slow_total_s"] > 0.04
     assert "batching on" in result.stdout
+
+
+def test_the_cpu_benchmark_finds_every_side_s_processes_and_writes_their_cpu(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "cpu.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.cpu", "--executions", "200", "--rounds", "1",
+         "--concurrency", "2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(out.read_text())
+    ours, raw = figures["conveyor_ms_per_node"], figures["raw_ms_per_node"]
+    # Each group's processes were found and spent CPU on the drain: the node worker's main
+    # process and its pool on both sides, PostgreSQL and Redis for Conveyor.
+    for group in ("node worker, main", "node worker, pool", "PostgreSQL", "Redis"):
+        assert ours[group] > 0, (group, ours)
+    assert raw["node worker, main"] > 0 and raw["node worker, pool"] > 0, raw
+    assert raw["PostgreSQL"] == 0  # raw Celery has no database
+    assert "CPU per node" in result.stdout
