@@ -6,51 +6,47 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.acceptance.conftest import ROOT
 
 
-def test_the_limits_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
-    out = tmp_path / "limits.json"
+def run_benchmark(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    """Run a benchmark module (``args``: its name and options), its figures written to
+    ``out``: its output and the figures, once it exited cleanly."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.limits", "--executions", "20", "--pairs", "50",
-         "--concurrency", "2", "--json", str(out)],
+        [sys.executable, "-m", *args, "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-
     assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
+    return result, json.loads(out.read_text())
+
+
+def test_the_limits_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    result, figures = run_benchmark(
+        tmp_path / "limits.json", "benchmarks.limits", "--executions", "20", "--pairs", "50",
+        "--concurrency", "2",
+    )  # fmt: skip
     assert set(figures["throughput"]) == {"limits_on", "limits_off", "raw_celery"}
     assert all(v > 0 for v in figures["ratios"].values())
     assert "of raw" in result.stdout
 
 
 def test_the_schedules_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
-    out = tmp_path / "schedules.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.schedules", "--schedules", "500", "--due", "20",
-         "--rounds", "1", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result, figures = run_benchmark(
+        tmp_path / "schedules.json", "benchmarks.schedules", "--schedules", "500", "--due", "20",
+        "--rounds", "1",
     )  # fmt: skip
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
     assert figures["due"] == 20 and len(figures["check_seconds"]) == 1
     assert figures["ratios"]["check_vs_raw_publish"] > 0
     assert "of raw" in result.stdout
 
 
 def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_path: Path) -> None:
-    out = tmp_path / "compare.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--fanout", "5", "--executions", "20",
-         "--latency-runs", "5", "--scale-rows", "200", "--concurrency", "2", "--rounds", "1",
-         "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result, figures = run_benchmark(
+        tmp_path / "compare.json", "benchmarks", "--fanout", "5", "--executions", "20",
+        "--latency-runs", "5", "--scale-rows", "200", "--concurrency", "2", "--rounds", "1",
     )  # fmt: skip
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
     assert set(figures["figures"]) == {"fanout_5", "throughput", "latency", "scale"}
     assert set(figures["ratios"]) >= {
         "fanout_5_per_node", "throughput_of_raw", "latency_node_start_p50",
@@ -64,15 +60,10 @@ def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_pa
 def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "ab.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ab", "HEAD", "--fanout", "5", "--cycles", "1",
-         "--runs", "1", "--concurrency", "2", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result, figures = run_benchmark(
+        tmp_path / "ab.json", "benchmarks.ab", "HEAD", "--fanout", "5", "--cycles", "1",
+        "--runs", "1", "--concurrency", "2",
     )  # fmt: skip
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
     assert set(figures["values"]) == {"this tree", "old"}
     assert all(len(v) == 1 and v[0] > 0 for v in figures["values"].values())
     assert "this tree / HEAD" in result.stdout
@@ -81,15 +72,9 @@ def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(
 
 
 def test_the_batching_benchmark_runs_both_sides_and_writes_its_figures(tmp_path: Path) -> None:
-    out = tmp_path / "batching.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.batching", "--rounds", "1", "--width", "10",
-         "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result, figures = run_benchmark(
+        tmp_path / "batching.json", "benchmarks.batching", "--rounds", "1", "--width", "10",
     )  # fmt: skip
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
     assert set(figures["medians"]) == {"on", "off"}
     for side in figures["medians"].values():
         assert side["wide_s_per_node"] > 0 and side["slow_total_s"] > 0.04
@@ -99,15 +84,10 @@ def test_the_batching_benchmark_runs_both_sides_and_writes_its_figures(tmp_path:
 def test_the_cpu_benchmark_finds_every_side_s_processes_and_writes_their_cpu(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "cpu.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.cpu", "--executions", "200", "--rounds", "1",
-         "--concurrency", "2", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    result, figures = run_benchmark(
+        tmp_path / "cpu.json", "benchmarks.cpu", "--executions", "200", "--rounds", "1",
+        "--concurrency", "2",
     )  # fmt: skip
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(out.read_text())
     ours, raw = figures["conveyor_ms_per_node"], figures["raw_ms_per_node"]
     # Each group's processes were found and spent CPU on the drain: the node worker's main
     # process and its pool on both sides, PostgreSQL and Redis for Conveyor.
