@@ -87,8 +87,12 @@ class Database:
         if kept is None:
             pooled = self.engine.raw_connection()  # pinged first if it sat idle
             driver = Driver(pooled.driver_connection, self.engine.dialect, self._lost(pooled))
-            driver.set_autocommit(True)
             kept = _Kept(pooled, driver)
+            try:
+                driver.set_autocommit(True)
+            except DBAPIError:  # back to the pool (invalidated, if the server is gone)
+                kept.put_back()
+                raise
         try:
             yield kept.driver
         finally:
