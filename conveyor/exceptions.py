@@ -74,9 +74,7 @@ class SignatureError(ConveyorError):
 
 
 class DispatchError(ConveyorError):
-    """The message could not be published to the broker. Its text says which case: a trigger
-    that announced its jobs stored nothing (trigger it again); otherwise the job stays queued
-    in the database and the recovery sweep publishes it."""
+    """The message could not be published to the broker; the job stays queued in the database."""
 
 
 class LimitError(ConveyorError):

@@ -1,8 +1,7 @@
 """The application service: what the CLI, the Celery tasks and (later) the API call.
 
 Each method is one or two transactions through :class:`Database`, publishing through the
-:class:`Dispatcher` only after commit; a trigger's root jobs are announced during it instead
-(see :meth:`Conveyor.start`). Nothing here knows Celery.
+:class:`Dispatcher` only after commit. Nothing here knows Celery.
 """
 
 from __future__ import annotations
@@ -152,8 +151,7 @@ class Conveyor:
         priority: Priority | None = None,
         source: TriggerSource = TriggerSource.API,
     ) -> uuid.UUID:
-        """Start an execution: its first jobs are announced as it is stored (see
-        :meth:`start`), or published once it is committed."""
+        """Start an execution; its start job is published once the row is committed."""
         return self.start(workflow, input, tenant=tenant, priority=priority, source=source)[0]
 
     def start(

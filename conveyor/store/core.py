@@ -76,20 +76,18 @@ class StoreCore:
         return self._driver if self._alone else None
 
     def _await_announced(self, job_id: uuid.UUID) -> bool:
-        """Called when a read did not find a job a message named (or not in a state to
-        take): a trigger may have announced it before its commit
-        (:meth:`hot.Driver.rows_announced`); wait for that commit. True when the caller
-        should read again. False where nothing can have been announced (SQLite, a
-        transaction's store), or when a trigger still held the job's lock after
+        """Called when a job a message named is not there: if a trigger announced it before
+        its commit (:meth:`hot.Driver.rows_announced`), wait for that commit. True when the
+        caller should look again; False where nothing can have been announced (SQLite, a
+        transaction's store), or when the trigger still held its lock after
         ``ANNOUNCE_WAIT`` seconds: the message is dropped, and should that trigger commit,
-        the recovery sweep publishes its job again (as it does a message lost). A duplicate
-        message pays this too: one round trip, and the read again."""
+        the recovery sweep publishes its job again (as it does a message lost)."""
         if not self._alone or self._driver is None:
             return False
         if self._driver.await_announced(job_id, ANNOUNCE_WAIT):
             return True
         log.warning(
-            "job %s: its trigger had not committed after %g s; the message is dropped and "
+            "job %s: its trigger had not committed after %.0f s; the message is dropped and "
             "the recovery sweep publishes the job again if it commits",
             job_id,
             ANNOUNCE_WAIT,

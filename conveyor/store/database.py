@@ -60,9 +60,7 @@ class Database:
     def autocommit(self, work: Callable[[SqlStore], T], *, attempts: int = 3) -> T:
         """Run ``work`` with each statement committing on its own: no BEGIN and COMMIT round
         trips. Only for work whose writes are each one guarded statement, correct whatever
-        happens between them (a read, the claim of a job); the one write that takes a short
-        transaction of its own is a trigger's that announces its jobs (``create_execution``).
-        On SQLite: one transaction."""
+        happens between them (a read, the claim of a job). On SQLite: one transaction."""
         if self.engine.dialect.name != "postgresql":  # SQLite: BEGIN IMMEDIATE regardless
             return self.run(work)
         for attempt in range(1, attempts + 1):

@@ -125,17 +125,15 @@ class Driver:
 
     def await_announced(self, job_id: uuid.UUID, timeout: float) -> bool:
         """Wait until no trigger that announced the job before its commit still runs (see
-        :meth:`rows_announced`; an autocommit connection only): one round trip when none
-        does. False when one still held its lock after ``timeout`` seconds."""
+        :meth:`rows_announced`; an autocommit connection only). False when one still held
+        its lock after ``timeout`` seconds."""
         values = {"class": ANNOUNCE_CLASS, "key": announce_key(job_id)}
         connection = self._connection
         with self._translated(_AWAIT_ANNOUNCED, values):
             try:
                 with connection.pipeline():
                     connection.execute("BEGIN")
-                    connection.execute(f"SET LOCAL lock_timeout = {max(1, int(timeout * 1000))}")
-                    # (a server's statement_timeout must not cut the wait short)
-                    connection.execute("SET LOCAL statement_timeout = 0")
+                    connection.execute(f"SET LOCAL lock_timeout = {int(timeout * 1000)}")
                     connection.execute(_AWAIT_ANNOUNCED, values)
                     connection.execute("COMMIT")
             except psycopg.errors.LockNotAvailable:

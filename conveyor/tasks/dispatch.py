@@ -1,5 +1,4 @@
-"""The dispatcher port over Celery: publishes job ids after the database commit (or, for a
-trigger's announced jobs, during it: see :meth:`conveyor.store.hot.Driver.rows_announced`).
+"""The dispatcher port over Celery: publishes job ids after the database commit.
 
 A node job's message carries hints (tenant, workflow version, priority, when it was queued,
 node) as the keyword argument ``hints``: its admission then reads nothing, and its claim
