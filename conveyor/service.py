@@ -167,9 +167,7 @@ class Conveyor:
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
-        # Its writes are one statement each (PostgreSQL): no transaction round trips. A small
-        # execution's root jobs are announced while that statement runs: published before
-        # its commit, under locks that a worker finding them missing waits on (store.hot).
+        # Its writes are one statement each (PostgreSQL): no transaction round trips.
         result = self.db.autocommit(
             lambda s: runner.trigger(
                 s,
@@ -181,22 +179,10 @@ class Conveyor:
                 now=utcnow(),
                 idempotency_key=idempotency_key,
                 dedupe_key=dedupe_key,
-                announce=self._announce,
             )
         )
-        if result.dispatches:
-            self._publish_now(result.dispatches, f"execution {result.execution_id}")
+        self._publish_now(result.dispatches, f"execution {result.execution_id}")
         return result.execution_id, result.replayed
-
-    def _announce(self, dispatches: Sequence[Dispatch]) -> None:
-        """Publish a trigger's messages before its commit; if that fails, nothing is stored."""
-        try:
-            self.dispatcher.publish(dispatches)
-        except Exception as exc:
-            raise DispatchError(
-                f"the execution was not stored: its message could not be published ({exc}); "
-                f"check CONVEYOR_BROKER_URL and that the broker is up, then trigger it again"
-            ) from exc
 
     def emit(self, tenant: str, event_type: str, payload: Any) -> list[uuid.UUID]:
         """Start every workflow of the tenant that subscribes to the event type."""

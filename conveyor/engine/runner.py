@@ -2,11 +2,8 @@
 
 Each function here is one transaction's worth of work against the store. The caller owns the
 transaction and publishes the returned :class:`Dispatch` list only after it commits, so no
-message ever names a job that is not in the database. The one exception is a trigger's
-``announce``: its root jobs' messages go out while their statement runs, under an advisory
-lock that a worker finding such a job missing waits on (:mod:`conveyor.store.hot`).
-Decisions (what is ready, what a failure means) come from the pure modules :mod:`planning`
-and :mod:`retry`.
+message ever names a job that is not in the database. Decisions (what is ready, what a failure
+means) come from the pure modules :mod:`planning` and :mod:`retry`.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -188,18 +184,13 @@ def trigger(
     source: TriggerSource = TriggerSource.API,
     idempotency_key: str | None = None,
     dedupe_key: str | None = None,
-    announce: Callable[[Sequence[Dispatch]], None] | None = None,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
     every run. A larger one gets a start job, and an execution worker plans it. With an
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
-    deduplication key, a pending or running execution with that key is returned instead.
-
-    ``announce`` publishes messages: where the store can (an autocommit unit on PostgreSQL),
-    the root jobs' are published by it before the execution's commit, and the result names
-    none to publish; elsewhere they are left to the caller, after the commit."""
+    deduplication key, a pending or running execution with that key is returned instead."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -221,9 +212,8 @@ def trigger(
             input=input if input is not None else {}, created_at=now,
         )  # fmt: skip
         created, dispatches = _create(
-            store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key,
-            announce,
-        )  # fmt: skip
+            store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
+        )
         if created is Created.STALE:  # a newer version, applied since the version was known
             _targets.forget(names)
             target = None
@@ -251,31 +241,19 @@ def _create(
     now: datetime,
     idempotency_key: str | None,
     dedupe_key: str | None,
-    announce: Callable[[Sequence[Dispatch]], None] | None = None,
 ) -> tuple[Created, list[Dispatch]]:
     """Insert the execution: planned at once (``running``, node states, root jobs) when
-    small, else ``pending`` with a start job; and the messages left to publish (none when
-    the store announced them before its commit)."""
+    small, else ``pending`` with a start job; and the messages to publish."""
     if len(workflow.nodes) <= INLINE_PLAN_NODES:
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = _context(execution, {})
         jobs = _new_jobs(workflow, [(workflow.node(root), context) for root in shape.roots], now)
-        dispatches = _node_dispatches(execution, jobs, now)
-        announced: list[Dispatch] = []
-
-        def publish() -> None:
-            assert announce is not None
-            announce(dispatches)
-            announced.extend(dispatches)
-
-        named = [d.job_id for d in dispatches]
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
             waiting_on=shape.waiting_on, queued=shape.roots, jobs=jobs,
-            announce=(named, publish) if announce is not None and dispatches else None,
         )  # fmt: skip
-        return created, [] if announced else dispatches
+        return created, _node_dispatches(execution, jobs, now)
     start_job = new_id()
     created = store.create_execution(
         execution, names=names, trigger=source.value, now=now,

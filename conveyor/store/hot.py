@@ -13,7 +13,6 @@ Only for PostgreSQL: SQLite takes :class:`~conveyor.store.sql.SqlStore`'s genera
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -89,62 +88,6 @@ class Driver:
             result = cursor.pgresult
             return cursor.fetchall() if result is not None and result.nfields else []
 
-    def rows_announced(
-        self,
-        statement: Statement,
-        values: dict[str, Any],
-        locks: Sequence[uuid.UUID],
-        announce: Callable[[], None],
-    ) -> list[tuple[Any, ...]]:
-        """Run ``statement`` in a transaction of its own that calls ``announce`` before it
-        commits (an autocommit connection only): BEGIN and the locks of ``locks`` (the
-        announced jobs, see :func:`announce_key`) in one round trip, then the statement is
-        sent and ``announce`` runs while the server executes it, then its rows are read and
-        the transaction commits. Should ``announce`` or the statement fail, it rolls back:
-        nothing is stored. A worker that finds an announced job missing waits for the lock
-        (:meth:`await_announced`) and looks again."""
-        params = {**values, **{name: Jsonb(values[name]) for name in statement.json}}
-        keys = sorted({announce_key(job_id) for job_id in locks})  # one order: no deadlock
-        connection = self._connection
-        with self._translated(statement.sql, params):
-            try:
-                with connection.pipeline() as pipeline:
-                    connection.execute("BEGIN")
-                    connection.execute(_LOCK_ANNOUNCED, {"class": ANNOUNCE_CLASS, "keys": keys})
-                    pipeline.sync()  # the locks are held: a message may go out
-                    with connection.cursor() as cursor:
-                        cursor.execute(statement.sql, params)  # sent: the server starts it
-                        announce()
-                        rows = cursor.fetchall()
-                    connection.execute("COMMIT")
-            except BaseException:
-                if connection.info.transaction_status in _IN_TRANSACTION:
-                    connection.execute("ROLLBACK")
-                raise
-        return rows
-
-    def await_announced(self, job_id: uuid.UUID, timeout: float) -> bool:
-        """Wait until no trigger that announced the job before its commit still runs (see
-        :meth:`rows_announced`; an autocommit connection only). False when one still held
-        its lock after ``timeout`` seconds."""
-        values = {"class": ANNOUNCE_CLASS, "key": announce_key(job_id)}
-        connection = self._connection
-        with self._translated(_AWAIT_ANNOUNCED, values):
-            try:
-                with connection.pipeline():
-                    connection.execute("BEGIN")
-                    connection.execute(f"SET LOCAL lock_timeout = {int(timeout * 1000)}")
-                    connection.execute(_AWAIT_ANNOUNCED, values)
-                    connection.execute("COMMIT")
-            except psycopg.errors.LockNotAvailable:
-                connection.execute("ROLLBACK")
-                return False
-            except BaseException:
-                if connection.info.transaction_status in _IN_TRANSACTION:
-                    connection.execute("ROLLBACK")
-                raise
-        return True
-
     def ping(self) -> None:
         """One round trip: fails as :meth:`rows` does if the server is gone."""
         with self._translated("SELECT 1", None):
@@ -168,23 +111,6 @@ class Driver:
                 sql, params, exc, psycopg.Error, hide_parameters=True,
                 connection_invalidated=lost, dialect=self._dialect,
             ) from exc  # fmt: skip
-
-
-# The advisory locks of announced jobs (Driver.rows_announced): two-key locks in a class of
-# their own, the key 32 bits of the job id (UUIDv7: random bits). Two jobs that share a key
-# only make a worker wait for the other's trigger to commit, as long as a trigger takes.
-ANNOUNCE_CLASS = 0x436E7679  # "Cnvy"
-_LOCK_ANNOUNCED = (
-    "SELECT pg_advisory_xact_lock(%(class)s, k) FROM unnest(CAST(%(keys)s AS integer[])) AS k"
-)
-_AWAIT_ANNOUNCED = "SELECT pg_advisory_xact_lock_shared(%(class)s, %(key)s)"
-_IN_TRANSACTION = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
-
-
-def announce_key(job_id: uuid.UUID) -> int:
-    """The job's key among the announce locks: its id's last 32 bits, as a signed integer."""
-    low = job_id.int & 0xFFFFFFFF
-    return low - (1 << 32) if low >= 1 << 31 else low
 
 
 def invalidate_pool(pool: Pool, pooled: PoolProxiedConnection, exc: BaseException) -> None:

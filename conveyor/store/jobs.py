@@ -112,8 +112,6 @@ class JobQueries(StoreCore):
     def admission(self, job_id: uuid.UUID) -> Admission | None:
         """What the limiter needs to know about a node job, or None if there is no such job."""
         row = self._core(_ADMISSION, {"job_id": job_id}).one_or_none()
-        if row is None and self._await_announced(job_id):  # announced, not yet committed?
-            row = self._core(_ADMISSION, {"job_id": job_id}).one_or_none()
         if row is None:
             return None
         return Admission(

@@ -9,7 +9,7 @@ expected status, so a message delivered twice, or two workers racing, change not
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -54,12 +54,6 @@ from conveyor.store.schedules import ScheduleQueries
 from conveyor.store.stats import StatsQueries
 
 __all__ = ["DEFAULT_TENANT", "SqlStore"]
-
-# A trigger's announce (create_execution): the ids of the jobs its messages name, and what
-# publishes them. Up to ANNOUNCE_MOST jobs (an advisory lock each); more are published after
-# the commit.
-Announce = tuple[Sequence[uuid.UUID], Callable[[], None]]
-ANNOUNCE_MOST = 32
 
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
@@ -135,7 +129,6 @@ class SqlStore(
         queued: Collection[str] = (),
         jobs: Sequence[NewJob] = (),
         start_job: uuid.UUID | None = None,
-        announce: Announce | None = None,
     ) -> Created:
         """Insert an execution as :meth:`add_execution` does, with, when it is planned at
         once (``waiting_on``: a state row per node), its node states and first jobs, or its
@@ -143,12 +136,7 @@ class SqlStore(
         of its own. ``names``: the tenant's and the workflow's, of which the execution's
         version must still be the latest. Nothing is inserted when it is not (STALE), or
         when the tenant has an execution with this idempotency key, or an active one with
-        this deduplication key (KEY_TAKEN).
-
-        ``announce`` (jobs: the messages of ``jobs``) publishes the messages of the jobs
-        named; an autocommit unit on PostgreSQL calls it before its commit, while the
-        statement runs (see :meth:`hot.Driver.rows_announced`), and nothing is stored if it
-        fails. Elsewhere it is not called, and the caller publishes after the commit."""
+        this deduplication key (KEY_TAKEN)."""
         planned = waiting_on is not None
         if not self._postgres:
             if self.trigger_target(*names) != (execution.tenant_id, execution.workflow_id):
@@ -196,13 +184,7 @@ class SqlStore(
             "job_next": [j["next_run_at"] for j in jobs_],
             "tenant_name": names[0], "workflow_name": names[1],
         }  # fmt: skip
-        driver = self._announcing()
-        if announce is not None and driver is not None and len(announce[0]) <= ANNOUNCE_MOST:
-            jobs_named, publish = announce
-            rows = driver.rows_announced(hot.CREATE_EXECUTION, params, jobs_named, publish)
-        else:
-            rows = self._hot(hot.CREATE_EXECUTION, params)
-        ((latest, made),) = rows
+        ((latest, made),) = self._hot(hot.CREATE_EXECUTION, params)
         if not latest:
             return Created.STALE
         return Created.CREATED if made else Created.KEY_TAKEN
@@ -407,8 +389,6 @@ class SqlStore(
         if self._postgres:
             params = {"id": job_id, "now": now, "worker": worker, "needs": list(needs)}
             rows = self._hot(hot.CLAIM_NODE, params)
-            if not rows and self._await_announced(job_id):  # announced, not yet committed?
-                rows = self._hot(hot.CLAIM_NODE, params)
             if not rows:
                 return None
             claimed, execution, outputs = hot.claimed(rows[0])
