@@ -52,14 +52,16 @@ class CeleryDispatcher:
                     self._send_many(message, producer)
 
     def _send_one(self, d: Dispatch, producer: Any) -> None:
+        kwargs = {"hints": encode_hints(d.hints)} if d.hints else None
         self.app.send_task(
             TASK_FOR_KIND[d.kind],
             args=[str(d.job_id)],
-            kwargs={"hints": encode_hints(d.hints)} if d.hints else None,
+            kwargs=kwargs,
             queue=d.queue,
             priority=self._priority[d.priority],
             producer=producer,
             argsrepr=f"job={d.job_id} {d.label}".rstrip(),
+            kwargsrepr=_repr(kwargs),
         )
 
     def _send_many(self, message: list[Dispatch], producer: Any) -> None:
@@ -72,7 +74,14 @@ class CeleryDispatcher:
             priority=self._priority[first.priority],
             producer=producer,
             argsrepr=f"{len(message)} jobs, first job={first.job_id} {first.label}".rstrip(),
+            kwargsrepr=f"hints of {len(message)} jobs",
         )
+
+
+def _repr(kwargs: dict[str, Any] | None) -> str:
+    """What Flower shows of a message's keyword arguments: ids and names only, so plain
+    ``repr`` (Celery's default, ``saferepr``, cost ~25 us a message for the same text)."""
+    return repr(kwargs or {})
 
 
 def encode_hints(hints: NodeHints) -> dict[str, Any]:
