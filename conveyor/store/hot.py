@@ -89,9 +89,10 @@ class Driver:
             return cursor.fetchall() if result is not None and result.nfields else []
 
     def ping(self) -> None:
-        """One round trip: fails as :meth:`rows` does if the server is gone."""
-        with self._translated("SELECT 1", None):
-            self._connection.execute("SELECT 1")
+        """The dialect's ping, as the pool's (store.db) does it: fails as :meth:`rows` does
+        if the server is gone."""
+        with self._translated("-- ping", None):
+            self._dialect.do_ping(cast(Any, self._connection))
 
     def set_autocommit(self, on: bool) -> None:
         """Each statement its own transaction (on), or not (as the pool hands them out)."""
