@@ -151,6 +151,13 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
     return job, execution, row[18] or {}
 
 
+# Nodes of an execution are found by name one at a time, each by a LATERAL lookup on the
+# (execution_id, node_id) index. Written as ``node_id = ANY(:names)``, the generic plan
+# PostgreSQL keeps for a prepared statement took the execution's rows by the index's first
+# column and filtered them by name: in a 2,000-wide fan-out, each node's claim and success
+# read all 2,002 rows (PostgreSQL estimates an execution's rows from the average, and most
+# executions are small), 7.5 million row reads for one fan-out.
+
 # The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
 CLAIM_NODE = Statement(
@@ -179,9 +186,11 @@ WITH job AS (
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
-       (SELECT jsonb_object_agg(n.node_id, n.output) FROM node_states n
-        WHERE n.execution_id = job.execution_id
-          AND n.node_id = ANY(CAST(:needs AS varchar[]))) AS x_needs
+       (SELECT jsonb_object_agg(w.node_id, n.output)
+        FROM unnest(CAST(:needs AS varchar[])) AS w (node_id)
+        CROSS JOIN LATERAL (SELECT s.output FROM node_states s
+                            WHERE s.execution_id = job.execution_id AND s.node_id = w.node_id
+                            LIMIT 1) AS n) AS x_needs
 FROM job, ex
 """.format(job_columns=", ".join(f"job.{c}" for c in JOB_COLUMNS.split(", ")))  # noqa: S608
     ).bindparams(
@@ -235,9 +244,12 @@ COMPLETE_NODE = Statement(
 # job; unread, a CTE runs at the statement's end in no order to rely on): the order of every
 # other transaction, and of the status NOTIFYs a stream relays.
 _ALONE_BEFORE = """locked AS (
-    SELECT id, waiting_on, status FROM node_states
-    WHERE execution_id = :execution_id AND node_id = ANY(CAST(:successors AS varchar[]))
-    ORDER BY node_id FOR UPDATE
+    SELECT n.id, n.waiting_on, n.status
+    FROM (SELECT u.node_id FROM unnest(CAST(:successors AS varchar[])) AS u (node_id)
+          ORDER BY u.node_id) AS w
+    CROSS JOIN LATERAL (SELECT s.id, s.waiting_on, s.status FROM node_states s
+                        WHERE s.execution_id = :execution_id AND s.node_id = w.node_id
+                        FOR UPDATE) AS n
 ), alone AS (
     SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
 ), """

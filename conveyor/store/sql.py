@@ -313,11 +313,16 @@ class SqlStore(
     def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
         """``node_id IN (...)``; on PostgreSQL ``node_id = ANY(array)``: one parameter, however
         many nodes (a fan-out's thousands as an IN list were a new statement text each time,
-        which psycopg parses again: ~30 ms for 2,000)."""
+        which psycopg parses again: ~30 ms for 2,000). One node is ``node_id = :id``: the plan
+        psycopg prepares for ``= ANY`` reads all the execution's rows and filters them by name
+        (see the note above store.hot.CLAIM_NODE), a fan-out's thousands for each node."""
+        wanted = list(node_ids)
+        if len(wanted) == 1:
+            return NODE_STATES.c.node_id == wanted[0]
         if self._postgres:
-            ids = bindparam(None, list(node_ids), type_=ARRAY(String()))
+            ids = bindparam(None, wanted, type_=ARRAY(String()))
             return NODE_STATES.c.node_id == any_(ids)
-        return NODE_STATES.c.node_id.in_(list(node_ids))
+        return NODE_STATES.c.node_id.in_(wanted)
 
     def decrement_waiting(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> dict[str, int]:
         """One more need of each of ``node_ids`` settled; how many each still waits on.

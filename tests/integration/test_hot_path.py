@@ -162,21 +162,22 @@ def alone(database_url: str) -> Iterator[tuple[Conveyor, str]]:
     services.drop_database(PG_ADMIN_URL, name)
 
 
-def rows_read_by_scans(service: Conveyor, url: str) -> dict[str, int]:
-    """Rows read by sequential scans of the hot path's tables so far. A backend reports its
-    counts at the end of a transaction at most once a second: wait out that second, then run
-    one more execution (on the same kept connection) so that everything before is counted."""
+def table_counts(service: Conveyor, url: str, column: str) -> dict[str, int]:
+    """A column of ``pg_stat_user_tables`` (``seq_tup_read``: rows read by sequential scans)
+    for the hot path's tables so far. A backend reports its counts at the end of a
+    transaction at most once a second: wait out that second, then run one more execution (on
+    the same kept connection) so that everything before is counted."""
     time.sleep(1.2)
     service.trigger("one")
     run_all(service)
     admin = create_engine(url)
     with admin.connect() as conn:
         found = conn.execute(
-            text("SELECT relname, seq_tup_read FROM pg_stat_user_tables WHERE relname = ANY(:t)"),
+            text(f"SELECT relname, {column} FROM pg_stat_user_tables WHERE relname = ANY(:t)"),
             {"t": list(HOT_TABLES)},
         ).all()
     admin.dispose()
-    return {name: int(read) for name, read in found}
+    return {name: int(count) for name, count in found}
 
 
 def test_the_hot_statements_keep_to_indexes_when_planned_on_small_tables(
@@ -190,12 +191,12 @@ def test_the_hot_statements_keep_to_indexes_when_planned_on_small_tables(
     for _ in range(12):  # prepared and planned while the tables hold a few rows
         service.trigger("one")
         run_all(service)
-    before = rows_read_by_scans(service, url)
+    before = table_counts(service, url, "seq_tup_read")
 
     for _ in range(60):
         service.trigger("one")
         run_all(service)
-    after = rows_read_by_scans(service, url)
+    after = table_counts(service, url, "seq_tup_read")
 
     assert {t: after[t] - before[t] for t in HOT_TABLES} == dict.fromkeys(HOT_TABLES, 0)
 
@@ -246,3 +247,36 @@ def test_a_forked_child_takes_a_connection_of_its_own(
     own.db.put_back_kept()  # the child's own, as its dispose would
     monkeypatch.setattr("conveyor.store.database.os.getpid", lambda: real)
     assert backend_of_hot_path(own) == parents  # still the parent's, untouched
+
+
+def test_a_wide_fan_out_reads_each_node_s_state_not_all_of_them_for_each_node(
+    alone: tuple[Conveyor, str],
+) -> None:
+    """A member's claim reads its need's output, its success locks its successor: one row
+    each, found by the (execution, node) index. As ``node_id = ANY(:names)`` the plan kept
+    for the prepared statement took all the execution's rows and filtered them by name, so
+    a fan-out of N read N x N rows."""
+    service, url = alone
+    width = 90  # planned by the trigger (runner.INLINE_PLAN_NODES)
+    members = [f"m{i}" for i in range(width)]
+    add = {"function": "test.add"}
+    service.apply(parse_workflow({"name": "wide", "nodes": [
+        {"id": "root", "type": "python", "config": add, "inputs": {"a": 1, "b": 2}},
+        *({"id": m, "type": "python", "needs": ["root"], "config": add,
+           "inputs": {"a": 1, "b": 2}} for m in members),
+        {"id": "join", "type": "python", "needs": members, "config": add,
+         "inputs": {"a": 1, "b": 2}},
+    ]}))  # fmt: skip
+    service.trigger("wide")  # its statements prepared, their plans made
+    run_all(service)
+    before = table_counts(service, url, "idx_tup_fetch")["node_states"]
+
+    execution_id = service.trigger("wide")
+    run_all(service)
+    fetched = table_counts(service, url, "idx_tup_fetch")["node_states"] - before
+
+    assert status(service, execution_id) == ExecutionStatus.COMPLETED
+    # The root's settle and the join's claim read every member's row, once each; each
+    # member reads a few rows of its own (~4 a node in all). All of them for each member:
+    # 2 x 90 x 92 (17,022 were read so).
+    assert fetched < 8 * (width + 2), fetched
