@@ -92,10 +92,12 @@ def latency_p50(bench: compare.Bench, key: str) -> float:
 def measure(
     bench: compare.Bench, both: list[Side], cycles: int, one: Callable[[str], list[float]]
 ) -> dict[str, list[float]]:
-    """Each cycle starts each side's workers in turn and takes its figures."""
+    """Each cycle starts each side's workers in turn and takes its figures, each side on
+    tables at rest (compare.Bench.at_rest): not on the dead rows the other side just left."""
     found: dict[str, list[float]] = {side.name: [] for side in both}
     for cycle in range(cycles):
         for side in both:
+            bench.at_rest()
             with bench.conveyor_workers(side.env, side.python, side.cwd):
                 found[side.name].extend(one(f"{cycle}{side.name}"))
     return found

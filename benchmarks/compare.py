@@ -55,6 +55,8 @@ STARTED = {"name": "started", "nodes": [{"id": "n", "type": "python",
 SETTLE = 0.002
 # How often each side looks for the fan-out's end (raw: a Redis GET; Conveyor: a SELECT).
 END_POLL = 0.005
+# The tables every node writes (and leaves dead row versions in).
+HOT_TABLES = "executions, node_states, jobs, job_attempts"
 LIMITS = {
     "CONVEYOR_LIMIT_GLOBAL": "100000",
     "CONVEYOR_LIMIT_TENANT": "100000",
@@ -108,6 +110,26 @@ class Bench:
         raw.conf.update(broker_url=self.svc.redis_url, result_backend=self.svc.redis_url)
         return raw
 
+    def at_rest(self) -> None:
+        """Bring the tables to the state a server at rest keeps them in, before a figure:
+        vacuumed and analyzed, as autovacuum leaves them (this machine's server runs without
+        it), and the pages that wrote checkpointed. So no figure depends on the dead rows the
+        figures before it left (pgbench vacuums before each run for the same reason); the
+        rows a figure's own rounds leave are its own cost.
+
+        A table nothing has written yet is left alone: there is nothing to vacuum, and an
+        ANALYZE would record it empty. Autovacuum replaces that record after its first fifty
+        rows (and the plans made on it with it); this server would keep it, and the plans a
+        worker makes on a table it believes empty read the whole table on every node."""
+        with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            written = [
+                name for name in HOT_TABLES.split(", ")
+                if c.execute(text("SELECT pg_relation_size(:t)"), {"t": name}).scalar_one()
+            ]  # fmt: skip
+            if written:
+                c.execute(text(f"VACUUM ANALYZE {', '.join(written)}"))
+            c.execute(text("CHECKPOINT"))
+
     def finished_at(self, execution_id: uuid.UUID, timeout: float, poll: float = 0.002) -> datetime:
         """Wait for an execution to complete; when it finished (the worker's clock)."""
         deadline = time.monotonic() + timeout
@@ -133,6 +155,7 @@ def fanout(bench: Bench, n: int, rounds: int) -> dict[str, Any]:
     median of ``rounds`` runs each, alternating between the two with both pools running,
     after one untimed run each (connections, imports, the definition cache)."""
     bench.client.apply(parse_workflow(fanout_definition(n)))
+    bench.at_rest()
     ours, chords = [], []
     with bench.conveyor_workers(), bench.raw_workers():
         for i in range(rounds + 1):
@@ -237,6 +260,7 @@ def latency(bench: Bench, runs: int) -> tuple[dict[str, list[float]], list[float
     runs alternate, one after the other on idle workers (``SETTLE`` apart), so that both
     sides see the same machine; the first five of each warm connections, imports and caches."""
     bench.client.apply(parse_workflow(STARTED))
+    bench.at_rest()
     raw = bench.raw_app()
     ours, theirs = (f"bench:started:{uuid.uuid4().hex[:6]}" for _ in range(2))
     to_start, to_done, raw_start = [], [], []
@@ -297,7 +321,7 @@ def load_finished(bench: Bench, rows: int, chunk: int = 100_000) -> float:
             conn.commit()
         conn.execute(text("COMMIT"))
     with bench.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
-        c.execute(text("VACUUM ANALYZE executions, node_states, jobs, job_attempts"))
+        c.execute(text(f"VACUUM ANALYZE {HOT_TABLES}"))
         # Flush what the load dirtied now: the checkpoint would otherwise fall inside the
         # measurement, which is of rows in the tables, not of having just written them.
         c.execute(text("CHECKPOINT"))
@@ -389,6 +413,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def throughput(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     """The medians of ``--rounds`` runs each side, the rounds alternating between the two so
     that the machine's drift (this one's moves by 15 to 30 % within minutes) falls on both."""
+    bench.at_rest()
     ours, raws = [], []
     for _ in range(args.rounds):
         ours.append(conveyor_throughput(bench, args.executions))
