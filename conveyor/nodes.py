@@ -48,6 +48,8 @@ class NodeContext:
     node_id: str
     attempt: int
     cancel_event: threading.Event = field(default_factory=threading.Event, compare=False)
+    # Set when the node read ``cancelled`` as True: it may have stopped early since.
+    _told: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -57,7 +59,15 @@ class NodeContext:
     @property
     def cancelled(self) -> bool:
         """True once the execution was cancelled or the try timed out: stop soon."""
-        return self.cancel_event.is_set()
+        if self.cancel_event.is_set():
+            self._told.set()
+            return True
+        return False
+
+    @property
+    def told_to_stop(self) -> bool:
+        """Whether the node saw ``cancelled`` True: what it returned may be partial."""
+        return self._told.is_set()
 
 
 class NodeFunction(Protocol):
@@ -153,7 +163,7 @@ def _call_python(
         remaining = None if timeout is None else timeout - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
             raise _timed_out(thread, call, ctx, timeout or 0.0)
-        if ctx.cancelled:
+        if ctx.cancel_event.is_set():
             thread.retire()
             raise NodeCancelled(f"node {ctx.node_id!r} was stopped: its execution was cancelled")
         call.done.wait(0.2 if remaining is None else min(0.2, remaining))

@@ -31,6 +31,7 @@ from conveyor.exceptions import (
     DispatchError,
     DuplicateDelivery,
     LimitError,
+    NodeCancelled,
     NonRetryableError,
     NotFound,
     SignatureError,
@@ -309,7 +310,10 @@ class Conveyor:
             dispatches = failed.dispatches
         else:
             duration = time.monotonic() - started
-            dispatches = self._record_success(run, output, duration, job_log)
+            if ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
+                dispatches = self._record_stopped(run, output, duration, job_log)
+            else:
+                dispatches = self._record_success(run, output, duration, job_log)
         finally:
             self.watcher.unwatch(run.job.id)
             self.durations.record(
@@ -329,13 +333,38 @@ class Conveyor:
                 dispatches = self.db.run(
                     lambda s: runner.complete_node(s, run, output, utcnow(), duration)
                 )
-        except DataError as exc:  # the database refused the output: trying again cannot help
-            error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
-            failed = self._record_failure(run, error, duration)
-            _log_failure(job_log, failed, error, duration)
-            return failed.dispatches
+        except DataError as exc:
+            return self._output_refused(run, exc, duration, job_log)
         job_log.info("job completed", duration=round(duration, 3))
         return dispatches
+
+    def _record_stopped(
+        self, run: runner.NodeRun, output: Any, duration: float, job_log: Any
+    ) -> list[Dispatch]:
+        stopped = NodeCancelled(
+            f"node {run.node.id!r} returned after it was told to stop, and its execution was "
+            f"resumed meanwhile: it runs again"
+        )
+        try:
+            failed = self.db.run(
+                lambda s: runner.complete_stopped(s, run, output, stopped, utcnow(), duration)
+            )
+        except DataError as exc:
+            return self._output_refused(run, exc, duration, job_log)
+        if failed is None:  # its execution is still finished: cancelled, its output kept
+            job_log.info("job stopped", outcome="cancelled", duration=round(duration, 3))
+            return []
+        _log_failure(job_log, failed, stopped, duration)
+        return failed.dispatches
+
+    def _output_refused(
+        self, run: runner.NodeRun, exc: DataError, duration: float, job_log: Any
+    ) -> list[Dispatch]:
+        """The database refused the node's output: trying again cannot help."""
+        error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
+        failed = self._record_failure(run, error, duration)
+        _log_failure(job_log, failed, error, duration)
+        return failed.dispatches
 
     def _record_failure(
         self, run: runner.NodeRun, error: BaseException, duration: float

@@ -529,6 +529,23 @@ def complete_node(
     return _settle(store, run, now, output)
 
 
+def complete_stopped(
+    store: SqlStore, run: NodeRun, output: Any, error: NodeCancelled, now: datetime,
+    duration: float,
+) -> Failed | None:  # fmt: skip
+    """Record a try that returned after it was told to stop (``ctx.cancelled``): it may have
+    stopped early, so what it returned may be partial. While its execution is still finished,
+    the node is cancelled with that output kept (:func:`complete_node`; None). If the
+    execution runs again, the stop was undone while the node ended (a dead letter requeued
+    meanwhile): the try counts as stopped, as one that ended with ``error``, and the node
+    runs again; its output is not taken for a successor's input."""
+    status = _status(store, run.execution.id)
+    if status is None or status.finished:
+        complete_node(store, run, output, now, duration)
+        return None
+    return fail_node(store, run, error, now, duration)
+
+
 def fail_node(
     store: SqlStore,
     run: NodeRun,

@@ -319,3 +319,75 @@ def test_a_node_stopped_by_a_cancel_that_was_undone_runs_again_not_dead_lettered
     assert failed.outcome is JobStatus.RETRY_WAIT and (failed.retry_in or 1) < 0.1
     conveyor_service.promote_due()
     assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
+
+
+STOPPED = NodeCancelled("node 'add' returned after it was told to stop")
+
+
+def test_a_node_that_returned_after_a_stop_since_undone_runs_again_its_output_dropped(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a node told to stop (it saw ctx.cancelled) whose execution runs again by the
+    # time its try ends
+    made, run = claimed(conveyor_service, "w")
+
+    # When its try returns what it had when it stopped
+    failed = conveyor_service.db.run(
+        lambda s: runner.complete_stopped(s, run, {"sum": -1}, STOPPED, utcnow(), 0.1)
+    )
+
+    # Then the try counts as stopped and the node runs again to its end: the early output
+    # is nobody's input
+    assert failed is not None and failed.outcome is JobStatus.RETRY_WAIT
+    conveyor_service.promote_due()
+    done = wait_for(conveyor_service, made.execution_id)
+    assert (done.status, done.output) == (ExecutionStatus.COMPLETED, {"add": {"sum": 3}})
+    with conveyor_service.db.transaction() as store:
+        [(_, attempts)] = store.execution_jobs(made.execution_id)
+    assert [a.status.value for a in attempts] == ["failed", "succeeded"]
+
+
+def test_a_node_that_returned_after_a_stop_is_cancelled_its_output_kept_if_still_stopped(
+    conveyor_service: Conveyor,
+) -> None:
+    made, run = claimed(conveyor_service, "w")
+    conveyor_service.cancel(made.execution_id)
+
+    failed = conveyor_service.db.run(
+        lambda s: runner.complete_stopped(s, run, {"sum": -1}, STOPPED, utcnow(), 0.1)
+    )
+
+    assert failed is None
+    with conveyor_service.db.transaction() as store:
+        [node] = store.execution_nodes(made.execution_id)
+        status = store.execution_row(made.execution_id).status
+    assert (node.status.value, node.output, status) == (
+        "cancelled",
+        {"sum": -1},
+        ExecutionStatus.CANCELLED,
+    )
+
+
+def test_a_worker_runs_again_a_node_that_stopped_early_on_a_stop_since_undone(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a node whose first try sees ctx.cancelled and returns early, its execution
+    # running on (as when a dead letter is requeued while the node ends)
+    node = {"id": "n", "type": "python", "config": {"function": "test.stops_once"}}
+    conveyor_service.apply(parse_workflow({"name": "stops-once", "nodes": [node]}))
+
+    # When a worker runs it
+    execution_id = conveyor_service.trigger("stops-once")
+    deadline = time.monotonic() + 30
+    while executions_running(conveyor_service, execution_id) and time.monotonic() < deadline:
+        conveyor_service.promote_due()  # the stopped try's short wait, as the promoter does
+        time.sleep(0.05)
+
+    # Then its early output is not the node's: it ran again to its end
+    done = wait_for(conveyor_service, execution_id)
+    assert (done.status, done.output) == (ExecutionStatus.COMPLETED, {"n": {"cancelled": False}})
+
+
+def executions_running(service: Conveyor, execution_id: uuid.UUID) -> bool:
+    with service.db.transaction() as store:
+        return store.execution_row(execution_id).status is ExecutionStatus.RUNNING

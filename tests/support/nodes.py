@@ -91,6 +91,18 @@ def sleep(seconds: float, ctx: NodeContext) -> dict[str, bool]:
     return {"cancelled": ctx.cancelled}
 
 
+@conveyor.node("test.stops_once")
+def stops_once(ctx: NodeContext) -> dict[str, bool]:
+    """Its first try is told to stop, as the watcher tells a node whose execution ended, while
+    the execution runs on (the end undone at once, as by a requeued dead letter), and returns
+    early, saying so. The worker is waiting on the call by then (its next look at the cancel
+    is 0.2 s away), so the try ends by its return, not by the worker giving up on it."""
+    if ctx.attempt == 1:
+        time.sleep(0.02)
+        ctx.cancel_event.set()
+    return {"cancelled": ctx.cancelled}
+
+
 @conveyor.node("test.span")
 def span(tenant: str, workflow: str, seconds: float, ctx: NodeContext) -> dict[str, float]:
     """Sleep, and record when this run started and ended (for concurrency checks)."""
