@@ -511,8 +511,9 @@ def complete_node(
         else (JobStatus.COMPLETED, NodeStatus.COMPLETED)
     )
     if not store.transition_job(
-        job.id, JobStatus.PROCESSING, job_status, completed_at=now, last_error=None
-    ):
+        job.id, JobStatus.PROCESSING, job_status, try_number=job.try_number, completed_at=now,
+        last_error=None,
+    ):  # fmt: skip
         return []  # reclaimed meanwhile
     store.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
     store.set_node(
@@ -569,9 +570,11 @@ def fail_node(
     )
     status = _status(store, execution_id)
     if status is not None and status.finished:  # stopped because it was cancelled or failed
-        store.transition_job(
-            job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now, last_error=message
-        )
+        if not store.transition_job(
+            job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,
+            completed_at=now, last_error=message,
+        ):  # fmt: skip
+            return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
         store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
     # The execution runs: a NodeCancelled means a cancel that was undone since.
@@ -583,7 +586,8 @@ def fail_node(
         )
     )
     if decision.retry_in is not None:
-        if not store.schedule_retry(job.id, now + timedelta(seconds=decision.retry_in), message):
+        due = now + timedelta(seconds=decision.retry_in)
+        if not store.schedule_retry(job.id, due, message, try_number=job.try_number):
             return Failed(dispatches=[], outcome=None)
         store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
         return Failed(dispatches=[], outcome=JobStatus.RETRY_WAIT, retry_in=decision.retry_in)
@@ -591,6 +595,7 @@ def fail_node(
         job.id,
         JobStatus.PROCESSING,
         JobStatus.DEAD_LETTER,
+        try_number=job.try_number,
         completed_at=now,
         last_error=f"{message} ({decision.reason})",
     ):

@@ -206,7 +206,7 @@ FROM job, ex
 _COMPLETE_CTES = """
 WITH {before}job AS (
     UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
-    WHERE id = :id AND status = 'processing'{guard}
+    WHERE id = :id AND status = 'processing' AND tries_before + retry_count + 1 = :attempt{guard}
       AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
     RETURNING id
 ), attempt AS (

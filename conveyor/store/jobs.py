@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Select, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, insert, select, update
 
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
@@ -62,19 +62,30 @@ class JobQueries(StoreCore):
         return job_record(row) if row else None
 
     def transition_job(
-        self, job_id: uuid.UUID, expected: JobStatus, new: JobStatus, **values: Any
+        self,
+        job_id: uuid.UUID,
+        expected: JobStatus,
+        new: JobStatus,
+        *,
+        try_number: int | None = None,
+        **values: Any,
     ) -> bool:
+        """``expected`` -> ``new``; with ``try_number``, only while that try is the job's
+        current one (see :func:`_current_try`)."""
         result = self._core(
             update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.status == expected)
+            .where(JOBS.c.id == job_id, JOBS.c.status == expected, *_current_try(try_number))
             .values(status=new, **values)
         )
         return bool(result.rowcount)
 
-    def schedule_retry(self, job_id: uuid.UUID, next_run_at: datetime, error: str) -> bool:
+    def schedule_retry(
+        self, job_id: uuid.UUID, next_run_at: datetime, error: str, *, try_number: int
+    ) -> bool:
+        """processing -> retry_wait, while try ``try_number`` is the job's current one."""
         result = self.session.execute(
             update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING)
+            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING, *_current_try(try_number))
             .values(
                 status=JobStatus.RETRY_WAIT,
                 retry_count=Job.retry_count + 1,
@@ -230,3 +241,12 @@ _ADMISSION = (
     .where(JOBS.c.id == bindparam("job_id"))
 )
 _TENANT_LIMIT = select(TENANTS.c.max_concurrency).where(TENANTS.c.id == bindparam("tenant_id"))
+
+
+def _current_try(try_number: int | None) -> list[ColumnElement[bool]]:
+    """The job's current try is ``try_number``: a try's outcome settles its job only while no
+    later try began. A worker that missed its heartbeats may end after its job was reclaimed
+    and claimed again by another worker; its outcome is then not the job's."""
+    if try_number is None:
+        return []
+    return [JOBS.c.tries_before + JOBS.c.retry_count + 1 == try_number]

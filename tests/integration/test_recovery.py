@@ -321,6 +321,36 @@ def test_a_node_stopped_by_a_cancel_that_was_undone_runs_again_not_dead_lettered
     assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
 
 
+def test_a_late_outcome_of_a_reclaimed_try_leaves_the_job_to_the_try_that_runs_it_now(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a try whose worker missed its heartbeats: reclaimed, and its job claimed again by
+    # another worker (nothing published: each step by hand)
+    made, late = claimed(conveyor_service, "a")
+    service = conveyor_service
+    service.db.run(lambda s: runner.reclaim(s, late.job, utcnow()))
+    age(service, next_run_at=utcnow() - timedelta(seconds=1))
+    [due] = service.db.run(lambda s: s.promote_due(utcnow(), 10))
+    now_run = service.db.run(lambda s: runner.claim_node(s, due.id, utcnow(), "b"))
+    assert now_run is not None and now_run.job.try_number == late.job.try_number + 1
+
+    # When the first worker's try ends after all, by a success or by a failure
+    output = {"sum": -1}
+    alone = service.db.autocommit(lambda s: runner.complete_alone(s, late, output, utcnow(), 0.1))
+    completed = service.db.run(lambda s: runner.complete_node(s, late, output, utcnow(), 0.1))
+    failed = service.db.run(lambda s: runner.fail_node(s, late, RuntimeError(), utcnow(), 0.1))
+
+    # Then none of them settles the job: the second try still runs it, and its outcome is
+    # the node's
+    assert (alone, completed, failed.outcome) == (False, [], None)
+    service.db.run(lambda s: runner.complete_node(s, now_run, {"sum": 3}, utcnow(), 0.1))
+    done = wait_for(service, made.execution_id)
+    assert (done.status, done.output) == (ExecutionStatus.COMPLETED, {"add": {"sum": 3}})
+    with service.db.transaction() as store:
+        [(_, attempts)] = store.execution_jobs(made.execution_id)
+    assert [(a.worker, a.status.value) for a in attempts] == [("a", "failed"), ("b", "succeeded")]
+
+
 STOPPED = NodeCancelled("node 'add' returned after it was told to stop")
 
 
