@@ -392,8 +392,11 @@ class SqlStore(
         which also reads the outputs of ``needs`` (the nodes the job's node is expected to
         need): the third item, None when they were not read."""
         if self._postgres:
-            params = {"id": job_id, "now": now, "worker": worker, "needs": list(needs)}
-            rows = self._hot(hot.CLAIM_NODE, params)
+            params = {"id": job_id, "now": now, "worker": worker}
+            if needs:
+                rows = self._hot(hot.CLAIM_NODE, params | {"needs": list(needs)})
+            else:
+                rows = self._hot(hot.CLAIM_NODE_ALONE, params)
             if not rows:
                 return None
             claimed, execution, outputs = hot.claimed(rows[0])
@@ -438,10 +441,12 @@ class SqlStore(
         if successors is None:
             return bool(self._hot(hot.COMPLETE_NODE, params)[0][0])
         params |= {
-            "successors": list(successors),
             "finishes": finish is not None,
             "execution_output": finish.output if finish is not None else None,
         }
+        if not successors:  # (no array parameter: planned once, see store.hot)
+            return bool(self._hot(hot.COMPLETE_LAST, params)[0][0])
+        params["successors"] = list(successors)
         return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
 
 

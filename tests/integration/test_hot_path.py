@@ -201,6 +201,30 @@ def test_the_hot_statements_keep_to_indexes_when_planned_on_small_tables(
     assert {t: after[t] - before[t] for t in HOT_TABLES} == dict.fromkeys(HOT_TABLES, 0)
 
 
+PLANS = hot.Statement(
+    text("SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements")
+)
+
+
+def test_a_one_node_execution_s_statements_are_planned_once_not_at_every_run(
+    alone: tuple[Conveyor, str],
+) -> None:
+    """A statement that unnests an array parameter is planned again at every run (its generic
+    plan's estimate counts on a hundred names, a custom one on the actual few): the claim and
+    the success of a node with no needs and no successors take none."""
+    service, _ = alone
+    for _ in range(30):
+        service.trigger("one")
+        run_all(service)
+
+    plans = service.db.autocommit(lambda s: s._driver.rows(PLANS, {}))  # type: ignore[attr-defined]
+
+    # the trigger, the claim and the success, prepared at their fifth run (the first five
+    # planned for their values), one plan since
+    assert len(plans) >= 3
+    assert [(p[0][:70], p[1], p[2]) for p in plans if p[1] < 20 or p[2] > 5] == []
+
+
 BACKEND = hot.Statement(text("SELECT pg_backend_pid()"))
 
 
