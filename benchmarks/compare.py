@@ -56,7 +56,7 @@ SETTLE = 0.002
 # How often each side looks for the fan-out's end (raw: a Redis GET; Conveyor: a SELECT).
 END_POLL = 0.005
 # The tables every node writes (and leaves dead row versions in).
-HOT_TABLES = "executions, node_states, jobs, job_attempts"
+HOT_TABLES = ("executions", "node_states", "jobs", "job_attempts")
 LIMITS = {
     "CONVEYOR_LIMIT_GLOBAL": "100000",
     "CONVEYOR_LIMIT_TENANT": "100000",
@@ -123,7 +123,7 @@ class Bench:
         worker makes on a table it believes empty read the whole table on every node."""
         with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
             written = [
-                name for name in HOT_TABLES.split(", ")
+                name for name in HOT_TABLES
                 if c.execute(text("SELECT pg_relation_size(:t)"), {"t": name}).scalar_one()
             ]  # fmt: skip
             if written:
@@ -321,7 +321,7 @@ def load_finished(bench: Bench, rows: int, chunk: int = 100_000) -> float:
             conn.commit()
         conn.execute(text("COMMIT"))
     with bench.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
-        c.execute(text(f"VACUUM ANALYZE {HOT_TABLES}"))
+        c.execute(text(f"VACUUM ANALYZE {', '.join(HOT_TABLES)}"))
         # Flush what the load dirtied now: the checkpoint would otherwise fall inside the
         # measurement, which is of rows in the tables, not of having just written them.
         c.execute(text("CHECKPOINT"))

@@ -49,7 +49,9 @@ class NodeContext:
     attempt: int
     cancel_event: threading.Event = field(default_factory=threading.Event, compare=False)
     # Set when the node read ``cancelled`` as True: it may have stopped early since.
-    _told: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    _told: threading.Event = field(
+        default_factory=threading.Event, init=False, compare=False, repr=False
+    )
 
     @property
     def idempotency_key(self) -> str:
