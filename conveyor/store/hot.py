@@ -205,10 +205,19 @@ CLAIM_NODE = Statement(
 # planned again at every run: its generic plan counts on the function's hundred rows, a custom
 # plan on the array's actual few, and PostgreSQL keeps a generic plan only while it costs
 # about what the custom ones did (pg_prepared_statements: 0 generic, 115 custom plans of 115).
-# So the common cases, no names to look up, run statements without one, planned once.
+# So the common cases, no name or one name to look up (a root, a chain's or a fan-out's
+# member), run statements without one, planned once.
 CLAIM_NODE_ALONE = Statement(
     text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs="NULL AS x_needs")).bindparams(
         *_CLAIM_PARAMS
+    )
+)
+_NEED = """(SELECT jsonb_build_object(s.node_id, s.output) FROM node_states s
+        WHERE s.execution_id = job.execution_id AND s.node_id = :need
+        LIMIT 1) AS x_needs"""
+CLAIM_NODE_AFTER_ONE = Statement(
+    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEED)).bindparams(
+        *_CLAIM_PARAMS, bindparam("need", type_=String())
     )
 )
 
@@ -300,6 +309,20 @@ COMPLETE_LAST = Statement(
     text(_COMPLETE_CTES.format(before=_NO_SUCCESSORS, guard="") + _ALONE_AFTER).bindparams(
         *_ALONE_PARAMS
     )
+)
+# And for a node with one successor (a chain's or a fan-out's member), found by its name.
+_ONE_SUCCESSOR = """locked AS (
+    SELECT s.id, s.waiting_on, s.status FROM node_states s
+    WHERE s.execution_id = :execution_id AND s.node_id = :successor
+    FOR UPDATE
+), alone AS (
+    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
+), """
+COMPLETE_BEFORE_ONE = Statement(
+    text(
+        _COMPLETE_CTES.format(before=_ONE_SUCCESSOR, guard=" AND (SELECT yes FROM alone)")
+        + _ALONE_AFTER
+    ).bindparams(*_ALONE_PARAMS, bindparam("successor", type_=String()))
 )
 
 

@@ -393,10 +393,13 @@ class SqlStore(
         need): the third item, None when they were not read."""
         if self._postgres:
             params = {"id": job_id, "now": now, "worker": worker}
-            if needs:
-                rows = self._hot(hot.CLAIM_NODE, params | {"needs": list(needs)})
-            else:
+            # (no array parameter for none or one: planned once, see store.hot)
+            if not needs:
                 rows = self._hot(hot.CLAIM_NODE_ALONE, params)
+            elif len(needs) == 1:
+                rows = self._hot(hot.CLAIM_NODE_AFTER_ONE, params | {"need": needs[0]})
+            else:
+                rows = self._hot(hot.CLAIM_NODE, params | {"needs": list(needs)})
             if not rows:
                 return None
             claimed, execution, outputs = hot.claimed(rows[0])
@@ -444,8 +447,12 @@ class SqlStore(
             "finishes": finish is not None,
             "execution_output": finish.output if finish is not None else None,
         }
-        if not successors:  # (no array parameter: planned once, see store.hot)
+        # (no array parameter for none or one: planned once, see store.hot)
+        if not successors:
             return bool(self._hot(hot.COMPLETE_LAST, params)[0][0])
+        if len(successors) == 1:
+            params["successor"] = successors[0]
+            return bool(self._hot(hot.COMPLETE_BEFORE_ONE, params)[0][0])
         params["successors"] = list(successors)
         return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
 

@@ -310,3 +310,49 @@ def test_a_wide_fan_out_reads_each_node_s_state_not_all_of_them_for_each_node(
     # times; each member reads a few rows of its own: ~10 a node in all, 919 here (469 at
     # width 45). All of them for each member: 2 x 90 x 92 more (17,022 were read so).
     assert fetched < 12 * (width + 2), fetched
+
+
+ADD = {"function": "test.add"}
+FAN = {"name": "fan", "nodes": [
+    {"id": "root", "type": "python", "config": ADD, "inputs": {"a": 1, "b": 2}},
+    *({"id": f"m{i}", "type": "python", "config": ADD, "needs": ["root"],
+       "inputs": {"a": "{{ nodes.root.sum }}", "b": i}} for i in range(4)),
+    {"id": "join", "type": "python", "config": ADD, "needs": [f"m{i}" for i in range(4)],
+     "inputs": {"a": "{{ nodes.m3.sum }}", "b": 1}},
+]}  # fmt: skip
+
+
+def test_a_fan_out_member_s_claim_and_success_are_planned_once_not_at_every_run(
+    alone: tuple[Conveyor, str],
+) -> None:
+    """A fan-out's members (as a chain's) need one node and come before one: their claim
+    reads that need's output and their success locks that successor by name, with no array
+    parameter, so each is planned once (with an array: 0 generic plans, 145 custom)."""
+    service, _ = alone
+    service.apply(parse_workflow(FAN))
+    held = service.dispatcher
+    assert isinstance(held, Held)
+    executions = []
+    for _ in range(30):
+        executions.append(service.trigger("fan"))
+        while held.dispatches:  # with the message's hints, as a worker runs it
+            dispatch = held.dispatches.pop()
+            service.run_node(dispatch.job_id, dispatch.hints)
+    with service.db.transaction() as store:
+        rows = [store.execution_row(e) for e in executions]
+    assert {r.status for r in rows} == {ExecutionStatus.COMPLETED}
+    assert all(r.output == {"join": {"sum": 7}} for r in rows)  # root 3, m3 3 + 3, join 6 + 1
+
+    plans = service.db.autocommit(lambda s: s._driver.rows(PLANS, {}))  # type: ignore[attr-defined]
+
+    def runs(*markers: str) -> tuple[int, int]:
+        """The generic and custom plans of the one statement with all the markers."""
+        found = [(p[1], p[2]) for p in plans if all(m in p[0] for m in markers)]
+        assert len(found) == 1, markers
+        return found[0]
+
+    # 120 claims and successes of members, prepared at their fifth run, one plan since
+    claim = runs("jsonb_build_object", "UPDATE jobs SET status = 'processing'")
+    success = runs("FOR UPDATE", "AND s.node_id = $")
+    assert claim[0] >= 100 and claim[1] <= 5
+    assert success[0] >= 100 and success[1] <= 5
