@@ -159,7 +159,7 @@ def fanout(bench: Bench, n: int, rounds: int) -> dict[str, Any]:
     ours, chords = [], []
     with bench.conveyor_workers(), bench.raw_workers():
         for i in range(rounds + 1):
-            conveyor, chord = conveyor_fanout(bench, n), _raw_fanout(bench, n)
+            conveyor, chord = conveyor_fanout(bench, n), raw_fanout(bench, n)
             if i:
                 ours.append(conveyor)
                 chords.append(chord)
@@ -176,7 +176,7 @@ def conveyor_fanout(bench: Bench, n: int) -> float:
     return (finished.timestamp() - started) / (n + 2)
 
 
-def _raw_fanout(bench: Bench, n: int) -> float:
+def raw_fanout(bench: Bench, n: int) -> float:
     key = f"bench:chord:{uuid.uuid4().hex[:6]}"
     started = time.time()
     bench.raw_app().send_task("bench.raw_root", args=[n, key], queue="raw")

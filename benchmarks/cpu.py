@@ -4,6 +4,9 @@ before and after (Linux). Printed per node and process group, both sides in turn
 
     python -m benchmarks.cpu [--executions 6000] [--rounds 2] [--json cpu.json]
 
+With ``--fanout N``, fan-outs of N members one after another instead (``--executions``
+nodes' worth, the width's root and join counted), against as many chords of N tasks.
+
 On a 2-core machine the CPU per node is what the throughput is made of, and it moves less from
 run to run than the throughput itself: a change that saves CPU shows here first. Needs what
 the tests need (a database of its own; Redis db 14, flushed).
@@ -26,7 +29,14 @@ from typing import Any
 from sqlalchemy import text
 
 from benchmarks import harness
-from benchmarks.compare import ONE_NODE, Bench, wait_completed
+from benchmarks.compare import (
+    ONE_NODE,
+    Bench,
+    conveyor_fanout,
+    fanout_definition,
+    raw_fanout,
+    wait_completed,
+)
 from conveyor.engine.validation import parse_workflow
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -133,6 +143,31 @@ def raw_drain(bench: Bench, processes: Processes, n: int) -> dict[str, float]:
     return found
 
 
+def conveyor_fanouts(bench: Bench, processes: Processes, n: int, width: int) -> dict[str, float]:
+    """Fan-outs of ``width`` members one after another, about ``n`` nodes in all, after an
+    untimed one (the definition cache, the connections)."""
+    count = max(1, round(n / (width + 2)))
+    found: dict[str, float] = {}
+    with bench.conveyor_workers():
+        conveyor_fanout(bench, width)
+        with counted(processes, count * (width + 2), found):
+            for _ in range(count):
+                conveyor_fanout(bench, width)
+    return found
+
+
+def raw_fanouts(bench: Bench, processes: Processes, n: int, width: int) -> dict[str, float]:
+    """As many chords of ``width`` tasks and a callback, the same way."""
+    count = max(1, round(n / (width + 2)))
+    found: dict[str, float] = {}
+    with bench.raw_workers():
+        raw_fanout(bench, width)
+        with counted(processes, count * (width + 2), found):
+            for _ in range(count):
+                raw_fanout(bench, width)
+    return found
+
+
 def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {group: statistics.median(r[group] for r in rounds) for group in GROUPS}
 
@@ -150,6 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--executions", type=int, default=6_000)
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
     parser.add_argument("--rounds", type=int, default=2, help="drains a side (the median)")
+    parser.add_argument("--fanout", type=int, default=0, help="fan-outs this wide instead")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
 
@@ -157,9 +193,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     drains: dict[str, Callable[[Bench, Processes, int], dict[str, float]]] = {
         "conveyor": conveyor_drain, "raw": raw_drain,
     }  # fmt: skip
+    if args.fanout:
+        drains = {
+            "conveyor": lambda b, p, n: conveyor_fanouts(b, p, n, args.fanout),
+            "raw": lambda b, p, n: raw_fanouts(b, p, n, args.fanout),
+        }
     with harness.services() as svc:
         bench = Bench(svc, args.concurrency)
         bench.client.apply(parse_workflow(ONE_NODE))
+        if args.fanout:
+            bench.client.apply(parse_workflow(fanout_definition(args.fanout)))
         processes = Processes(bench)
         for _ in range(args.rounds):  # the sides take turns: the machine drifts
             for side, drain in drains.items():
