@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, Table
+from sqlalchemy import ColumnElement, CursorResult, Executable, Table, literal_column
 from sqlalchemy.orm import Session
 
 from conveyor.exceptions import StoreError
@@ -20,6 +20,17 @@ NODE_STATES = cast(Table, NodeState.__table__)
 ATTEMPTS = cast(Table, JobAttempt.__table__)
 WORKFLOWS = cast(Table, WorkflowVersion.__table__)
 TENANTS = cast(Table, Tenant.__table__)
+
+
+def unindexed(column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A column as an expression no index holds (``column || ''``), for the condition of a
+    statement that finds its rows by key: a job's status in a transition, above all. Compared
+    as the column, a plan may take the jobs by a status index instead (the plain one, or a
+    partial one whose condition the comparison implies) and filter them by key. PostgreSQL
+    prefers that whenever its statistics say few jobs have the status, and keeps a prepared
+    statement's plan: a claim planned while nothing was queued read the whole backlog for
+    every job of a later one (see store.hot: ``_KEYED``)."""
+    return column.op("||", return_type=column.type)(literal_column("''"))
 
 
 class StoreCore:

@@ -15,6 +15,7 @@ from conveyor.engine.records import JobRecord
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, NodeStatus
 from conveyor.models import Execution, Job, JobAttempt, Tenant, WorkflowVersion
 from conveyor.models.tables import NodeState
+from conveyor.store.core import JOBS, unindexed
 from conveyor.store.rows import job_record
 
 
@@ -177,7 +178,7 @@ class DeadLetterQueries:
     def discard_dead_letter(self, job_id: uuid.UUID, now: datetime) -> bool:
         result = self.session.execute(
             update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.DEAD_LETTER)
+            .where(Job.id == job_id, unindexed(JOBS.c.status) == JobStatus.DEAD_LETTER)
             .values(status=JobStatus.DISCARDED, completed_at=now)
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJo
 from conveyor.engine.states import WAITING_JOB, AttemptStatus, JobKind, JobStatus, Priority
 from conveyor.models import Job
 from conveyor.store import hot
-from conveyor.store.core import ATTEMPTS, JOBS, TENANTS, StoreCore
+from conveyor.store.core import ATTEMPTS, JOBS, TENANTS, StoreCore, unindexed
 from conveyor.store.rows import job_record
 
 RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
@@ -51,7 +51,7 @@ class JobQueries(StoreCore):
         kind (a duplicate or misrouted message)."""
         row = self._core(
             update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.kind == kind, JOBS.c.status.in_(RUNNABLE))
+            .where(JOBS.c.id == job_id, JOBS.c.kind == kind, unindexed(JOBS.c.status).in_(RUNNABLE))
             .values(status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now)
             .returning(*JOBS.c)
         ).one_or_none()
@@ -74,7 +74,11 @@ class JobQueries(StoreCore):
         current one (see :func:`_current_try`)."""
         result = self._core(
             update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.status == expected, *_current_try(try_number))
+            .where(
+                JOBS.c.id == job_id,
+                unindexed(JOBS.c.status) == expected,
+                *_current_try(try_number),
+            )
             .values(status=new, **values)
         )
         return bool(result.rowcount)
@@ -85,7 +89,11 @@ class JobQueries(StoreCore):
         """processing -> retry_wait, while try ``try_number`` is the job's current one."""
         result = self.session.execute(
             update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.PROCESSING, *_current_try(try_number))
+            .where(
+                JOBS.c.id == job_id,
+                unindexed(JOBS.c.status) == JobStatus.PROCESSING,
+                *_current_try(try_number),
+            )
             .values(
                 status=JobStatus.RETRY_WAIT,
                 retry_count=Job.retry_count + 1,

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from conveyor.engine.records import JobRecord
 from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind, JobStatus
 from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
+from conveyor.store.core import JOBS, unindexed
 from conveyor.store.rows import job_record
 
 _ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
@@ -29,7 +30,7 @@ class RecoveryQueries:
         return set(
             self.session.scalars(
                 update(Job)
-                .where(Job.id.in_(list(job_ids)), Job.status == JobStatus.PROCESSING)
+                .where(Job.id.in_(list(job_ids)), unindexed(JOBS.c.status) == JobStatus.PROCESSING)
                 .values(heartbeat_at=now)
                 .returning(Job.id),
                 execution_options={"synchronize_session": False},

@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import psycopg
 import pytest
@@ -168,6 +169,21 @@ def table_counts(service: Conveyor, url: str, column: str) -> dict[str, int]:
     transaction at most once a second (an idle one only ten seconds later): wait out that
     second, then run one more execution (on the same kept connection) and a statement on every
     pooled connection, so that everything before is counted."""
+    return _statistics(
+        service, url, f"SELECT relname, {column} FROM pg_stat_user_tables WHERE relname = ANY(:t)",
+        {"t": list(HOT_TABLES)},
+    )  # fmt: skip
+
+
+def index_scans(service: Conveyor, url: str, table: str) -> dict[str, int]:
+    """How many times each index of ``table`` was scanned so far (as table_counts counts)."""
+    return _statistics(
+        service, url, "SELECT indexrelname, idx_scan FROM pg_stat_user_indexes WHERE relname = :t",
+        {"t": table},
+    )  # fmt: skip
+
+
+def _statistics(service: Conveyor, url: str, query: str, params: dict[str, Any]) -> dict[str, int]:
     time.sleep(1.2)
     service.trigger("one")
     run_all(service)
@@ -178,10 +194,7 @@ def table_counts(service: Conveyor, url: str, column: str) -> dict[str, int]:
         conn.close()
     admin = create_engine(url)
     with admin.connect() as conn:
-        found = conn.execute(
-            text(f"SELECT relname, {column} FROM pg_stat_user_tables WHERE relname = ANY(:t)"),
-            {"t": list(HOT_TABLES)},
-        ).all()
+        found = conn.execute(text(query), params).all()
     admin.dispose()
     return {name: int(count) for name, count in found}
 
@@ -356,3 +369,37 @@ def test_a_fan_out_member_s_claim_and_success_are_planned_once_not_at_every_run(
     success = runs("FOR UPDATE", "AND s.node_id = $")
     assert claim[0] >= 100 and claim[1] <= 5
     assert success[0] >= 100 and success[1] <= 5
+
+
+def test_a_job_is_found_by_its_key_in_a_backlog_by_statements_planned_while_none_was_queued(
+    alone: tuple[Conveyor, str],
+) -> None:
+    """The claim and the success find their job by key, whatever the statistics say of its
+    status when they were planned. Planned after an ANALYZE that saw no job queued or
+    processing (a server at rest), they took the job by a status index and filtered it by
+    id: each claim of a later backlog of 400 read 202 jobs."""
+    service, url = alone
+    for _ in range(300):  # finished jobs, as a server at rest holds
+        service.trigger("one")
+        run_all(service)
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("VACUUM ANALYZE jobs, executions, node_states, job_attempts"))
+    admin.dispose()
+    for _ in range(30):  # the claim and the success prepared, planned on those statistics
+        service.trigger("one")
+        run_all(service)
+    before = index_scans(service, url, "jobs")
+    rows_before = table_counts(service, url, "idx_tup_fetch")["jobs"]
+
+    for _ in range(400):  # a backlog
+        service.trigger("one")
+    run_all(service)
+    used = index_scans(service, url, "jobs")
+    read = table_counts(service, url, "idx_tup_fetch")["jobs"] - rows_before
+
+    scanned = {name: used[name] - before[name] for name in used}
+    assert scanned["ix_jobs_status"] == scanned["ix_jobs_processing_heartbeat"] == 0, scanned
+    assert scanned["pk_jobs"] >= 2 * 400, scanned
+    # claim and success: a job each (the counts' own executions too), not the backlog's
+    assert read < 5 * 403, read
