@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,28 +143,23 @@ def raw_drain(bench: Bench, processes: Processes, n: int) -> dict[str, float]:
     return found
 
 
-def conveyor_fanouts(bench: Bench, processes: Processes, n: int, width: int) -> dict[str, float]:
-    """Fan-outs of ``width`` members one after another, about ``n`` nodes in all, after an
-    untimed one (the definition cache, the connections)."""
+def fanouts(
+    workers: AbstractContextManager[Any],
+    one: Callable[[], float],
+    processes: Processes,
+    n: int,
+    width: int,
+) -> dict[str, float]:
+    """Fan-outs of ``width`` members (``one`` runs one: Conveyor's, or a chord of ``width``
+    tasks and a callback) one after another, about ``n`` nodes in all, on ``workers``, after
+    an untimed one (the definition cache, the connections)."""
     count = max(1, round(n / (width + 2)))
     found: dict[str, float] = {}
-    with bench.conveyor_workers():
-        conveyor_fanout(bench, width)
+    with workers:
+        one()
         with counted(processes, count * (width + 2), found):
             for _ in range(count):
-                conveyor_fanout(bench, width)
-    return found
-
-
-def raw_fanouts(bench: Bench, processes: Processes, n: int, width: int) -> dict[str, float]:
-    """As many chords of ``width`` tasks and a callback, the same way."""
-    count = max(1, round(n / (width + 2)))
-    found: dict[str, float] = {}
-    with bench.raw_workers():
-        raw_fanout(bench, width)
-        with counted(processes, count * (width + 2), found):
-            for _ in range(count):
-                raw_fanout(bench, width)
+                one()
     return found
 
 
@@ -195,8 +190,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }  # fmt: skip
     if args.fanout:
         drains = {
-            "conveyor": lambda b, p, n: conveyor_fanouts(b, p, n, args.fanout),
-            "raw": lambda b, p, n: raw_fanouts(b, p, n, args.fanout),
+            "conveyor": lambda b, p, n: fanouts(
+                b.conveyor_workers(), lambda: conveyor_fanout(b, args.fanout), p, n, args.fanout
+            ),
+            "raw": lambda b, p, n: fanouts(
+                b.raw_workers(), lambda: raw_fanout(b, args.fanout), p, n, args.fanout
+            ),
         }
     with harness.services() as svc:
         bench = Bench(svc, args.concurrency)
