@@ -29,7 +29,7 @@ def unindexed(column: ColumnElement[Any]) -> ColumnElement[Any]:
     partial one whose condition the comparison implies) and filter them by key. PostgreSQL
     prefers that whenever its statistics say few jobs have the status, and keeps a prepared
     statement's plan: a claim planned while nothing was queued read the whole backlog for
-    every job of a later one (see store.hot: ``_KEYED``)."""
+    every job of a later one (see the note above store.hot's claim)."""
     return column.op("||", return_type=column.type)(literal_column("''"))
 
 

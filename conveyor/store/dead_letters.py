@@ -82,7 +82,7 @@ class DeadLetterQueries:
         query = select(Job).where(
             Job.id == job_id,
             Job.kind == JobKind.NODE,
-            Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
+            unindexed(JOBS.c.status).in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
         )
         if tenant_id is not None:
             query = query.where(Job.tenant_id == tenant_id)

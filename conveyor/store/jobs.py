@@ -112,13 +112,13 @@ class JobQueries(StoreCore):
             .order_by(Job.next_run_at)
             .limit(limit)
         )
-        return self._take(
-            due, Job.status.in_(list(WAITING_JOB)), status=JobStatus.QUEUED, enqueued_at=now
-        )
+        still = unindexed(JOBS.c.status).in_(list(WAITING_JOB))
+        return self._take(due, still, status=JobStatus.QUEUED, enqueued_at=now)
 
     def _take(self, due: Select[uuid.UUID], still: Any, **values: Any) -> list[JobRecord]:
         """Lock the rows ``due`` selects, skipping those another worker holds, and update
-        those that still match ``still``."""
+        those that still match ``still`` (a condition on the rows found by key: on
+        ``unindexed`` columns)."""
         ids = list(self.session.scalars(due.with_for_update(skip_locked=True)))
         if not ids:
             return []
@@ -172,7 +172,8 @@ class JobQueries(StoreCore):
             )
             .limit(limit)
         )
-        return self._take(due, Job.status == JobStatus.QUEUED, priority=Priority.NORMAL)
+        still = unindexed(JOBS.c.status) == JobStatus.QUEUED
+        return self._take(due, still, priority=Priority.NORMAL)
 
     # -- attempts -------------------------------------------------------------------------
 

@@ -100,13 +100,15 @@ def test_the_cpu_benchmark_finds_every_side_s_processes_and_writes_their_cpu(
 
 def test_the_cpu_benchmark_measures_fan_outs_against_chords(tmp_path: Path) -> None:
     result, figures = run_benchmark(
-        tmp_path / "cpu.json", "benchmarks.cpu", "--fanout", "6", "--executions", "16",
+        tmp_path / "cpu.json", "benchmarks.cpu", "--fanout", "10", "--executions", "120",
         "--rounds", "1", "--concurrency", "2",
     )  # fmt: skip
     ours, raw = figures["conveyor_ms_per_node"], figures["raw_ms_per_node"]
-    # two fan-outs of six members (and their roots and joins), two chords of six tasks
-    for group in ("node worker, main", "node worker, pool", "PostgreSQL", "Redis"):
+    # ten fan-outs of ten members (and their roots and joins), ten chords of ten tasks; CPU
+    # is counted in ticks of 10 ms, too coarse for what Redis spends on so few (the drain's
+    # test finds its process)
+    for group in ("node worker, main", "node worker, pool", "PostgreSQL"):
         assert ours[group] > 0, (group, ours)
     assert raw["node worker, pool"] > 0 and raw["PostgreSQL"] == 0, raw
-    assert figures["params"]["fanout"] == 6
+    assert figures["params"]["fanout"] == 10
     assert "CPU per node" in result.stdout
