@@ -22,6 +22,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import (
     JSON,
+    BindParameter,
     Boolean,
     Connection,
     Dialect,
@@ -271,16 +272,14 @@ COMPLETE_NODE = Statement(
 # Row locks: the successors, the job, the node, the execution (it reads node, which reads
 # job; unread, a CTE runs at the statement's end in no order to rely on): the order of every
 # other transaction, and of the status NOTIFYs a stream relays.
-_ALONE_BEFORE = """locked AS (
+_LOCK_SUCCESSORS = """
     SELECT n.id, n.waiting_on, n.status
     FROM (SELECT u.node_id FROM unnest(CAST(:successors AS varchar[])) AS u (node_id)
           ORDER BY u.node_id) AS w
     CROSS JOIN LATERAL (SELECT s.id, s.waiting_on, s.status FROM node_states s
                         WHERE s.execution_id = :execution_id AND s.node_id = w.node_id
                         FOR UPDATE) AS n
-), alone AS (
-    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
-), """
+"""
 _ALONE_AFTER = """, counted AS (
     UPDATE node_states SET waiting_on = waiting_on - 1
     WHERE id IN (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM node)
@@ -301,12 +300,25 @@ _ALONE_PARAMS = (
     bindparam("finishes", type_=Boolean()),
     bindparam("execution_output", type_=JsonType),
 )
-COMPLETE_ALONE = Statement(
-    text(
-        _COMPLETE_CTES.format(before=_ALONE_BEFORE, guard=" AND (SELECT yes FROM alone)")
-        + _ALONE_AFTER
-    ).bindparams(*_ALONE_PARAMS)
-)
+# Whether no successor becomes ready: each still waits on another node, none settled.
+_ALONE = """), alone AS (
+    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
+), """
+
+
+def _complete_alone(locked: str, *params: BindParameter[Any]) -> Statement:
+    """The success of a node whose successors ``locked`` (a CTE's body) locks, if alone."""
+    return Statement(
+        text(
+            _COMPLETE_CTES.format(
+                before=f"locked AS ({locked}{_ALONE}", guard=" AND (SELECT yes FROM alone)"
+            )
+            + _ALONE_AFTER
+        ).bindparams(*_ALONE_PARAMS, *params)
+    )
+
+
+COMPLETE_ALONE = _complete_alone(_LOCK_SUCCESSORS)
 # The same for a node without successors: nothing to lock, no array to unnest (see
 # CLAIM_NODE_ALONE: planned once, not at every run).
 _NO_SUCCESSORS = """locked AS (
@@ -318,19 +330,12 @@ COMPLETE_LAST = Statement(
     )
 )
 # And for a node with one successor (a chain's or a fan-out's member), found by its name.
-_ONE_SUCCESSOR = """locked AS (
+_LOCK_SUCCESSOR = """
     SELECT s.id, s.waiting_on, s.status FROM node_states s
     WHERE s.execution_id = :execution_id AND s.node_id = :successor
     FOR UPDATE
-), alone AS (
-    SELECT NOT EXISTS (SELECT 1 FROM locked WHERE waiting_on <= 1 OR status <> 'pending') AS yes
-), """
-COMPLETE_BEFORE_ONE = Statement(
-    text(
-        _COMPLETE_CTES.format(before=_ONE_SUCCESSOR, guard=" AND (SELECT yes FROM alone)")
-        + _ALONE_AFTER
-    ).bindparams(*_ALONE_PARAMS, bindparam("successor", type_=String()))
-)
+"""
+COMPLETE_BEFORE_ONE = _complete_alone(_LOCK_SUCCESSOR, bindparam("successor", type_=String()))
 
 
 # An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
