@@ -104,7 +104,8 @@ class Settings(BaseSettings):
         ge=0,
         description="Finished executions (their jobs, tries and node states) older than this "
         "many days are deleted by the retention sweep; 0 keeps them forever. Executions with "
-        "a dead letter waiting for an operator are kept until it is requeued or discarded.",
+        "a dead letter are kept: one waiting for an operator until it is requeued, one "
+        "discarded to the archive always (kept for audit).",
     )
     retention_interval: float = Field(
         default=600.0, ge=1, description="Seconds between retention sweeps (sent by beat)."

@@ -105,9 +105,11 @@ class RecoveryQueries:
     def prune_finished(self, cutoff: datetime, limit: int) -> int:
         """Delete up to ``limit`` executions finished before ``cutoff``, oldest first, with
         their jobs, tries and node states (foreign keys cascade); never one that holds a dead
-        letter an operator has not dealt with. How many were deleted."""
+        letter, whether an operator has yet to deal with it or discarded it to the archive,
+        which is kept for audit. How many were deleted."""
         held = select(Job.id).where(
-            Job.execution_id == Execution.id, Job.status == JobStatus.DEAD_LETTER
+            Job.execution_id == Execution.id,
+            Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
         )
         doomed = list(
             self.session.scalars(

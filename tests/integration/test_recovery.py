@@ -231,20 +231,21 @@ def test_unknown_and_malformed_job_ids_are_dropped(conveyor_service: Conveyor) -
 def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
     conveyor_service: Conveyor,
 ) -> None:
-    # Given four finished executions, three of them finished 20 days ago, one of those
-    # holding a dead letter no operator has dealt with, and one running now
+    # Given five finished executions, four of them finished 20 days ago: one holding a dead
+    # letter no operator has dealt with, one a dead letter discarded to the archive; and one
+    # running now
     add_flow(conveyor_service)
     add_flow(conveyor_service, name="slow", seconds=3)
-    old, held, recent = (conveyor_service.trigger("adder") for _ in range(3))
+    old, held, archived, recent = (conveyor_service.trigger("adder") for _ in range(4))
     old_failed = conveyor_service.trigger("adder")
-    for execution_id in (old, held, recent, old_failed):
+    for execution_id in (old, held, archived, recent, old_failed):
         wait_for(conveyor_service, execution_id)
     running = conveyor_service.trigger("slow")
     long_ago = utcnow() - timedelta(days=20)
     with conveyor_service.db.transaction() as store:
         store.session.execute(
             update(Execution)
-            .where(Execution.id.in_([old, held, old_failed]))
+            .where(Execution.id.in_([old, held, archived, old_failed]))
             .values(finished_at=long_ago)
         )
         store.session.execute(
@@ -252,6 +253,9 @@ def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
         )
         store.session.execute(
             update(Job).where(Job.execution_id == held).values(status=JobStatus.DEAD_LETTER)
+        )
+        store.session.execute(
+            update(Job).where(Job.execution_id == archived).values(status=JobStatus.DISCARDED)
         )
 
     # When the sweep runs with a 14-day retention, in batches of one
@@ -268,8 +272,8 @@ def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
         states = store.session.scalar(
             select(func.count()).select_from(NodeState).where(NodeState.execution_id == old)
         )
-    assert left == {held, recent, running}
-    assert jobs_left == {held, recent, running}
+    assert left == {held, archived, recent, running}
+    assert jobs_left == {held, archived, recent, running}
     assert attempts == 0 and states == 0
     assert wait_for(conveyor_service, running).status is ExecutionStatus.COMPLETED
 
