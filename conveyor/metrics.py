@@ -8,8 +8,9 @@ Metrics (all prefixed ``conveyor_``):
 - ``queue_depth{queue,priority}``: messages waiting in the broker (Redis lists; not reserved
   ones);
 - ``jobs{kind,status}``, ``executions{status}``, ``dead_letters`` and ``discarded``;
-- ``attempts_total{status}``: tries ever, by outcome: ``rate()`` of it is throughput, the
-  ``failed`` share the error rate;
+- ``attempts_total{status}``: tries ever, by outcome (those the retention sweep deleted
+  included: ``pruned_tallies``): ``rate()`` of it is throughput, the ``failed`` share the
+  error rate;
 - ``job_wait_seconds`` and ``job_run_seconds``: histograms of how long tries waited in the
   queue (queued to started) and ran (started to finished);
 - ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits);
@@ -39,8 +40,8 @@ from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import ALL_QUEUES
 from conveyor.engine.states import Priority
 from conveyor.store import Database
+from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re-exported
 
-BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 # kombu's Redis transport keeps one list per priority step: the queue's name for step 0, and
 # name + ":" + step for the others. Conveyor publishes on these steps (tasks/dispatch.py).
 REDIS_STEPS = {Priority.HIGH: 0, Priority.NORMAL: 3, Priority.LOW: 6}
@@ -89,11 +90,12 @@ class Snapshot:
 
 def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapshot:
     now = datetime.now(UTC)
-    with database.transaction() as store:
+    with database.snapshot() as store:
         jobs, executions = store.job_counts(), store.execution_counts()
-        attempts = store.attempt_counts()
-        wait = _histogram(*store.histogram("waited", BOUNDS))
-        run = _histogram(*store.histogram("duration", BOUNDS))
+        pruned = store.pruned_tallies()
+        attempts = store.attempt_counts(pruned)
+        wait = _histogram(*store.histogram("waited", pruned))
+        run = _histogram(*store.histogram("duration", pruned))
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
     return Snapshot(

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Enum,
     Float,
@@ -365,6 +366,20 @@ class RecoveryCount(Base):
 
     what: Mapped[str] = mapped_column(String(32), primary_key=True)
     count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class PrunedTally(Base):
+    """What the retention sweep deleted, added up, so that the metrics of tries ever made
+    (``attempts_total`` and the wait and run histograms) never go down when it runs: a
+    Prometheus counter that decreases reads as a restart. ``what`` names a figure:
+    ``attempts:<status>`` (a count), ``waited`` and ``duration`` (the count and sum of the
+    values), ``waited<=<bound>`` and ``duration<=<bound>`` (a histogram's cumulative count)."""
+
+    __tablename__ = "pruned_tallies"
+
+    what: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+    total: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class StreamListener(Base):

@@ -43,6 +43,21 @@ class Database:
         with self._sessions() as session, session.begin():
             yield SqlStore(session)
 
+    @contextmanager
+    def snapshot(self) -> Iterator[SqlStore]:
+        """A read-only store whose statements all see the database at one moment (PostgreSQL:
+        a REPEATABLE READ transaction; a SQLite transaction already does): for figures read
+        by several statements that must add up, as the metrics' are."""
+        with self._sessions() as session, session.begin():
+            if self.engine.dialect.name == "postgresql":
+                session.connection(
+                    execution_options={
+                        "isolation_level": "REPEATABLE READ",
+                        "postgresql_readonly": True,
+                    }
+                )
+            yield SqlStore(session)
+
     def run(self, work: Callable[[SqlStore], T], *, attempts: int = 5) -> T:
         """Run ``work`` in a transaction, again from the start on a deadlock, a lock timeout
         or a lost connection."""

@@ -15,6 +15,7 @@ from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind,
 from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
 from conveyor.store.core import JOBS, unindexed
 from conveyor.store.rows import job_record
+from conveyor.store.stats import tally_pruned
 
 _ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 
@@ -126,6 +127,7 @@ class RecoveryQueries:
         )
         if not doomed:
             return 0
+        tally_pruned(self.session, doomed)
         self.session.execute(
             delete(Execution).where(Execution.id.in_(doomed)),
             execution_options={"synchronize_session": False},

@@ -1,10 +1,13 @@
 """The SQL behind metrics and `conveyor stats`: counts and latency histograms, read at scrape
 time from the source of truth, so every worker process and the API agree (part of
-:class:`SqlStore`)."""
+:class:`SqlStore`). Read them in one :meth:`Database.snapshot`: the tries the retention sweep
+deletes move from ``job_attempts`` to ``pruned_tallies`` in one commit, and statements of a
+plain transaction each see their own moment."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,7 +15,76 @@ from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from conveyor.models import AlertState, Execution, Job, JobAttempt, Schedule
+from conveyor.models import AlertState, Execution, Job, JobAttempt, PrunedTally, Schedule
+
+# The bounds (seconds) of the histograms of how long tries waited and ran: the metrics'
+# buckets, and those the retention sweep adds up the tries it deletes at.
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+MEASURED = ("waited", "duration")  # the columns of job_attempts with a histogram
+Tallies = Mapping[str, tuple[int, float]]  # pruned_tallies: what -> (count, total)
+
+
+def tally_name(column: str, bound: float | None = None) -> str:
+    """The ``pruned_tallies`` row of a histogram: its count and sum, or a bucket's count."""
+    return column if bound is None else f"{column}<={bound!r}"
+
+
+def at_or_under(tallies: Tallies, column: str, bound: float) -> int:
+    """How many pruned values of ``column`` are at or under ``bound``: the count of the
+    greatest bound tallied that is not above it. Values tallied at other bounds (another
+    version's) count under the next bound up: never more than there are."""
+    prefix = tally_name(column, 0.0).removesuffix("0.0")
+    tallied = [
+        (float(what.removeprefix(prefix)), count)
+        for what, (count, _) in tallies.items()
+        if what.startswith(prefix)
+    ]
+    return max((count for at, count in tallied if at <= bound), default=0)
+
+
+def tally_pruned(session: Session, execution_ids: Sequence[uuid.UUID]) -> None:
+    """Add the tries of these executions, about to be deleted in this transaction, to the
+    pruned tallies: the metrics of tries ever made do not go down."""
+    columns: list[ColumnElement[Any]] = []
+    for name in MEASURED:
+        value: ColumnElement[float] = getattr(JobAttempt, name)
+        columns += [func.count(value), func.coalesce(func.sum(value), 0.0)]
+        columns += [func.count().filter(value <= bound) for bound in BOUNDS]
+    rows = session.execute(
+        select(JobAttempt.status, func.count(), *columns)
+        .join(Job, Job.id == JobAttempt.job_id)
+        .where(Job.execution_id.in_(execution_ids))
+        .group_by(JobAttempt.status)
+    ).all()
+    adds: dict[str, tuple[int, float]] = {}
+
+    def add(what: str, count: int, total: float = 0.0) -> None:
+        before = adds.get(what, (0, 0.0))
+        adds[what] = (before[0] + count, before[1] + total)
+
+    width = 2 + len(BOUNDS)  # a measured column's figures: count, sum, a count per bound
+    for status, tries, *figures in rows:
+        add(f"attempts:{status.value}", tries)
+        for i, name in enumerate(MEASURED):
+            count, total, *buckets = figures[i * width : (i + 1) * width]
+            add(tally_name(name), count, total)
+            for bound, n in zip(BOUNDS, buckets, strict=True):
+                add(tally_name(name, bound), n)
+    if not adds:
+        return
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(PrunedTally).values(
+        [{"what": w, "count": c, "total": t} for w, (c, t) in sorted(adds.items())]
+    )  # in one order, so that two sweeps lock the rows alike and never deadlock
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["what"],
+            set_={
+                "count": PrunedTally.count + statement.excluded.count,
+                "total": PrunedTally.total + statement.excluded.total,
+            },
+        )
+    )
 
 
 class StatsQueries:
@@ -31,25 +103,40 @@ class StatsQueries:
         ).all()
         return {status.value: n for status, n in rows}
 
-    def attempt_counts(self) -> dict[str, int]:
-        """Tries by outcome, ever: their rate is throughput, the failed share the error rate."""
+    def attempt_counts(self, pruned: Tallies) -> dict[str, int]:
+        """Tries by outcome, ever (those in ``job_attempts``, and those the retention sweep
+        deleted, from ``pruned``: :meth:`pruned_tallies`): their rate is throughput, the
+        failed share the error rate."""
         rows = self.session.execute(
             select(JobAttempt.status, func.count()).group_by(JobAttempt.status)
         ).all()
-        return {status.value: n for status, n in rows}
+        counts = {status.value: n for status, n in rows}
+        for what, (n, _) in pruned.items():
+            if what.startswith("attempts:"):
+                status = what.removeprefix("attempts:")
+                counts[status] = counts.get(status, 0) + n
+        return counts
 
-    def histogram(self, column: str, bounds: Sequence[float]) -> tuple[list[int], float, int]:
-        """Cumulative counts of ``job_attempts.<column>`` at or under each bound, their sum and
-        their count (the shape of a Prometheus histogram)."""
+    def histogram(self, column: str, pruned: Tallies) -> tuple[list[int], float, int]:
+        """Cumulative counts of ``job_attempts.<column>`` at or under each of ``BOUNDS``, their
+        sum and their count (the shape of a Prometheus histogram), the tries the retention
+        sweep deleted (``pruned``) included."""
         value: ColumnElement[float] = getattr(JobAttempt, column)
         row = self.session.execute(
             select(
-                *[func.count().filter(value <= bound) for bound in bounds],
+                *[func.count().filter(value <= bound) for bound in BOUNDS],
                 func.coalesce(func.sum(value), 0.0),
                 func.count(value),
             )
         ).one()
-        return [int(n) for n in row[: len(bounds)]], float(row[-2]), int(row[-1])
+        count, total = pruned.get(tally_name(column), (0, 0.0))
+        live = row[: len(BOUNDS)]
+        buckets = [n + at_or_under(pruned, column, b) for n, b in zip(live, BOUNDS, strict=True)]
+        return buckets, float(row[-2]) + total, int(row[-1]) + count
+
+    def pruned_tallies(self) -> dict[str, tuple[int, float]]:
+        """What the retention sweep deleted, added up (see :class:`PrunedTally`)."""
+        return {t.what: (t.count, t.total) for t in self.session.scalars(select(PrunedTally))}
 
     def claim_alert_turn(
         self, now: datetime, interval: float

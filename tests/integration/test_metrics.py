@@ -7,16 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
-from conveyor.models import Job, JobAttempt
-from conveyor.service import Conveyor
+from conveyor.models import Execution, Job, JobAttempt
+from conveyor.service import Conveyor, utcnow
 from tests.support.services import wait_for
 
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]
@@ -75,6 +77,51 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     depths = {labels: v for (name, labels), v in scraped.items() if name == "conveyor_queue_depth"}
     assert len(depths) == 4 * 3
     assert scraped[("conveyor_schedules_late", ())] == 0
+
+
+def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_them(
+    conveyor_service: Conveyor, api_url: str
+) -> None:
+    # Given tries made, counted by the counters and histograms the metrics show
+    def counted() -> dict[str, float]:
+        scraped = samples(httpx.get(f"{api_url}/metrics", timeout=30).text)
+        return {
+            f"{name}{dict(labels)}": v
+            for (name, labels), v in scraped.items()
+            if name.startswith(("conveyor_attempts_total", "conveyor_job_"))
+        }
+
+    def age_and_prune() -> int:
+        with conveyor_service.db.transaction() as store:
+            store.session.execute(
+                update(Execution).values(finished_at=utcnow() - timedelta(days=30))
+            )
+        return conveyor_service.prune(timedelta(days=14), batch=2)
+
+    run_some(conveyor_service)
+    before = counted()
+    assert before["conveyor_attempts_total{'status': 'failed'}"] == 2
+    assert before["conveyor_job_run_seconds_count{}"] == 5
+    assert before["conveyor_job_wait_seconds_bucket{'le': '+Inf'}"] == 5
+
+    # When every execution is pruned, a batch of two at a time, save the dead-lettered one's
+    age_and_prune()
+
+    # Then the tries are gone from the tables, and every count and sum shows them still
+    with conveyor_service.db.transaction() as store:
+        left = store.session.scalar(select(func.count()).select_from(JobAttempt))
+    assert left == 2  # the dead letter's two tries: its execution is kept
+    assert counted() == pytest.approx(before)  # the sums added in another order
+
+    # And tries made and pruned later add to them (the tallies' rows updated, not inserted)
+    run_some(conveyor_service)
+    again = counted()
+    assert again["conveyor_attempts_total{'status': 'succeeded'}"] == 6
+    assert again["conveyor_attempts_total{'status': 'failed'}"] == 4
+    assert again["conveyor_job_run_seconds_count{}"] == 10
+    assert again["conveyor_job_run_seconds_sum{}"] > before["conveyor_job_run_seconds_sum{}"]
+    age_and_prune()
+    assert counted() == pytest.approx(again)
 
 
 def test_conveyor_stats_prints_the_same_numbers(conveyor_service: Conveyor) -> None:
