@@ -45,9 +45,10 @@ class Database:
 
     @contextmanager
     def snapshot(self) -> Iterator[SqlStore]:
-        """A read-only store whose statements all see the database at one moment (PostgreSQL:
-        a REPEATABLE READ transaction; a SQLite transaction already does): for figures read
-        by several statements that must add up, as the metrics' are."""
+        """A store whose statements all see the database at one moment, for figures read by
+        several statements that must add up, as the metrics' are. PostgreSQL: a read-only
+        REPEATABLE READ transaction. SQLite: a transaction as any other (BEGIN IMMEDIATE),
+        which sees one moment already."""
         with self._sessions() as session, session.begin():
             if self.engine.dialect.name == "postgresql":
                 session.connection(

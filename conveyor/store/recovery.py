@@ -15,7 +15,7 @@ from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind,
 from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
 from conveyor.store.core import JOBS, unindexed
 from conveyor.store.rows import job_record
-from conveyor.store.stats import tally_pruned
+from conveyor.store.stats import add_to_tallies, tally_of
 
 _ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 
@@ -127,7 +127,7 @@ class RecoveryQueries:
         )
         if not doomed:
             return 0
-        tally_pruned(self.session, doomed)
+        tallies = tally_of(self.session, doomed)
         self.session.execute(
             delete(Execution).where(Execution.id.in_(doomed)),
             execution_options={"synchronize_session": False},
@@ -137,4 +137,5 @@ class RecoveryQueries:
             delete(StreamListener).where(StreamListener.created_at < cutoff),
             execution_options={"synchronize_session": False},
         )
+        add_to_tallies(self.session, tallies)  # what was deleted stays counted
         return len(doomed)

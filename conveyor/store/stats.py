@@ -15,6 +15,7 @@ from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from conveyor.engine.states import AttemptStatus
 from conveyor.models import AlertState, Execution, Job, JobAttempt, PrunedTally, Schedule
 
 # The bounds (seconds) of the histograms of how long tries waited and ran: the metrics'
@@ -29,22 +30,10 @@ def tally_name(column: str, bound: float | None = None) -> str:
     return column if bound is None else f"{column}<={bound!r}"
 
 
-def at_or_under(tallies: Tallies, column: str, bound: float) -> int:
-    """How many pruned values of ``column`` are at or under ``bound``: the count of the
-    greatest bound tallied that is not above it. Values tallied at other bounds (another
-    version's) count under the next bound up: never more than there are."""
-    prefix = tally_name(column, 0.0).removesuffix("0.0")
-    tallied = [
-        (float(what.removeprefix(prefix)), count)
-        for what, (count, _) in tallies.items()
-        if what.startswith(prefix)
-    ]
-    return max((count for at, count in tallied if at <= bound), default=0)
-
-
-def tally_pruned(session: Session, execution_ids: Sequence[uuid.UUID]) -> None:
-    """Add the tries of these executions, about to be deleted in this transaction, to the
-    pruned tallies: the metrics of tries ever made do not go down."""
+def tally_of(session: Session, execution_ids: Sequence[uuid.UUID]) -> dict[str, tuple[int, float]]:
+    """The finished tries of these executions, added up as ``pruned_tallies`` rows: read
+    before the executions are deleted, and added by :func:`add_to_tallies` after. A try still
+    ``running`` in a finished execution (cancelled) will never finish: it is not counted."""
     columns: list[ColumnElement[Any]] = []
     for name in MEASURED:
         value: ColumnElement[float] = getattr(JobAttempt, name)
@@ -53,7 +42,7 @@ def tally_pruned(session: Session, execution_ids: Sequence[uuid.UUID]) -> None:
     rows = session.execute(
         select(JobAttempt.status, func.count(), *columns)
         .join(Job, Job.id == JobAttempt.job_id)
-        .where(Job.execution_id.in_(execution_ids))
+        .where(Job.execution_id.in_(execution_ids), JobAttempt.status != AttemptStatus.RUNNING)
         .group_by(JobAttempt.status)
     ).all()
     adds: dict[str, tuple[int, float]] = {}
@@ -70,12 +59,19 @@ def tally_pruned(session: Session, execution_ids: Sequence[uuid.UUID]) -> None:
             add(tally_name(name), count, total)
             for bound, n in zip(BOUNDS, buckets, strict=True):
                 add(tally_name(name, bound), n)
+    return adds
+
+
+def add_to_tallies(session: Session, adds: Mapping[str, tuple[int, float]]) -> None:
+    """Add to the ``pruned_tallies`` rows: the last write of the retention sweep's
+    transaction, so that two sweeps wait on each other's rows only for a commit, not for a
+    delete. Every sweep writes the rows in one order: they never deadlock."""
     if not adds:
         return
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     statement = dialect.insert(PrunedTally).values(
         [{"what": w, "count": c, "total": t} for w, (c, t) in sorted(adds.items())]
-    )  # in one order, so that two sweeps lock the rows alike and never deadlock
+    )
     session.execute(
         statement.on_conflict_do_update(
             index_elements=["what"],
@@ -130,8 +126,10 @@ class StatsQueries:
             )
         ).one()
         count, total = pruned.get(tally_name(column), (0, 0.0))
-        live = row[: len(BOUNDS)]
-        buckets = [n + at_or_under(pruned, column, b) for n, b in zip(live, BOUNDS, strict=True)]
+        buckets = [
+            n + pruned.get(tally_name(column, b), (0, 0.0))[0]
+            for n, b in zip(row[: len(BOUNDS)], BOUNDS, strict=True)
+        ]  # tallied at these bounds: a change to BOUNDS needs a migration of the tallies
         return buckets, float(row[-2]) + total, int(row[-1]) + count
 
     def pruned_tallies(self) -> dict[str, tuple[int, float]]:

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -17,7 +18,7 @@ from conveyor.alerts import Thresholds
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.scheduler.alerting import Alerter
-from conveyor.service import Conveyor
+from conveyor.service import Conveyor, utcnow
 from tests.conftest import REDIS_URL
 from tests.support.services import wait_for
 
@@ -91,11 +92,16 @@ def test_one_worker_a_turn_evaluates_the_alerts(conveyor_service: Conveyor) -> N
     taken: list[str] = []
 
     def counting(name: str) -> Alerter:
-        duty = alerter(conveyor_service, interval=60)
+        duty = alerter(conveyor_service, interval=20)
         real = duty.snapshot
         duty.snapshot = lambda: (taken.append(name), real())[1]  # type: ignore[method-assign]
         return duty
 
+    # The last evaluation 30 s ago: due for these (every 20 s), not for the test worker's own
+    # maintenance thread (every 60 s), which would otherwise take the turn whenever its tick
+    # waited on the fixture's TRUNCATE.
+    with conveyor_service.db.transaction() as store:
+        assert store.claim_alert_turn(utcnow() - timedelta(seconds=30), 0) is not None
     first, second = counting("first"), counting("second")
     first.run()
     second.run()

@@ -13,15 +13,24 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job, JobAttempt
 from conveyor.service import Conveyor, utcnow
+from conveyor.store import Database
 from tests.support.services import wait_for
 
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]
+
+
+FLAKY = {
+    "name": "flaky",
+    "defaults": {"retry": {"max_attempts": 2, "backoff": 0.05}},
+    "nodes": [{"id": "f", "type": "python", "inputs": {"failures": 1},
+               "config": {"function": "test.flaky"}}],
+}  # fmt: skip
 
 
 def run_some(service: Conveyor) -> None:
@@ -91,21 +100,34 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
             if name.startswith(("conveyor_attempts_total", "conveyor_job_"))
         }
 
-    def age_and_prune() -> int:
+    def run_and_age() -> None:
+        """run_some's executions and one that succeeds at its second try; every try as if it
+        waited 20 ms and ran 7 s (each histogram's values in one bucket), 30 days ago"""
+        run_some(conveyor_service)
+        conveyor_service.apply(parse_workflow(FLAKY))
+        assert wait_for(conveyor_service, conveyor_service.trigger("flaky")).status is (
+            ExecutionStatus.COMPLETED
+        )
         with conveyor_service.db.transaction() as store:
+            store.session.execute(update(JobAttempt).values(waited=0.02, duration=7.0))
             store.session.execute(
                 update(Execution).values(finished_at=utcnow() - timedelta(days=30))
             )
+
+    def prune() -> int:
         return conveyor_service.prune(timedelta(days=14), batch=2)
 
-    run_some(conveyor_service)
+    run_and_age()
     before = counted()
-    assert before["conveyor_attempts_total{'status': 'failed'}"] == 2
-    assert before["conveyor_job_run_seconds_count{}"] == 5
-    assert before["conveyor_job_wait_seconds_bucket{'le': '+Inf'}"] == 5
+    assert before["conveyor_attempts_total{'status': 'failed'}"] == 3
+    assert before["conveyor_job_run_seconds_count{}"] == 7
+    assert before["conveyor_job_wait_seconds_bucket{'le': '0.01'}"] == 0
+    assert before["conveyor_job_wait_seconds_bucket{'le': '0.025'}"] == 7
+    assert before["conveyor_job_run_seconds_bucket{'le': '5.0'}"] == 0
+    assert before["conveyor_job_run_seconds_bucket{'le': '10.0'}"] == 7
 
     # When every execution is pruned, a batch of two at a time, save the dead-lettered one's
-    age_and_prune()
+    assert prune() == 4
 
     # Then the tries are gone from the tables, and every count and sum shows them still
     with conveyor_service.db.transaction() as store:
@@ -114,14 +136,36 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     assert counted() == pytest.approx(before)  # the sums added in another order
 
     # And tries made and pruned later add to them (the tallies' rows updated, not inserted)
-    run_some(conveyor_service)
+    run_and_age()
     again = counted()
-    assert again["conveyor_attempts_total{'status': 'succeeded'}"] == 6
-    assert again["conveyor_attempts_total{'status': 'failed'}"] == 4
-    assert again["conveyor_job_run_seconds_count{}"] == 10
-    assert again["conveyor_job_run_seconds_sum{}"] > before["conveyor_job_run_seconds_sum{}"]
-    age_and_prune()
+    assert again["conveyor_attempts_total{'status': 'succeeded'}"] == 8
+    assert again["conveyor_attempts_total{'status': 'failed'}"] == 6
+    assert again["conveyor_job_run_seconds_bucket{'le': '10.0'}"] == 14
+    assert again["conveyor_job_run_seconds_sum{}"] == pytest.approx(14 * 7.0)
+    assert prune() == 4
     assert counted() == pytest.approx(again)
+
+
+def test_the_metrics_are_read_in_one_snapshot_and_the_connection_is_reset_after(
+    database_url: str,
+) -> None:
+    db = Database(database_url)
+    try:
+        with db.snapshot() as store:
+            seen = store.session.execute(
+                text("SELECT current_setting('transaction_isolation'), "
+                     "current_setting('transaction_read_only')")
+            ).one()  # fmt: skip
+        assert tuple(seen) == ("repeatable read", "on")
+        with db.transaction() as store:  # the pool's one connection, as the hot path takes it
+            seen = store.session.execute(
+                text("SELECT current_setting('transaction_isolation'), "
+                     "current_setting('transaction_read_only')")
+            ).one()  # fmt: skip
+        assert tuple(seen) == ("read committed", "off")
+        assert db.engine.pool.checkedin() == 1  # type: ignore[attr-defined]
+    finally:
+        db.dispose()
 
 
 def test_conveyor_stats_prints_the_same_numbers(conveyor_service: Conveyor) -> None:

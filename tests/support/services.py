@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from conveyor.engine.states import ExecutionStatus
-from conveyor.models import Execution
+from conveyor.models import Base, Execution
 from conveyor.service import Conveyor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,12 +46,9 @@ CREATE TABLE test_spans (
     pid INTEGER NOT NULL
 )
 """
-TABLES = (
-    "job_attempts, jobs, node_states, executions, schedules, workflows, subscriptions, "
-    "webhook_deliveries, webhook_endpoints, api_keys, tenants, alert_state, recovery_counts, "
-    "test_effects, "
-    "test_spans"
-)
+# Every table of the models (a new one is emptied between tests without a word here), and
+# the tests' own.
+TABLES = ", ".join([*(t.name for t in Base.metadata.sorted_tables), "test_effects", "test_spans"])
 
 
 def alembic_config(url: str) -> Config:
