@@ -39,7 +39,7 @@ from conveyor.engine.limits import KeyUsage
 from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import ALL_QUEUES
 from conveyor.engine.states import Priority
-from conveyor.store import Database
+from conveyor.store import Database, stats
 from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re-exported
 
 # kombu's Redis transport keeps one list per priority step: the queue's name for step 0, and
@@ -92,10 +92,7 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
     now = datetime.now(UTC)
     with database.snapshot() as store:
         jobs, executions = store.job_counts(), store.execution_counts()
-        pruned = store.pruned_tallies()
-        attempts = store.attempt_counts(pruned)
-        wait = _histogram(*store.histogram("waited", pruned))
-        run = _histogram(*store.histogram("duration", pruned))
+        tries = stats.merged(store.attempt_tallies(), store.pruned_tallies())
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
     return Snapshot(
@@ -103,9 +100,9 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         queue_depth=queue_depth(broker_url),
         jobs=jobs,
         executions=executions,
-        attempts=attempts,
-        wait=wait,
-        run=run,
+        attempts=stats.counts_of(tries),
+        wait=_histogram(*stats.histogram_of(tries, "waited")),
+        run=_histogram(*stats.histogram_of(tries, "duration")),
         permits=limiter.snapshot() if limiter is not None else [],
         schedules_late=late,
         schedule_lag=lag,

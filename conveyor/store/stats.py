@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, Select, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -34,17 +34,29 @@ def tally_of(session: Session, execution_ids: Sequence[uuid.UUID]) -> dict[str, 
     """The finished tries of these executions, added up as ``pruned_tallies`` rows: read
     before the executions are deleted, and added by :func:`add_to_tallies` after. A try still
     ``running`` in a finished execution (cancelled) will never finish: it is not counted."""
+    statement = _tallying(
+        Job.execution_id.in_(execution_ids), JobAttempt.status != AttemptStatus.RUNNING
+    ).join(Job, Job.id == JobAttempt.job_id)
+    return _tallies(session.execute(statement).all())
+
+
+def _tallying(*where: ColumnElement[bool]) -> Select[Any]:
+    """The tries (those ``where`` says) added up by status in one scan: their number, and for
+    each measured column the count and sum of its values and a count per bound. (A CASE
+    giving each value its bucket, grouped by, was tried: it sorts the rows by bucket, and read
+    1,000,000 tries of spread values in 0.95 s against 0.73.)"""
     columns: list[ColumnElement[Any]] = []
     for name in MEASURED:
         value: ColumnElement[float] = getattr(JobAttempt, name)
         columns += [func.count(value), func.coalesce(func.sum(value), 0.0)]
         columns += [func.count().filter(value <= bound) for bound in BOUNDS]
-    rows = session.execute(
-        select(JobAttempt.status, func.count(), *columns)
-        .join(Job, Job.id == JobAttempt.job_id)
-        .where(Job.execution_id.in_(execution_ids), JobAttempt.status != AttemptStatus.RUNNING)
-        .group_by(JobAttempt.status)
-    ).all()
+    return (
+        select(JobAttempt.status, func.count(), *columns).where(*where).group_by(JobAttempt.status)
+    )
+
+
+def _tallies(rows: Sequence[Sequence[Any]]) -> dict[str, tuple[int, float]]:
+    """:func:`_tallying`'s rows as ``pruned_tallies`` rows."""
     adds: dict[str, tuple[int, float]] = {}
 
     def add(what: str, count: int, total: float = 0.0) -> None:
@@ -60,6 +72,34 @@ def tally_of(session: Session, execution_ids: Sequence[uuid.UUID]) -> dict[str, 
             for bound, n in zip(BOUNDS, buckets, strict=True):
                 add(tally_name(name, bound), n)
     return adds
+
+
+def merged(*tallies: Tallies) -> dict[str, tuple[int, float]]:
+    """Tallies added together: those of the tries in the tables and the pruned ones."""
+    out: dict[str, tuple[int, float]] = {}
+    for each in tallies:
+        for what, (count, total) in each.items():
+            before = out.get(what, (0, 0.0))
+            out[what] = (before[0] + count, before[1] + total)
+    return out
+
+
+def counts_of(tallies: Tallies) -> dict[str, int]:
+    """Tries by outcome."""
+    return {
+        what.removeprefix("attempts:"): count
+        for what, (count, _) in tallies.items()
+        if what.startswith("attempts:")
+    }
+
+
+def histogram_of(tallies: Tallies, column: str) -> tuple[list[int], float, int]:
+    """The cumulative count of ``column``'s values at or under each of ``BOUNDS``, their sum
+    and their count: the shape of a Prometheus histogram. (Tallied at these bounds: a change
+    to ``BOUNDS`` needs a migration of the pruned tallies.)"""
+    count, total = tallies.get(tally_name(column), (0, 0.0))
+    buckets = [tallies.get(tally_name(column, b), (0, 0.0))[0] for b in BOUNDS]
+    return buckets, total, count
 
 
 def add_to_tallies(session: Session, adds: Mapping[str, tuple[int, float]]) -> None:
@@ -99,38 +139,10 @@ class StatsQueries:
         ).all()
         return {status.value: n for status, n in rows}
 
-    def attempt_counts(self, pruned: Tallies) -> dict[str, int]:
-        """Tries by outcome, ever (those in ``job_attempts``, and those the retention sweep
-        deleted, from ``pruned``: :meth:`pruned_tallies`): their rate is throughput, the
-        failed share the error rate."""
-        rows = self.session.execute(
-            select(JobAttempt.status, func.count()).group_by(JobAttempt.status)
-        ).all()
-        counts = {status.value: n for status, n in rows}
-        for what, (n, _) in pruned.items():
-            if what.startswith("attempts:"):
-                status = what.removeprefix("attempts:")
-                counts[status] = counts.get(status, 0) + n
-        return counts
-
-    def histogram(self, column: str, pruned: Tallies) -> tuple[list[int], float, int]:
-        """Cumulative counts of ``job_attempts.<column>`` at or under each of ``BOUNDS``, their
-        sum and their count (the shape of a Prometheus histogram), the tries the retention
-        sweep deleted (``pruned``) included."""
-        value: ColumnElement[float] = getattr(JobAttempt, column)
-        row = self.session.execute(
-            select(
-                *[func.count().filter(value <= bound) for bound in BOUNDS],
-                func.coalesce(func.sum(value), 0.0),
-                func.count(value),
-            )
-        ).one()
-        count, total = pruned.get(tally_name(column), (0, 0.0))
-        buckets = [
-            n + pruned.get(tally_name(column, b), (0, 0.0))[0]
-            for n, b in zip(row[: len(BOUNDS)], BOUNDS, strict=True)
-        ]  # tallied at these bounds: a change to BOUNDS needs a migration of the tallies
-        return buckets, float(row[-2]) + total, int(row[-1]) + count
+    def attempt_tallies(self) -> dict[str, tuple[int, float]]:
+        """Every try in ``job_attempts``, added up as the pruned ones are (one scan): with
+        :meth:`pruned_tallies`, the tries ever made (:func:`merged`)."""
+        return _tallies(self.session.execute(_tallying()).all())
 
     def pruned_tallies(self) -> dict[str, tuple[int, float]]:
         """What the retention sweep deleted, added up (see :class:`PrunedTally`)."""
