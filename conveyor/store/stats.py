@@ -7,7 +7,7 @@ plain transaction each see their own moment."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -44,7 +44,7 @@ def _tallying(*where: ColumnElement[bool]) -> Select[Any]:
     """The tries (those ``where`` says) added up by status in one scan: their number, and for
     each measured column the count and sum of its values and a count per bound. (A CASE
     giving each value its bucket, grouped by, was tried: it sorts the rows by bucket, and read
-    1,000,000 tries of spread values in 0.95 s against 0.73.)"""
+    1,000,000 tries of spread values in 0.95 s, where counts per bound take 0.74 to 0.82.)"""
     columns: list[ColumnElement[Any]] = []
     for name in MEASURED:
         value: ColumnElement[float] = getattr(JobAttempt, name)
@@ -57,30 +57,30 @@ def _tallying(*where: ColumnElement[bool]) -> Select[Any]:
 
 def _tallies(rows: Sequence[Sequence[Any]]) -> dict[str, tuple[int, float]]:
     """:func:`_tallying`'s rows as ``pruned_tallies`` rows."""
-    adds: dict[str, tuple[int, float]] = {}
 
-    def add(what: str, count: int, total: float = 0.0) -> None:
-        before = adds.get(what, (0, 0.0))
-        adds[what] = (before[0] + count, before[1] + total)
+    def figures() -> Iterator[tuple[str, int, float]]:
+        width = 2 + len(BOUNDS)  # a measured column's figures: count, sum, a count per bound
+        for status, tries, *row in rows:
+            yield f"attempts:{status.value}", tries, 0.0
+            for i, name in enumerate(MEASURED):
+                count, total, *buckets = row[i * width : (i + 1) * width]
+                yield tally_name(name), count, total
+                for bound, n in zip(BOUNDS, buckets, strict=True):
+                    yield tally_name(name, bound), n, 0.0
 
-    width = 2 + len(BOUNDS)  # a measured column's figures: count, sum, a count per bound
-    for status, tries, *figures in rows:
-        add(f"attempts:{status.value}", tries)
-        for i, name in enumerate(MEASURED):
-            count, total, *buckets = figures[i * width : (i + 1) * width]
-            add(tally_name(name), count, total)
-            for bound, n in zip(BOUNDS, buckets, strict=True):
-                add(tally_name(name, bound), n)
-    return adds
+    return _added(figures())
 
 
 def merged(*tallies: Tallies) -> dict[str, tuple[int, float]]:
     """Tallies added together: those of the tries in the tables and the pruned ones."""
+    return _added((w, c, t) for each in tallies for w, (c, t) in each.items())
+
+
+def _added(figures: Iterable[tuple[str, int, float]]) -> dict[str, tuple[int, float]]:
     out: dict[str, tuple[int, float]] = {}
-    for each in tallies:
-        for what, (count, total) in each.items():
-            before = out.get(what, (0, 0.0))
-            out[what] = (before[0] + count, before[1] + total)
+    for what, count, total in figures:
+        before = out.get(what, (0, 0.0))
+        out[what] = (before[0] + count, before[1] + total)
     return out
 
 
