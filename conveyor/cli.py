@@ -28,7 +28,7 @@ from typer.core import TyperGroup
 
 from conveyor import cli_render as render
 from conveyor import db, runtime, views
-from conveyor.config import get_settings
+from conveyor.config import archive_retention, get_settings
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.engine.validation import validate
@@ -238,11 +238,24 @@ def db_prune(
         float | None,
         typer.Option("--older-than", help="Days; default CONVEYOR_RETENTION_DAYS.", min=0),
     ] = None,
+    archive_older_than: Annotated[
+        float | None,
+        typer.Option(
+            "--archive-older-than",
+            help="Days since a dead letter was discarded to the archive; default "
+            "CONVEYOR_ARCHIVE_RETENTION_DAYS; 0 keeps the archive.",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
     """Delete finished executions (with their jobs, tries and node states) older than the
     retention; beat runs the same sweep every CONVEYOR_RETENTION_INTERVAL seconds."""
-    days = get_settings().retention_days if older_than is None else older_than
-    pruned = _service().prune(timedelta(days=days), most=10**12)
+    settings = get_settings()
+    days = settings.retention_days if older_than is None else older_than
+    archive = settings.archive_retention_days if archive_older_than is None else archive_older_than
+    pruned = _service().prune(
+        timedelta(days=days), most=10**12, archive_older_than=archive_retention(archive)
+    )
     render.out.print(f"{pruned} finished execution(s) older than {days:g} day(s) deleted")
 
 

@@ -7,6 +7,7 @@ broker and worker threads inside the ``conveyor`` process.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -105,7 +106,14 @@ class Settings(BaseSettings):
         description="Finished executions (their jobs, tries and node states) older than this "
         "many days are deleted by the retention sweep; 0 keeps them forever. Executions with "
         "a dead letter are kept: one waiting for an operator until it is requeued, one "
-        "discarded to the archive always (kept for audit).",
+        "discarded to the archive for CONVEYOR_ARCHIVE_RETENTION_DAYS.",
+    )
+    archive_retention_days: float = Field(
+        default=0.0,
+        ge=0,
+        description="Dead letters discarded to the archive (kept for audit) more than this "
+        "many days ago are deleted with their execution by the retention sweep, once it is "
+        "past CONVEYOR_RETENTION_DAYS too; 0 keeps the archive forever.",
     )
     retention_interval: float = Field(
         default=600.0, ge=1, description="Seconds between retention sweeps (sent by beat)."
@@ -202,3 +210,10 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read once from the environment."""
     return Settings()
+
+
+def archive_retention(days: float) -> timedelta | None:
+    """CONVEYOR_ARCHIVE_RETENTION_DAYS as the retention sweep takes it: how long ago a dead
+    letter must have been discarded for its execution to be deleted; None (0) keeps the
+    archive forever."""
+    return timedelta(days=days) if days else None

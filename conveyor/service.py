@@ -490,13 +490,24 @@ class Conveyor:
             log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
         return done
 
-    def prune(self, older_than: timedelta, batch: int = 1000, most: int = 100_000) -> int:
+    def prune(
+        self,
+        older_than: timedelta,
+        batch: int = 1000,
+        most: int = 100_000,
+        *,
+        archive_older_than: timedelta | None = None,
+    ) -> int:
         """The retention sweep: delete the executions finished longer ago than
         ``older_than`` (see :meth:`SqlStore.prune_finished`), a batch per transaction, at most
-        ``most`` per call. How many were deleted."""
-        pruned, cutoff = 0, utcnow() - older_than
+        ``most`` per call; those holding a dead letter discarded to the archive only when it
+        was discarded longer ago than ``archive_older_than`` (None: never). How many were
+        deleted."""
+        now = utcnow()
+        pruned, cutoff = 0, now - older_than
+        archive_cutoff = None if archive_older_than is None else now - archive_older_than
         while pruned < most:
-            done = self.db.run(lambda s: s.prune_finished(cutoff, batch))
+            done = self.db.run(lambda s: s.prune_finished(cutoff, batch, archive_cutoff))
             pruned += done
             if done < batch:
                 break

@@ -103,14 +103,18 @@ class RecoveryQueries:
 
     # -- retention --------------------------------------------------------------------------
 
-    def prune_finished(self, cutoff: datetime, limit: int) -> int:
+    def prune_finished(
+        self, cutoff: datetime, limit: int, archive_cutoff: datetime | None = None
+    ) -> int:
         """Delete up to ``limit`` executions finished before ``cutoff``, oldest first, with
         their jobs, tries and node states (foreign keys cascade); never one that holds a dead
-        letter, whether an operator has yet to deal with it or discarded it to the archive,
-        which is kept for audit. How many were deleted."""
+        letter an operator has yet to deal with, nor one discarded to the archive (kept for
+        audit) unless it was discarded before ``archive_cutoff``. How many were deleted."""
+        archived = Job.status == JobStatus.DISCARDED
+        if archive_cutoff is not None:  # a discard sets completed_at
+            archived &= Job.completed_at >= archive_cutoff
         held = select(Job.id).where(
-            Job.execution_id == Execution.id,
-            Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
+            Job.execution_id == Execution.id, (Job.status == JobStatus.DEAD_LETTER) | archived
         )
         doomed = list(
             self.session.scalars(

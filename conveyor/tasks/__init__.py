@@ -17,7 +17,7 @@ from celery.signals import setup_logging, worker_init, worker_process_init
 from sqlalchemy.orm import configure_mappers
 
 from conveyor import logs, metrics, runtime
-from conveyor.config import get_settings
+from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
@@ -136,8 +136,13 @@ def recover() -> dict[str, int]:
 @app.task(name="conveyor.scheduled.prune", ignore_result=True)
 def prune() -> int:
     """The retention sweep (sent by beat): delete old finished executions."""
-    days = get_settings().retention_days
-    return service().prune(timedelta(days=days)) if days else 0
+    settings = get_settings()
+    if not settings.retention_days:
+        return 0
+    return service().prune(
+        timedelta(days=settings.retention_days),
+        archive_older_than=archive_retention(settings.archive_retention_days),
+    )
 
 
 class MaintenanceStep(bootsteps.StartStopStep):

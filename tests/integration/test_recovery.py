@@ -278,6 +278,35 @@ def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
     assert wait_for(conveyor_service, running).status is ExecutionStatus.COMPLETED
 
 
+def test_the_archive_is_deleted_only_past_its_own_retention_counted_from_the_discard(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given two executions finished 20 days ago, each holding a dead letter discarded to the
+    # archive: one 20 days ago, one yesterday
+    add_flow(conveyor_service)
+    long_discarded, lately_discarded = (conveyor_service.trigger("adder") for _ in range(2))
+    for execution_id in (long_discarded, lately_discarded):
+        wait_for(conveyor_service, execution_id)
+    now = utcnow()
+    with conveyor_service.db.transaction() as store:
+        store.session.execute(update(Execution).values(finished_at=now - timedelta(days=20)))
+        for execution_id, days in ((long_discarded, 20), (lately_discarded, 1)):
+            store.session.execute(
+                update(Job)
+                .where(Job.execution_id == execution_id)
+                .values(status=JobStatus.DISCARDED, completed_at=now - timedelta(days=days))
+            )
+
+    # When the sweep runs without an archive retention, then with one of 10 days
+    kept_all = conveyor_service.prune(timedelta(days=14))
+    pruned = conveyor_service.prune(timedelta(days=14), archive_older_than=timedelta(days=10))
+
+    # Then nothing goes at first; then only the one discarded before the archive's retention
+    assert (kept_all, pruned) == (0, 1)
+    with conveyor_service.db.transaction() as store:
+        assert set(store.session.scalars(select(Execution.id))) == {lately_discarded}
+
+
 def test_status_changes_are_announced_only_for_executions_a_stream_listens_to(
     conveyor_service: Conveyor,
 ) -> None:
