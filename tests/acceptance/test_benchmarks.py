@@ -54,6 +54,8 @@ def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_pa
     }  # fmt: skip
     assert all(v > 0 for v in figures["ratios"].values())
     assert len(figures["raw_latencies"]["trigger_to_node_start"]) == 5
+    # the sweep deleted the executions loaded a day old, and kept those the figures ran
+    assert figures["figures"]["scale"]["pruned"] == 200
     assert "raw Celery" in result.stdout and "target" in result.stdout
 
 
