@@ -157,7 +157,7 @@ def test_the_metrics_are_read_in_one_snapshot_and_the_connection_is_reset_after(
                      "current_setting('transaction_read_only')")
             ).one()  # fmt: skip
         assert tuple(seen) == ("repeatable read", "on")
-        with db.transaction() as store:  # the pool's one connection, as the hot path takes it
+        with db.transaction() as store:  # the pool's one connection, taken again
             seen = store.session.execute(
                 text("SELECT current_setting('transaction_isolation'), "
                      "current_setting('transaction_read_only')")
