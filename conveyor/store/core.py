@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy import ColumnElement, CursorResult, Executable, Table, literal_column
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from conveyor.exceptions import StoreError
@@ -20,6 +21,14 @@ NODE_STATES = cast(Table, NodeState.__table__)
 ATTEMPTS = cast(Table, JobAttempt.__table__)
 WORKFLOWS = cast(Table, WorkflowVersion.__table__)
 TENANTS = cast(Table, Tenant.__table__)
+
+
+def upsert(session: Session, model: type[Any]) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT of ``model`` in the session's dialect, whose ``on_conflict_do_*`` both
+    PostgreSQL and SQLite (the embedded default) understand."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(model)
+    return sqlite.insert(model)
 
 
 def unindexed(column: ColumnElement[Any]) -> ColumnElement[Any]:

@@ -7,13 +7,12 @@ from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import JobRecord
 from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind, JobStatus
 from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
-from conveyor.store.core import JOBS, unindexed
+from conveyor.store.core import JOBS, unindexed, upsert
 from conveyor.store.rows import job_record
 from conveyor.store.stats import add_to_tallies, tally_of
 
@@ -90,8 +89,7 @@ class RecoveryQueries:
     def count_recovered(self, what: str, n: int) -> None:
         if n <= 0:
             return
-        dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
-        statement = dialect.insert(RecoveryCount).values(what=what, count=n)
+        statement = upsert(self.session, RecoveryCount).values(what=what, count=n)
         self.session.execute(
             statement.on_conflict_do_update(
                 index_elements=["what"], set_={"count": RecoveryCount.count + n}

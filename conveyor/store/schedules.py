@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, delete, func, insert, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -31,6 +30,7 @@ from conveyor.engine.states import (
 from conveyor.exceptions import ScheduleError
 from conveyor.ids import new_id
 from conveyor.models import Execution, Job, Schedule, WorkflowVersion
+from conveyor.store.core import upsert
 from conveyor.store.rows import schedule_record, workflow_record
 
 
@@ -140,9 +140,8 @@ class ScheduleQueries:
         if not fires:
             return []
         ids = {(f.schedule.id, f.slot): new_id() for f in fires}
-        dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
         stored = self.session.execute(
-            dialect.insert(Execution)
+            upsert(self.session, Execution)
             .on_conflict_do_nothing()
             .returning(Execution.schedule_id, Execution.scheduled_for),
             [

@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import BindParameter, ColumnElement, Select, bindparam, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from conveyor.engine.states import AttemptStatus
 from conveyor.models import AlertState, Execution, Job, JobAttempt, PrunedTally, Schedule
+from conveyor.store.core import upsert
 
 # The bounds (seconds) of the histograms of how long tries waited and ran: the metrics'
 # buckets, and those the retention sweep adds up the tries it deletes at.
@@ -114,8 +114,7 @@ def add_to_tallies(session: Session, adds: Mapping[str, tuple[int, float]]) -> N
     delete. Every sweep writes the rows in one order: they never deadlock."""
     if not adds:
         return
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(PrunedTally).values(
+    statement = upsert(session, PrunedTally).values(
         [{"what": w, "count": c, "total": t} for w, (c, t) in sorted(adds.items())]
     )
     session.execute(
@@ -159,9 +158,8 @@ class StatsQueries:
     ) -> tuple[dict[str, Any] | None, list[str]] | None:
         """This process's turn to evaluate the alerts, if the last evaluation (by anyone) is at
         least ``interval`` seconds old: the counters and firing rules it left."""
-        dialect = postgresql if self.session.get_bind().dialect.name == "postgresql" else sqlite
         self.session.execute(
-            dialect.insert(AlertState)
+            upsert(self.session, AlertState)
             .values(id=1, evaluated_at=datetime(2000, 1, 1, tzinfo=UTC), counters=None, firing=[])
             .on_conflict_do_nothing()
         )
