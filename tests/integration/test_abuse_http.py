@@ -8,6 +8,7 @@ loopback address (127.0.0.2) is allowed and plays that part.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -16,6 +17,8 @@ import ssl
 import subprocess
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -57,6 +60,14 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == "/gzip":
             body = gzip.compress(b"\0" * int(query["n"]))
             self._send(200, body, {"Content-Encoding": "gzip"})
+        elif url.path == "/deflate":
+            packer = zlib.compressobj(wbits=-zlib.MAX_WBITS if "raw" in query else zlib.MAX_WBITS)
+            body = packer.compress(b'{"ok": true}') + packer.flush()
+            self._send(200, body, {"Content-Encoding": "deflate"})
+        elif url.path == "/gzip-json":
+            self._send(200, gzip.compress(b'{"ok": true}'), {"Content-Encoding": "gzip"})
+        elif url.path == "/bomb":
+            self._send(200, _bomb(), {"Content-Encoding": "gzip"})
         elif url.path == "/redirect":
             self._send(302, b"", {"Location": query["to"]})
         elif url.path == "/loop":
@@ -100,6 +111,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+@functools.cache
+def _bomb() -> bytes:
+    """256 MiB of zeros, gzipped to about 250 KiB (made a MiB at a time)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    zeros = bytes(MiB)
+    return b"".join(packer.compress(zeros) for _ in range(256)) + packer.flush()
 
 
 class _Server(ThreadingHTTPServer):
@@ -400,6 +419,30 @@ def test_a_body_past_the_cap_fails_the_node_naming_the_setting(serve: Serve, pat
     assert f"answered a body larger than {MiB} bytes" in str(refused.value)
     assert "CONVEYOR_HTTP_MAX_RESPONSE_BYTES" in str(refused.value)
     assert not refused.value.retryable
+
+
+def test_a_compression_bomb_is_stopped_without_being_inflated_whole(serve: Serve) -> None:
+    server = serve()
+    _bomb()  # made before the count starts
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ResponseTooLarge):
+            get(server.url("/bomb"), policy("127.0.0.1", max_bytes=MiB))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    # A network read of 64 KiB of it inflates to 64 MiB; read by bounded steps, the peak is
+    # the cap and a step or two.
+    assert peak < 8 * MiB
+
+
+@pytest.mark.parametrize("path", ["/gzip-json", "/deflate", "/deflate?raw=1"])
+def test_a_compressed_body_is_decoded(serve: Serve, path: str) -> None:
+    server = serve()
+
+    assert get(server.url(path), policy("127.0.0.1"))["body"] == {"ok": True}
 
 
 def test_a_body_of_exactly_the_cap_is_read_whole(serve: Serve) -> None:
