@@ -150,11 +150,19 @@ def _exchange(
         content = _read_capped(response, policy.max_response_bytes, what)
     finally:
         response.close()
+    return {"status": response.status_code, "body": _parsed(content, response.encoding)}
+
+
+def _parsed(content: bytes, charset: str | None) -> Any:
+    """JSON when the body is JSON, else its text (in the declared charset if Python knows it)."""
     try:
-        body: Any = json.loads(content)
+        return json.loads(content)
     except ValueError:
-        body = content.decode(response.encoding or "utf-8", errors="replace")
-    return {"status": response.status_code, "body": body}
+        pass
+    try:
+        return content.decode(charset or "utf-8", errors="replace")
+    except LookupError:
+        return content.decode("utf-8", errors="replace")
 
 
 def _send(client: httpx.Client, request: httpx.Request, what: str) -> httpx.Response:

@@ -68,6 +68,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, gzip.compress(b'{"ok": true}'), {"Content-Encoding": "gzip"})
         elif url.path == "/bomb":
             self._send(200, _bomb(), {"Content-Encoding": "gzip"})
+        elif url.path == "/text":
+            self._send(
+                200,
+                "café".encode(query["charset"] if query["charset"] != "bogus" else "utf-8"),
+                {"Content-Type": f"text/plain; charset={query['charset']}"},
+            )
         elif url.path == "/redirect":
             self._send(302, b"", {"Location": query["to"]})
         elif url.path == "/loop":
@@ -443,6 +449,13 @@ def test_a_compressed_body_is_decoded(serve: Serve, path: str) -> None:
     server = serve()
 
     assert get(server.url(path), policy("127.0.0.1"))["body"] == {"ok": True}
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "latin-1", "bogus"])
+def test_a_text_body_is_decoded_in_its_charset_or_as_utf_8(serve: Serve, charset: str) -> None:
+    server = serve()
+
+    assert get(server.url(f"/text?charset={charset}"), policy("127.0.0.1"))["body"] == "café"
 
 
 def test_a_body_of_exactly_the_cap_is_read_whole(serve: Serve) -> None:
