@@ -194,7 +194,7 @@ def get(url: str, outbound: http_node.Outbound, **kwargs: Any) -> dict[str, Any]
 @pytest.mark.parametrize(
     "host",
     ["127.0.0.1", "127.1", "2130706433", "0x7f000001", "0177.0.0.1", "0x7f.1", "127.0.0.1.",
-     "localhost", "LOCALHOST.", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]"],
+     "localhost", "LOCALHOST.", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]"],
 )  # fmt: skip
 def test_a_loopback_server_is_refused_by_default_in_every_spelling(serve: Serve, host: str) -> None:
     server = serve()
@@ -205,6 +205,18 @@ def test_a_loopback_server_is_refused_by_default_in_every_spelling(serve: Serve,
     assert "loopback" in str(refused.value)
     assert "CONVEYOR_HTTP_ALLOW" in str(refused.value)
     assert not refused.value.retryable
+    assert server.seen == []
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "0", "[::]"])
+def test_the_unspecified_address_which_linux_connects_to_the_host_itself_is_refused(
+    serve: Serve, host: str
+) -> None:
+    server = serve()
+
+    with pytest.raises(OutboundRefused, match="unspecified address"):
+        get(server.url("/json", host=host), policy())
+
     assert server.seen == []
 
 
