@@ -51,6 +51,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.seen.append((self.path, self.headers.get("Host", "")))
+        self.server.secrets.append(
+            (self.headers.get("Authorization"), self.headers.get("X-Api-Key"))
+        )
         url = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         if url.path == "/json":
@@ -133,6 +136,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
         super().__init__((host, port), _Handler)
         self.seen: list[tuple[str, str]] = []
+        self.secrets: list[tuple[str | None, str | None]] = []
         self.tls_names: list[str | None] = []
         if tls is not None:
             tls.sni_callback = lambda sock, name, ctx: self.tls_names.append(name)
@@ -400,6 +404,21 @@ def test_a_redirect_between_allowed_addresses_is_followed(serve: Serve) -> None:
     answer = get(first.url(f"/redirect?to={second.url('/json')}"), allow)
 
     assert answer == {"status": 200, "body": {"ok": True, "host": f"127.0.0.3:{second.port}"}}
+
+
+def test_a_redirect_to_another_origin_drops_the_authorization_header_and_keeps_the_others(
+    serve: Serve,
+) -> None:
+    first, second = serve("127.0.0.2"), serve("127.0.0.3")
+    config = {
+        "url": first.url(f"/redirect?to={second.url('/json')}"),
+        "headers": {"Authorization": "Bearer secret", "X-Api-Key": "key"},
+    }
+
+    http_node.call(config, 5.0, outbound=policy("127.0.0.2", "127.0.0.3"))
+
+    assert first.secrets == [("Bearer secret", "key")]
+    assert second.secrets == [(None, "key")]  # as docs/security.md warns
 
 
 def test_a_redirect_loop_stops_at_the_limit_naming_the_setting(serve: Serve) -> None:

@@ -203,3 +203,11 @@ def test_a_url_to_a_public_host_or_a_name_passes_until_resolution(url: str) -> N
 def test_localhost_passes_when_the_operator_allowed_loopback() -> None:
     assert judge_url("http://localhost:9000/", AllowList.parse(["127.0.0.0/8"])) is None
     assert judge_url("http://localhost:9000/", AllowList.parse(["localhost"])) is None
+
+
+def test_every_network_allowed_turns_the_check_off_for_a_development_machine() -> None:
+    allow = AllowList.parse(["0.0.0.0/0", "::/0"])
+
+    for address in ("127.0.0.1", "169.254.169.254", "::1", "fe80::1", "::ffff:10.0.0.1"):
+        assert judge_address(address, ip_address(address), allow) is None
+    assert judge_url("http://localhost:8000/", allow) is None
