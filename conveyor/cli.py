@@ -195,7 +195,7 @@ def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path,
         except ConveyorError as exc:
             render.err.print(str(exc), style="red", markup=False, soft_wrap=True)
             continue
-        errors = validate(data, known_functions=known)
+        errors = validate(data, known_functions=known, http_allow=runtime.http_allow())
         for error in errors:
             render.err.print(f"{path}: {error}", style="red", markup=False, soft_wrap=True)
         if not errors:

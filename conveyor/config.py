@@ -15,6 +15,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from conveyor.engine.addresses import AllowList
+
 EMBEDDED_DIR = Path(".conveyor")
 
 
@@ -86,6 +88,25 @@ class Settings(BaseSettings):
         "time; an older slot is a misfire, handled by the schedule's policy.",
     )
 
+    http_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="What the http node may call beyond globally reachable addresses, "
+        "comma-separated: addresses or networks (10.0.0.0/8, 127.0.0.1, fd00::/8), host names "
+        "(billing.internal: whatever it resolves to) and *.domain (every name below it).",
+    )
+    http_max_response_bytes: int = Field(
+        default=4_194_304,
+        ge=1,
+        description="The largest response body the http node reads (after decompression), in "
+        "bytes; a larger one fails the node without a retry.",
+    )
+    http_max_redirects: int = Field(
+        default=5,
+        ge=0,
+        le=20,
+        description="Redirects the http node follows, each checked like the first URL; 0 "
+        "follows none (a 3xx answer fails the node).",
+    )
     webhook_max_bytes: int = Field(
         default=1_048_576, ge=1024, description="The largest webhook body accepted, in bytes."
     )
@@ -171,14 +192,20 @@ class Settings(BaseSettings):
         default=300.0, ge=0, description="Alert when a due schedule is this late (s)."
     )
 
-    @field_validator("imports", mode="before")
+    @field_validator("imports", "http_allow", mode="before")
     @classmethod
-    def _split_imports(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any) -> Any:
         # CONVEYOR_IMPORTS=app.nodes,app.more; a JSON list is accepted too
         if isinstance(value, str) and value.lstrip().startswith("["):
             return json.loads(value)
         if isinstance(value, str):
             return [m.strip() for m in value.split(",") if m.strip()]
+        return value
+
+    @field_validator("http_allow")
+    @classmethod
+    def _check_http_allow(cls, value: list[str]) -> list[str]:
+        AllowList.parse(value)  # a ValueError names the entry that is none of the kinds
         return value
 
     @property

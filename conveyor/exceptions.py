@@ -108,6 +108,20 @@ class NonRetryableError(NodeError):
         super().__init__(message, retryable=False)
 
 
+class OutboundRefused(NonRetryableError):
+    """The http node may not call this URL: only http(s) URLs of globally reachable addresses
+    are called, unless an operator allows others with CONVEYOR_HTTP_ALLOW."""
+
+
+class ResponseTooLarge(NonRetryableError):
+    """The http node's response is larger than CONVEYOR_HTTP_MAX_RESPONSE_BYTES; ask for less
+    or raise the setting."""
+
+
+class TooManyRedirects(NonRetryableError):
+    """The http node was redirected more times than CONVEYOR_HTTP_MAX_REDIRECTS allows."""
+
+
 class NodeTimeout(NodeError):
     """The node ran past its timeout."""
 

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
-import httpx
-
+from conveyor import http_node
 from conveyor.engine import templates
 from conveyor.engine.definitions import Node
 from conveyor.engine.planning import delay_seconds
@@ -279,30 +278,4 @@ def _is_signature_error(fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
 
 
 def _call_http(config: dict[str, Any], timeout: float | None) -> Any:
-    method = str(config.get("method", "GET")).upper()
-    url = str(config["url"])
-    try:
-        response = httpx.request(
-            method,
-            url,
-            headers=config.get("headers"),
-            params=config.get("params"),
-            json=config.get("json"),
-            content=config.get("body"),
-            timeout=timeout or 30.0,
-        )
-    except httpx.TimeoutException as exc:
-        raise NodeTimeout(f"{method} {url} timed out after {timeout or 30.0:g} s") from exc
-    except httpx.HTTPError as exc:
-        raise NodeError(f"{method} {url} failed: {exc}") from exc
-    if not response.is_success:
-        retryable = response.status_code >= 500 or response.status_code in (408, 425, 429)
-        raise NodeError(
-            f"{method} {url} answered {response.status_code} {response.reason_phrase}",
-            retryable=retryable,
-        )
-    try:
-        body: Any = response.json()
-    except ValueError:
-        body = response.text
-    return {"status": response.status_code, "body": body}
+    return http_node.call(config, timeout)

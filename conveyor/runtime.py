@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from conveyor.config import get_settings
+from conveyor.engine.addresses import AllowList
 from conveyor.engine.limits import Limits
 from conveyor.exceptions import ConfigurationError
 from conveyor.limiter import RedisLimiter
@@ -87,6 +88,13 @@ def load_imports(extra: list[str] | None = None) -> None:
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{threading.get_native_id()}"
+
+
+def http_allow() -> AllowList:
+    """CONVEYOR_HTTP_ALLOW, against which definitions' literal http URLs are checked."""
+    from conveyor.http_node import configured
+
+    return configured().allow
 
 
 def known_functions() -> frozenset[str] | None:

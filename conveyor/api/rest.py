@@ -28,7 +28,7 @@ from conveyor.engine.records import TenantRef
 from conveyor.engine.states import ExecutionStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import ExecutionNotFound, WorkflowNotFound
-from conveyor.runtime import known_functions
+from conveyor.runtime import http_allow, known_functions
 from conveyor.service import Conveyor
 
 router = APIRouter(
@@ -81,7 +81,9 @@ def apply_workflow(
     definition: Annotated[dict[str, Any], Body(description="A workflow definition.")],
 ) -> Applied:
     """Validate a definition and store it as a new version if it changed (200 if not)."""
-    workflow = parse_workflow(definition, known_functions=known_functions())
+    workflow = parse_workflow(
+        definition, known_functions=known_functions(), http_allow=http_allow()
+    )
     record, stored = service.apply(workflow, tenant.name)
     if not stored:
         response.status_code = status.HTTP_200_OK

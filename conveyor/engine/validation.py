@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from conveyor.engine import templates
+from conveyor.engine.addresses import AllowList, judge_url
 from conveyor.engine.definitions import NODE_TYPES, Workflow
 from conveyor.exceptions import DefinitionError
 
@@ -30,22 +31,28 @@ def parse_workflow(
     *,
     source: str | None = None,
     known_functions: Collection[str] | None = None,
+    http_allow: AllowList | None = None,
 ) -> Workflow:
     """A valid :class:`Workflow`, or :class:`DefinitionError` listing every problem."""
     raw = data.model_dump(mode="json") if isinstance(data, Workflow) else data
-    errors = validate(raw, known_functions=known_functions)
+    errors = validate(raw, known_functions=known_functions, http_allow=http_allow)
     if errors:
         raise DefinitionError(errors, source)
     return Workflow.model_validate(raw)
 
 
 def validate(
-    data: Mapping[str, Any], *, known_functions: Collection[str] | None = None
+    data: Mapping[str, Any],
+    *,
+    known_functions: Collection[str] | None = None,
+    http_allow: AllowList | None = None,
 ) -> list[str]:
     """Every problem in a definition; an empty list means it is valid.
 
     ``known_functions``, when given, is the set of registered python-node functions; a node
-    naming any other function is an error.
+    naming any other function is an error. ``http_allow``, when given, is the operator's
+    ``CONVEYOR_HTTP_ALLOW``: an http node whose URL (not a template) the http node would
+    refuse to call is an error.
     """
     if not isinstance(data, Mapping):
         return ["the definition must be a mapping with 'name' and 'nodes'"]
@@ -55,6 +62,8 @@ def validate(
     errors += _graph_errors(nodes)
     for index, node in enumerate(nodes):
         errors += _node_errors(_label(nodes, index), node, nodes, known_functions)
+        if http_allow is not None:
+            errors += _address_errors(_label(nodes, index), node, http_allow)
     errors += _output_errors(data.get("output"), _ids(nodes))
     errors += _schedule_errors(data)
     return list(dict.fromkeys(errors))
@@ -232,6 +241,19 @@ def _http_errors(
     if "json" in config and "body" in config:
         errors.append("config.json and config.body are exclusive; keep one")
     return errors
+
+
+def _address_errors(label: str, node: Mapping[str, Any], allow: AllowList) -> list[str]:
+    """A literal URL the node would be refused at run time, refused now with the same words;
+    a templated one, or a name that resolves to a refused address, is refused when it runs."""
+    config = node.get("config")
+    url = config.get("url") if node.get("type") == "http" and isinstance(config, Mapping) else None
+    if not isinstance(url, str) or templates.is_template(url):
+        return []
+    if not url.startswith(("http://", "https://")):
+        return []  # reported by _http_errors
+    refusal = judge_url(url, allow)
+    return [] if refusal is None else [f"{label}: config.url {url!r}: {refusal.message}"]
 
 
 def _delay_errors(

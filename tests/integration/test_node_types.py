@@ -15,6 +15,7 @@ from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import InvalidTransition
 from conveyor.service import Conveyor
+from tests.support.outbound import http_allowed
 from tests.support.services import effects, wait_for
 
 
@@ -39,10 +40,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def http_server() -> Iterator[str]:
+    """A server on loopback, which the http node calls only because the operator allows it."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    with http_allowed("127.0.0.1"):
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
 

@@ -139,3 +139,40 @@ def test_show_refuses_an_id_that_is_not_a_uuid_with_exit_2() -> None:
 
     assert result.exit_code == 2
     assert "'nope' is not an id (a UUID)" in result.stderr
+
+
+METADATA = """\
+name: metadata
+nodes:
+  - {id: steal, type: http, config: {url: "http://169.254.169.254/latest/meta-data/"}}
+"""
+
+
+def test_validate_refuses_an_http_url_the_node_would_refuse_unless_the_operator_allows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "metadata.yaml", METADATA)
+
+    refused = runner.invoke(app, ["workflow", "validate", str(path)])
+    monkeypatch.setenv("CONVEYOR_HTTP_ALLOW", "169.254.169.254")
+    get_settings.cache_clear()
+    allowed = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert refused.exit_code == 1
+    assert "the host '169.254.169.254' is the link-local (cloud metadata" in refused.stderr
+    assert "CONVEYOR_HTTP_ALLOW=169.254.169.254" in refused.stderr
+    assert allowed.exit_code == 0, allowed.output
+
+
+def test_an_allow_list_entry_of_no_kind_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "metadata.yaml", METADATA)
+    monkeypatch.setenv("CONVEYOR_HTTP_ALLOW", "10.0.0.0/8,http://internal")
+    get_settings.cache_clear()
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code != 0
+    assert "CONVEYOR_HTTP_ALLOW entry 'http://internal' is not an address" in result.output
+    assert "Traceback" not in result.output

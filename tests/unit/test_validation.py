@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.engine.addresses import AllowList
 from conveyor.engine.validation import find_cycle, parse_workflow, validate
 from conveyor.exceptions import DefinitionError
 
@@ -243,6 +244,41 @@ def test_http_node_with_a_non_http_url_is_refused() -> None:
     assert error.startswith("node 'a':")
     assert "'ftp://example.com/file'" in error
     assert "must start with http:// or https://" in error
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", "is the link-local (cloud metadata"),
+        ("http://2130706433:8000/metrics", "is the loopback address 127.0.0.1"),
+        ("http://localhost:8000/metrics", "'localhost' resolves to a loopback address"),
+        ("https://[fd00::1]/", "private (unique local"),
+    ],
+)
+def test_an_http_node_whose_written_url_the_node_would_refuse_is_refused_at_apply(
+    url: str, words: str
+) -> None:
+    error = only_error(workflow(http("a", url=url)), http_allow=AllowList())
+
+    assert error.startswith(f"node 'a': config.url {url!r}: the host")
+    assert words in error
+    assert "an operator can allow it with CONVEYOR_HTTP_ALLOW" in error
+
+
+def test_an_allowed_or_templated_or_public_url_passes_the_address_check() -> None:
+    allow = AllowList.parse(["10.0.0.0/8"])
+    definition = workflow(
+        py("p"),
+        http("a", url="http://10.1.2.3/internal"),
+        http("b", "p", url="{{ nodes.p.url }}"),
+        http("c", url="https://api.example.com/items"),
+    )
+
+    assert validate(definition, http_allow=allow) == []
+
+
+def test_without_an_allow_list_the_caller_asked_for_no_address_check() -> None:
+    assert validate(workflow(http("a", url="http://127.0.0.1:9/"))) == []
 
 
 # Delay nodes
