@@ -28,7 +28,8 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from conveyor.engine import templates
+from conveyor.config import get_settings
+from conveyor.engine import bounds, templates
 from conveyor.engine.definitions import Node
 from conveyor.engine.planning import delay_seconds
 from conveyor.exceptions import (
@@ -130,9 +131,15 @@ def execute(
 
 
 def _ensure_json(value: Any) -> Any:
-    """Refuse what the database cannot store: non-JSON values, NaN/Infinity, NUL characters."""
+    """Refuse what the database cannot store or a reader could not read back: non-JSON
+    values, NaN/Infinity, NUL characters, an output over CONVEYOR_MAX_OUTPUT_BYTES or nested
+    past CONVEYOR_MAX_JSON_DEPTH. The text is made once anyway; its length and brackets are
+    the checks' whole cost for most outputs."""
+    bound = get_settings().bounds
     try:
         text = json.dumps(value, allow_nan=False)
+    except RecursionError as exc:
+        raise NonRetryableError(bounds.too_deep("the node's output", bound.json_depth)) from exc
     except (TypeError, ValueError) as exc:
         raise NonRetryableError(
             f"the node returned a value that is not JSON-serializable ({exc}); "
@@ -140,6 +147,15 @@ def _ensure_json(value: Any) -> Any:
         ) from exc
     if "\\u0000" in text:
         raise NonRetryableError("the node returned a string with a NUL character; remove it")
+    # ASCII (json.dumps escapes the rest): its length is its size in bytes.
+    if len(text) > bound.output_bytes:
+        raise NonRetryableError(
+            bounds.too_large(
+                "the node's output", len(text), bound.output_bytes, "CONVEYOR_MAX_OUTPUT_BYTES"
+            )
+        )
+    if bounds.text_deeper_than(text, value, bound.json_depth):
+        raise NonRetryableError(bounds.too_deep("the node's output", bound.json_depth))
     return value
 
 
