@@ -10,10 +10,11 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from conveyor import views
 from conveyor.api import stream
+from conveyor.api.bodies import OTHER_BODY_BYTES
 from conveyor.api.deps import ServiceDep, TenantDep
 from conveyor.api.schemas import (
     Applied,
@@ -24,6 +25,7 @@ from conveyor.api.schemas import (
     Started,
     TriggerBody,
 )
+from conveyor.config import get_settings
 from conveyor.engine.records import TenantRef
 from conveyor.engine.states import ExecutionStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
@@ -37,7 +39,17 @@ router = APIRouter(
         401: {"model": Problem, "description": "No key, or an unknown or revoked one"},
         404: {"model": Problem, "description": "Not found (or another tenant's)"},
         409: {"model": Problem, "description": "Conflicts with the current state"},
-        422: {"model": Problem, "description": "Invalid input; `errors` lists every problem"},
+        413: {
+            "model": Problem,
+            "description": "The body is over its limit (CONVEYOR_MAX_DEFINITION_BYTES, "
+            f"CONVEYOR_MAX_INPUT_BYTES, CONVEYOR_MAX_EVENT_BYTES; {OTHER_BODY_BYTES} bytes for "
+            "other bodies); `detail` names it",
+        },
+        422: {
+            "model": Problem,
+            "description": "Invalid input, or nested past CONVEYOR_MAX_JSON_DEPTH, or past a "
+            "definition's limits; `errors` lists every problem",
+        },
         503: {"model": Problem, "description": "The database or the broker is unreachable"},
     },
 )
@@ -81,21 +93,23 @@ def apply_workflow(
     definition: Annotated[dict[str, Any], Body(description="A workflow definition.")],
 ) -> Applied:
     """Validate a definition and store it as a new version if it changed (200 if not)."""
-    workflow = parse_workflow(definition, known_functions=known_functions())
+    workflow = parse_workflow(
+        definition, known_functions=known_functions(), bounds=get_settings().bounds
+    )
     record, stored = service.apply(workflow, tenant.name)
     if not stored:
         response.status_code = status.HTTP_200_OK
     return Applied(name=record.name, version=record.version, stored=stored)
 
 
-@router.get("/workflows/{name}", tags=["workflows"])
-def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> dict[str, Any]:
+@router.get("/workflows/{name}", tags=["workflows"], response_model=dict[str, Any])
+def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> JSONResponse:
     """The latest version of a workflow, with its definition."""
     with service.db.transaction() as store:
         record = store.latest_workflow(tenant.id, name)
     if record is None:
         raise WorkflowNotFound(f"no workflow is named {name!r}")
-    return {**views.workflow_json(record), "definition": record.definition}
+    return _stored({**views.workflow_json(record), "definition": record.definition})
 
 
 @router.post(
@@ -145,14 +159,19 @@ def list_executions(
         return [views.execution_summary(e, name, version) for e, name, version in rows]
 
 
-@router.get("/executions/{execution_id}", tags=["executions"])
-def show_execution(
-    execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep
-) -> views.ExecutionJson:
+@router.get("/executions/{execution_id}", tags=["executions"], response_model=views.ExecutionJson)
+def show_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep) -> JSONResponse:
     """One execution: its nodes with outputs and errors, its jobs with every attempt."""
     _owned(service, tenant, execution_id)
     with service.db.transaction() as store:
-        return views.execution_view(store, execution_id)
+        return _stored(views.execution_view(store, execution_id))
+
+
+def _stored(view: Any) -> JSONResponse:
+    """A view holding callers' values (inputs, outputs, definitions), sent as it is: the
+    views are JSON already, and the response model's serializer stops at 255 levels, so a
+    value stored deeper (before CONVEYOR_MAX_JSON_DEPTH bounded it) failed every read."""
+    return JSONResponse(view)
 
 
 @router.post("/executions/{execution_id}/cancel", tags=["executions"])

@@ -30,17 +30,15 @@ class Bounds:
     output_bytes: int = 1_048_576  # one node's output, as JSON
 
 
-def too_large(what: str, size: int, limit: int, setting: str) -> str:
-    """The message of a value over a byte bound."""
+def too_large(what: str, size: int | None, limit: int, setting: str | None) -> str:
+    """The message of a value over a byte bound (``size`` None: found over it before its end
+    was read; ``setting`` None: a fixed bound)."""
+    measured = f"is {size} bytes, over" if size is not None else "is over"
+    if setting is None:
+        return f"{what} {measured} the limit of {limit} bytes; send less"
     return (
-        f"{what} is {size} bytes, over the limit of {limit} bytes ({setting}); "
-        f"send less, or raise {setting}"
+        f"{what} {measured} the limit of {limit} bytes ({setting}); send less, or raise {setting}"
     )
-
-
-def too_large_unknown(what: str, limit: int, setting: str) -> str:
-    """The message of a body found over a byte bound before its end was read."""
-    return f"{what} is over the limit of {limit} bytes ({setting}); send less, or raise {setting}"
 
 
 def too_deep(what: str, limit: int) -> str:
@@ -88,8 +86,24 @@ def delay_problem(seconds: float) -> str | None:
     """Why a number of seconds cannot be a delay, or None when it can."""
     if isinstance(seconds, float) and not math.isfinite(seconds):
         return f"delay seconds {seconds} is not a finite number"
+    shown = f"{seconds:g}" if isinstance(seconds, float) else _digits(seconds)
     if seconds < 0:
-        return f"delay seconds {seconds:g} is negative"
+        return f"delay seconds {shown} is negative"
     if seconds > MAX_DELAY_SECONDS:
-        return f"delay seconds {seconds:g} is over the maximum of {MAX_DELAY_SECONDS} (a year)"
+        return f"delay seconds {shown} is over the maximum of {MAX_DELAY_SECONDS} (a year)"
     return None
+
+
+def _digits(number: int) -> str:
+    # str() of an int past 4,300 digits raises; its size says enough
+    if abs(number) < 10**30:
+        return str(number)
+    return f"{'-' if number < 0 else ''}1e{int(abs(number).bit_length() * 0.30103)} or so"
+
+
+def shown(value: Any) -> str:
+    """A value as a message shows it: at most about 60 characters, whatever its size."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _digits(value)
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}..."

@@ -121,8 +121,9 @@ def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
         # An integer too large for a float (OverflowError) is no delay either.
         seconds = float(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:60]}..."
-        raise NonRetryableError(f"delay seconds {shown} is not a number; {fix}") from exc
+        raise NonRetryableError(
+            f"delay seconds {bounds.shown(value)} is not a number; {fix}"
+        ) from exc
     if problem := bounds.delay_problem(seconds):
         raise NonRetryableError(f"{problem}; {fix}")
     return seconds
