@@ -78,8 +78,7 @@ class _Reader:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if problem := await _shape_problem(body, what, settings.json_depth):
-            raise _refused(422, problem)
+        await check_shape(body, what)
         return {"type": "http.request", "body": body, "more_body": False}
 
 
@@ -107,6 +106,12 @@ def _refused(code: int, detail: str) -> HTTPException:
         status.HTTP_413_CONTENT_TOO_LARGE if code == 413 else status.HTTP_422_UNPROCESSABLE_CONTENT,
         detail,
     )
+
+
+async def check_shape(body: bytes, what: str) -> None:
+    """422 for a JSON body nested past CONVEYOR_MAX_JSON_DEPTH or holding NaN/Infinity."""
+    if problem := await _shape_problem(body, what, get_settings().max_json_depth):
+        raise _refused(422, problem)
 
 
 async def _shape_problem(body: bytes, what: str, limit: int) -> str | None:

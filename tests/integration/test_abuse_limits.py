@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import func, select
 
 import conveyor
-from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.states import ExecutionStatus, SignatureScheme
 from conveyor.engine.validation import parse_workflow
-from conveyor.models import Execution, WorkflowVersion
+from conveyor.models import Execution, WebhookDelivery, WorkflowVersion
 from conveyor.service import Conveyor
-from tests.integration.test_api import add_node, client
+from tests.integration.test_api import add_node, client, endpoint, signed
 from tests.support.services import wait_for
 
 MakeKey = Callable[[str], str]
@@ -169,6 +169,21 @@ def test_an_event_payload_nested_past_the_depth_limit_answers_422(
     assert answer.status_code == 422, answer.text
     assert "CONVEYOR_MAX_JSON_DEPTH" in answer.json()["detail"]
     assert count(conveyor_service, Execution) == 0
+
+
+@pytest.mark.parametrize("levels", [100, 100_000])
+def test_a_signed_webhook_delivery_nested_past_the_depth_limit_answers_422_and_stores_nothing(
+    conveyor_service: Conveyor, api_url: str, acme: httpx.Client, levels: int
+) -> None:
+    endpoint_id, secret = endpoint(conveyor_service, "acme", "hooks", SignatureScheme.STANDARD)
+    body = b'{"type": "x", "a": ' + b"[" * levels + b"]" * levels + b"}"
+
+    answer = httpx.post(f"{api_url}/webhooks/{endpoint_id}", content=body,
+                        headers=signed(secret, body))  # fmt: skip
+
+    assert answer.status_code == 422, answer.text
+    assert "CONVEYOR_MAX_JSON_DEPTH" in answer.json()["detail"]
+    assert count(conveyor_service, WebhookDelivery) == 0
 
 
 def test_a_definition_with_inputs_nested_past_the_depth_limit_answers_422_not_500(
