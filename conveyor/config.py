@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -221,9 +221,9 @@ class Settings(BaseSettings):
             return [m.strip() for m in value.split(",") if m.strip()]
         return value
 
-    @property
+    @cached_property
     def bounds(self) -> Bounds:
-        """The size and shape bounds of inputs and outputs (CONVEYOR_MAX_*)."""
+        """The size and shape bounds of inputs and outputs (CONVEYOR_MAX_*), made once."""
         return Bounds(
             input_bytes=self.max_input_bytes,
             event_bytes=self.max_event_bytes,

@@ -135,7 +135,7 @@ def _ensure_json(value: Any) -> Any:
     values, NaN/Infinity, NUL characters, an output over CONVEYOR_MAX_OUTPUT_BYTES or nested
     past CONVEYOR_MAX_JSON_DEPTH. The text is made once anyway; its length and brackets are
     the checks' whole cost for most outputs."""
-    bound = get_settings().bounds
+    bound = get_settings().bounds  # made once per process
     try:
         text = json.dumps(value, allow_nan=False)
     except RecursionError as exc:

@@ -6,11 +6,12 @@ exactly as an id that does not exist.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Response, status
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from conveyor import views
 from conveyor.api import stream
@@ -103,7 +104,7 @@ def apply_workflow(
 
 
 @router.get("/workflows/{name}", tags=["workflows"], response_model=dict[str, Any])
-def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> JSONResponse:
+def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> Response:
     """The latest version of a workflow, with its definition."""
     with service.db.transaction() as store:
         record = store.latest_workflow(tenant.id, name)
@@ -160,18 +161,23 @@ def list_executions(
 
 
 @router.get("/executions/{execution_id}", tags=["executions"], response_model=views.ExecutionJson)
-def show_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep) -> JSONResponse:
+def show_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep) -> Response:
     """One execution: its nodes with outputs and errors, its jobs with every attempt."""
     _owned(service, tenant, execution_id)
     with service.db.transaction() as store:
         return _stored(views.execution_view(store, execution_id))
 
 
-def _stored(view: Any) -> JSONResponse:
+def _stored(view: Any) -> Response:
     """A view holding callers' values (inputs, outputs, definitions), sent as it is: the
     views are JSON already, and the response model's serializer stops at 255 levels, so a
     value stored deeper (before CONVEYOR_MAX_JSON_DEPTH bounded it) failed every read."""
-    return JSONResponse(view)
+    text = json.dumps(view, ensure_ascii=False, separators=(",", ":"))
+    try:
+        body = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (SQLite keeps one): sent escaped
+        body = json.dumps(view, separators=(",", ":")).encode()
+    return Response(body, media_type="application/json")
 
 
 @router.post("/executions/{execution_id}/cancel", tags=["executions"])
