@@ -34,6 +34,9 @@ _ROUTES: dict[str, tuple[str, str, str]] = {
     "/v1/events": ("the event's body", "event_bytes", "CONVEYOR_MAX_EVENT_BYTES"),
 }
 OTHER_BODY_BYTES = 65_536
+# A GET's body is never read as one (a stream's wait for the client's disconnect calls
+# receive, and must not be refused).
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class BodyBounds:
@@ -43,7 +46,11 @@ class BodyBounds:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in _WITH_BODY
+            or not scope["path"].startswith("/v1/")
+        ):
             await self.app(scope, receive, send)
             return
         await self.app(scope, _Reader(scope, receive).receive, send)
@@ -95,7 +102,9 @@ def _bound(scope: Scope, settings: Bounds) -> tuple[str, int, str | None]:
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
-            return int(value) if value.isdigit() else None
+            if not value.isdigit():
+                return None
+            return int(value) if len(value) < 19 else 10**19  # int() refuses 4,300 digits
     return None
 
 

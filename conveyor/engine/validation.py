@@ -13,9 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from conveyor.engine import bounds as limits
 from conveyor.engine import templates
-from conveyor.engine.bounds import Bounds
+from conveyor.engine.bounds import MAX_DELAY_SECONDS, Bounds, deeper_than, delay_problem, too_deep
 from conveyor.engine.definitions import NODE_TYPES, Workflow
 from conveyor.exceptions import DefinitionError
 
@@ -59,8 +58,8 @@ def validate(
     bounds = bounds or Bounds()
     if not isinstance(data, Mapping):
         return ["the definition must be a mapping with 'name' and 'nodes'"]
-    if limits.deeper_than(data, bounds.json_depth):
-        return [f"workflow: {limits.too_deep('the definition', bounds.json_depth)}"]
+    if deeper_than(data, bounds.json_depth):
+        return [f"workflow: {too_deep('the definition', bounds.json_depth)}"]
     raw_nodes = data.get("nodes")
     nodes = [n for n in raw_nodes if isinstance(n, Mapping)] if isinstance(raw_nodes, list) else []
     if over := _count_errors(nodes, bounds):
@@ -279,10 +278,10 @@ def _delay_errors(
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return [
             f"config.seconds is required: a number of seconds from 0 to "
-            f"{limits.MAX_DELAY_SECONDS}, or a template"
+            f"{MAX_DELAY_SECONDS}, or a template"
         ]
-    if problem := limits.delay_problem(seconds):
-        return [f"config.seconds: {problem}; give a number from 0 to {limits.MAX_DELAY_SECONDS}"]
+    if problem := delay_problem(seconds):
+        return [f"config.seconds: {problem}; give a number from 0 to {MAX_DELAY_SECONDS}"]
     return []
 
 

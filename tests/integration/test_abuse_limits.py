@@ -7,6 +7,7 @@ a node whose output or delay is past its limit fails without a retry, and its ex
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -395,3 +396,26 @@ def test_no_request_of_a_sweep_of_malformed_huge_deep_and_nan_bodies_answers_a_s
     for execution in acme.get("/v1/executions").json():  # every one stored reads back
         assert acme.get(f"/v1/executions/{execution['id']}").status_code == 200
     assert acme.get("/v1/workflows/n").status_code in (200, 404)
+
+
+@pytest.mark.parametrize("digits", [20, 5000])
+def test_a_content_length_of_thousands_of_digits_is_refused_without_a_server_error(
+    api_url: str, acme: httpx.Client, digits: int
+) -> None:
+    host, port = api_url.removeprefix("http://").split(":")
+    request = (
+        f"POST /v1/workflows/sum/executions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {acme.headers['Authorization']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {'9' * digits}\r\n\r\n{{}}"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request.encode())
+        status_line = conn.recv(200).split(b"\r\n")[0]
+
+    assert status_line.split()[1] in (b"400", b"413"), status_line
+
+
+def test_a_get_with_a_body_is_answered_as_a_get(acme: httpx.Client) -> None:
+    answer = acme.request("GET", "/v1/executions", content=b"x" * 100_000)
+
+    assert answer.status_code == 200, answer.text
