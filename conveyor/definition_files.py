@@ -37,7 +37,8 @@ def load_definition(path: Path, *, max_bytes: int) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise DefinitionFileError(f"{path}: cannot be read: {exc}") from exc
     if len(raw) > max_bytes:
-        message = bounds.too_large("the file", None, max_bytes, "CONVEYOR_MAX_DEFINITION_BYTES")
+        setting = "CONVEYOR_MAX_DEFINITION_BYTES"
+        message = bounds.too_large("the file", None, max_bytes, setting, fix="split it")
         raise DefinitionFileError(f"{path}: {message}")
     parse = parse_json if path.suffix.lower() == ".json" else parse_yaml
     try:

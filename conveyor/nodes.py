@@ -151,7 +151,11 @@ def _ensure_json(value: Any) -> Any:
     if len(text) > bound.output_bytes:
         raise NonRetryableError(
             bounds.too_large(
-                "the node's output", len(text), bound.output_bytes, "CONVEYOR_MAX_OUTPUT_BYTES"
+                "the node's output",
+                len(text),
+                bound.output_bytes,
+                "CONVEYOR_MAX_OUTPUT_BYTES",
+                fix="return less (keep large data elsewhere and return a reference to it)",
             )
         )
     if bounds.text_deeper_than(text, value, bound.json_depth):

@@ -30,15 +30,15 @@ class Bounds:
     output_bytes: int = 1_048_576  # one node's output, as JSON
 
 
-def too_large(what: str, size: int | None, limit: int, setting: str | None) -> str:
+def too_large(
+    what: str, size: int | None, limit: int, setting: str | None, fix: str = "send less"
+) -> str:
     """The message of a value over a byte bound (``size`` None: found over it before its end
     was read; ``setting`` None: a fixed bound)."""
     measured = f"is {size} bytes, over" if size is not None else "is over"
     if setting is None:
-        return f"{what} {measured} the limit of {limit} bytes; send less"
-    return (
-        f"{what} {measured} the limit of {limit} bytes ({setting}); send less, or raise {setting}"
-    )
+        return f"{what} {measured} the limit of {limit} bytes; {fix}"
+    return f"{what} {measured} the limit of {limit} bytes ({setting}); {fix}, or raise {setting}"
 
 
 def too_deep(what: str, limit: int) -> str:

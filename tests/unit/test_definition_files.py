@@ -94,7 +94,7 @@ def test_a_file_over_the_definition_limit_is_refused_naming_the_setting(tmp_path
 
     assert str(caught.value) == (
         f"{path}: the file is over the limit of 4096 bytes (CONVEYOR_MAX_DEFINITION_BYTES); "
-        f"send less, or raise CONVEYOR_MAX_DEFINITION_BYTES"
+        f"split it, or raise CONVEYOR_MAX_DEFINITION_BYTES"
     )
 
 
