@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-import yaml
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 from rich.console import Console
@@ -29,6 +28,7 @@ from typer.core import TyperGroup
 from conveyor import cli_render as render
 from conveyor import db, runtime, views
 from conveyor.config import archive_retention, get_settings
+from conveyor.definition_files import SUFFIXES, load_definition
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.engine.validation import validate
@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # imported lazily: only the commands that run or steer work n
     from conveyor.service import Conveyor
 
 POLL_SECONDS = 0.2
-SUFFIXES = (".yaml", ".yml", ".json")
 EXAMPLES = db.ROOT / "examples"
 
 
@@ -164,25 +163,9 @@ def _parse_uuid(value: str) -> uuid.UUID:
 
 
 def load_file(path: Path) -> Any:
-    """The parsed content of a YAML or JSON definition file; ConveyorError names the line."""
-    if path.suffix.lower() not in SUFFIXES:
-        raise ConveyorError(f"{path}: unsupported file type; use .yaml, .yml or .json")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConveyorError(f"{path}: cannot be read: {exc}") from exc
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConveyorError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConveyorError(f"{path}{line}: invalid YAML: {problem}") from exc
+    """The parsed content of a YAML or JSON definition file, read strictly (see
+    :mod:`conveyor.definition_files`); ConveyorError names the line."""
+    return load_definition(path, max_bytes=get_settings().max_definition_bytes)
 
 
 def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path, Workflow]:
@@ -195,7 +178,12 @@ def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path,
         except ConveyorError as exc:
             render.err.print(str(exc), style="red", markup=False, soft_wrap=True)
             continue
-        errors = validate(data, known_functions=known, http_allow=runtime.http_allow())
+        errors = validate(
+            data,
+            known_functions=known,
+            http_allow=runtime.http_allow(),
+            bounds=get_settings().bounds,
+        )
         for error in errors:
             render.err.print(f"{path}: {error}", style="red", markup=False, soft_wrap=True)
         if not errors:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from conveyor.engine.addresses import AllowList
+from conveyor.engine.bounds import Bounds
 
 EMBEDDED_DIR = Path(".conveyor")
 
@@ -109,6 +110,44 @@ class Settings(BaseSettings):
     )
     webhook_max_bytes: int = Field(
         default=1_048_576, ge=1024, description="The largest webhook body accepted, in bytes."
+    )
+    max_input_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        description="The largest trigger body (POST /v1/workflows/{name}/executions: its "
+        "input) the API reads, in bytes; a larger one answers 413.",
+    )
+    max_event_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        description="The largest application event body (POST /v1/events: its payload), in "
+        "bytes; a larger one answers 413.",
+    )
+    max_definition_bytes: int = Field(
+        default=4_194_304,
+        ge=1024,
+        description="The largest workflow definition (a file, or the body of POST "
+        "/v1/workflows), in bytes; a larger one answers 413.",
+    )
+    max_nodes: int = Field(
+        default=10_000, ge=1, description="Nodes one definition may have; more answers 422."
+    )
+    max_needs: int = Field(
+        default=10_000, ge=1, description="Needs one node may list; more answers 422."
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=8,
+        le=200,
+        description="How deep any JSON value may nest (inputs, payloads, definitions, node "
+        "outputs); deeper answers 422, or fails the node. At most 200: stored values must "
+        "stay readable.",
+    )
+    max_output_bytes: int = Field(
+        default=1_048_576,
+        ge=1024,
+        description="The largest output a node may return, as JSON, in bytes; a larger one "
+        "fails the node without a retry.",
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
@@ -207,6 +246,19 @@ class Settings(BaseSettings):
     def _check_http_allow(cls, value: list[str]) -> list[str]:
         AllowList.parse(value)  # a ValueError names the entry that is none of the kinds
         return value
+
+    @cached_property
+    def bounds(self) -> Bounds:
+        """The size and shape bounds of inputs and outputs (CONVEYOR_MAX_*), made once."""
+        return Bounds(
+            input_bytes=self.max_input_bytes,
+            event_bytes=self.max_event_bytes,
+            definition_bytes=self.max_definition_bytes,
+            nodes=self.max_nodes,
+            needs=self.max_needs,
+            json_depth=self.max_json_depth,
+            output_bytes=self.max_output_bytes,
+        )
 
     @property
     def embedded(self) -> bool:

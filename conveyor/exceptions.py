@@ -24,6 +24,10 @@ class DefinitionError(ConveyorError):
         super().__init__(f"{len(self.errors)} error(s){where}:\n{lines}")
 
 
+class DefinitionFileError(ConveyorError):
+    """The definition file cannot be read; fix the line it names."""
+
+
 class NotFound(ConveyorError):
     """The requested object does not exist."""
 

@@ -27,7 +27,8 @@ from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
 from conveyor import http_node
-from conveyor.engine import templates
+from conveyor.config import get_settings
+from conveyor.engine import bounds, templates
 from conveyor.engine.definitions import Node
 from conveyor.engine.planning import delay_seconds
 from conveyor.exceptions import (
@@ -129,9 +130,15 @@ def execute(
 
 
 def _ensure_json(value: Any) -> Any:
-    """Refuse what the database cannot store: non-JSON values, NaN/Infinity, NUL characters."""
+    """Refuse what the database cannot store or a reader could not read back: non-JSON
+    values, NaN/Infinity, NUL characters, an output over CONVEYOR_MAX_OUTPUT_BYTES or nested
+    past CONVEYOR_MAX_JSON_DEPTH. The text is made once anyway; its length and brackets are
+    the checks' whole cost for most outputs."""
+    bound = get_settings().bounds  # made once per process
     try:
         text = json.dumps(value, allow_nan=False)
+    except RecursionError as exc:
+        raise NonRetryableError(bounds.too_deep("the node's output", bound.json_depth)) from exc
     except (TypeError, ValueError) as exc:
         raise NonRetryableError(
             f"the node returned a value that is not JSON-serializable ({exc}); "
@@ -139,6 +146,19 @@ def _ensure_json(value: Any) -> Any:
         ) from exc
     if "\\u0000" in text:
         raise NonRetryableError("the node returned a string with a NUL character; remove it")
+    # ASCII (json.dumps escapes the rest): its length is its size in bytes.
+    if len(text) > bound.output_bytes:
+        raise NonRetryableError(
+            bounds.too_large(
+                "the node's output",
+                len(text),
+                bound.output_bytes,
+                "CONVEYOR_MAX_OUTPUT_BYTES",
+                fix="return less (keep large data elsewhere and return a reference to it)",
+            )
+        )
+    if bounds.text_deeper_than(text, value, bound.json_depth):
+        raise NonRetryableError(bounds.too_deep("the node's output", bound.json_depth))
     return value
 
 

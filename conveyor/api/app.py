@@ -19,6 +19,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from conveyor import metrics, runtime
 from conveyor.api import dead_letters, rest, webhooks
+from conveyor.api.bodies import BodyBounds
 from conveyor.config import get_settings
 from conveyor.exceptions import (
     AuthError,
@@ -74,6 +75,7 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
     app.include_router(rest.router)
     app.include_router(dead_letters.router)
     app.include_router(webhooks.router)
+    app.add_middleware(BodyBounds)
     app.add_exception_handler(ConveyorError, _conveyor_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(DataError, _data_error)  # type: ignore[arg-type]

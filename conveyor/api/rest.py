@@ -6,6 +6,7 @@ exactly as an id that does not exist.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from conveyor import views
 from conveyor.api import stream
+from conveyor.api.bodies import OTHER_BODY_BYTES
 from conveyor.api.deps import ServiceDep, TenantDep
 from conveyor.api.schemas import (
     Applied,
@@ -24,6 +26,7 @@ from conveyor.api.schemas import (
     Started,
     TriggerBody,
 )
+from conveyor.config import get_settings
 from conveyor.engine.records import TenantRef
 from conveyor.engine.states import ExecutionStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
@@ -37,7 +40,17 @@ router = APIRouter(
         401: {"model": Problem, "description": "No key, or an unknown or revoked one"},
         404: {"model": Problem, "description": "Not found (or another tenant's)"},
         409: {"model": Problem, "description": "Conflicts with the current state"},
-        422: {"model": Problem, "description": "Invalid input; `errors` lists every problem"},
+        413: {
+            "model": Problem,
+            "description": "The body is over its limit (CONVEYOR_MAX_DEFINITION_BYTES, "
+            f"CONVEYOR_MAX_INPUT_BYTES, CONVEYOR_MAX_EVENT_BYTES; {OTHER_BODY_BYTES} bytes for "
+            "other bodies); `detail` names it",
+        },
+        422: {
+            "model": Problem,
+            "description": "Invalid input, or nested past CONVEYOR_MAX_JSON_DEPTH, or past a "
+            "definition's limits; `errors` lists every problem",
+        },
         503: {"model": Problem, "description": "The database or the broker is unreachable"},
     },
 )
@@ -82,7 +95,10 @@ def apply_workflow(
 ) -> Applied:
     """Validate a definition and store it as a new version if it changed (200 if not)."""
     workflow = parse_workflow(
-        definition, known_functions=known_functions(), http_allow=http_allow()
+        definition,
+        known_functions=known_functions(),
+        http_allow=http_allow(),
+        bounds=get_settings().bounds,
     )
     record, stored = service.apply(workflow, tenant.name)
     if not stored:
@@ -90,14 +106,14 @@ def apply_workflow(
     return Applied(name=record.name, version=record.version, stored=stored)
 
 
-@router.get("/workflows/{name}", tags=["workflows"])
-def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> dict[str, Any]:
+@router.get("/workflows/{name}", tags=["workflows"], response_model=dict[str, Any])
+def show_workflow(name: str, service: ServiceDep, tenant: TenantDep) -> Response:
     """The latest version of a workflow, with its definition."""
     with service.db.transaction() as store:
         record = store.latest_workflow(tenant.id, name)
     if record is None:
         raise WorkflowNotFound(f"no workflow is named {name!r}")
-    return {**views.workflow_json(record), "definition": record.definition}
+    return _stored({**views.workflow_json(record), "definition": record.definition})
 
 
 @router.post(
@@ -147,14 +163,24 @@ def list_executions(
         return [views.execution_summary(e, name, version) for e, name, version in rows]
 
 
-@router.get("/executions/{execution_id}", tags=["executions"])
-def show_execution(
-    execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep
-) -> views.ExecutionJson:
+@router.get("/executions/{execution_id}", tags=["executions"], response_model=views.ExecutionJson)
+def show_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep) -> Response:
     """One execution: its nodes with outputs and errors, its jobs with every attempt."""
     _owned(service, tenant, execution_id)
     with service.db.transaction() as store:
-        return views.execution_view(store, execution_id)
+        return _stored(views.execution_view(store, execution_id))
+
+
+def _stored(view: Any) -> Response:
+    """A view holding callers' values (inputs, outputs, definitions), sent as it is: the
+    views are JSON already, and the response model's serializer stops at 255 levels, so a
+    value stored deeper (before CONVEYOR_MAX_JSON_DEPTH bounded it) failed every read."""
+    text = json.dumps(view, ensure_ascii=False, separators=(",", ":"))
+    try:
+        body = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (SQLite keeps one): sent escaped
+        body = json.dumps(view, separators=(",", ":")).encode()
+    return Response(body, media_type="application/json")
 
 
 @router.post("/executions/{execution_id}/cancel", tags=["executions"])

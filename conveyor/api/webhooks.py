@@ -12,6 +12,7 @@ import uuid
 from fastapi import APIRouter, HTTPException, Request, status
 from starlette.concurrency import run_in_threadpool
 
+from conveyor.api.bodies import check_shape
 from conveyor.api.deps import ServiceDep
 from conveyor.api.schemas import Problem, Received
 from conveyor.config import get_settings
@@ -50,6 +51,7 @@ def _too_large(limit: int) -> str:
 async def receive(endpoint_id: uuid.UUID, request: Request, service: ServiceDep) -> Received:
     """Verify (Standard Webhooks or GitHub's X-Hub-Signature-256), store, and enqueue."""
     body = await _body(request, get_settings().webhook_max_bytes)
+    await check_shape(body, "the delivery")
     delivery_id = await run_in_threadpool(
         service.receive_webhook, endpoint_id, body, dict(request.headers)
     )

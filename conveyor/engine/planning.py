@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from conveyor.engine import templates
+from conveyor.engine import bounds, templates
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.states import NodeStatus
 from conveyor.exceptions import NonRetryableError
@@ -114,12 +114,18 @@ def output_reads(workflow: Workflow, sinks: tuple[str, ...]) -> frozenset[str]:
 def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
     """How long a delay node waits, rendered from its config."""
     value = templates.render_value(node_def.config["seconds"], context)
+    fix = f"config.seconds must give a number of seconds from 0 to {bounds.MAX_DELAY_SECONDS}"
     try:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        # An integer too large for a float (OverflowError) is no delay either.
         seconds = float(value)
-    except (TypeError, ValueError) as exc:
-        raise NonRetryableError(f"delay seconds {value!r} is not a number") from exc
-    if seconds < 0:
-        raise NonRetryableError(f"delay seconds {seconds} is negative")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise NonRetryableError(
+            f"delay seconds {bounds.shown(value)} is not a number; {fix}"
+        ) from exc
+    if problem := bounds.delay_problem(seconds):
+        raise NonRetryableError(f"{problem}; {fix}")
     return seconds
 
 

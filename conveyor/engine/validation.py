@@ -7,6 +7,7 @@ types, branch and template references) are reported together.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 
 from conveyor.engine import templates
 from conveyor.engine.addresses import AllowList, judge_url
+from conveyor.engine.bounds import MAX_DELAY_SECONDS, Bounds, deeper_than, delay_problem, too_deep
 from conveyor.engine.definitions import NODE_TYPES, Workflow
 from conveyor.exceptions import DefinitionError
 
@@ -32,10 +34,11 @@ def parse_workflow(
     source: str | None = None,
     known_functions: Collection[str] | None = None,
     http_allow: AllowList | None = None,
+    bounds: Bounds | None = None,
 ) -> Workflow:
     """A valid :class:`Workflow`, or :class:`DefinitionError` listing every problem."""
     raw = data.model_dump(mode="json") if isinstance(data, Workflow) else data
-    errors = validate(raw, known_functions=known_functions, http_allow=http_allow)
+    errors = validate(raw, known_functions=known_functions, http_allow=http_allow, bounds=bounds)
     if errors:
         raise DefinitionError(errors, source)
     return Workflow.model_validate(raw)
@@ -46,27 +49,51 @@ def validate(
     *,
     known_functions: Collection[str] | None = None,
     http_allow: AllowList | None = None,
+    bounds: Bounds | None = None,
 ) -> list[str]:
     """Every problem in a definition; an empty list means it is valid.
 
     ``known_functions``, when given, is the set of registered python-node functions; a node
     naming any other function is an error. ``http_allow``, when given, is the operator's
     ``CONVEYOR_HTTP_ALLOW``: an http node whose URL (not a template) the http node would
-    refuse to call is an error.
+    refuse to call is an error. ``bounds`` (default: the settings' defaults) caps
+    the nesting, the nodes and each node's needs; past them only that is reported, so the
+    work done here stays linear in the definition's size and bounded by them.
     """
+    bounds = bounds or Bounds()
     if not isinstance(data, Mapping):
         return ["the definition must be a mapping with 'name' and 'nodes'"]
+    if deeper_than(data, bounds.json_depth):
+        return [f"workflow: {too_deep('the definition', bounds.json_depth)}"]
     raw_nodes = data.get("nodes")
     nodes = [n for n in raw_nodes if isinstance(n, Mapping)] if isinstance(raw_nodes, list) else []
+    if over := _count_errors(nodes, bounds):
+        return over
+    by_id = {n["id"]: n for n in nodes if isinstance(n.get("id"), str)}
     errors = _structure_errors(data, nodes)
     errors += _graph_errors(nodes)
     for index, node in enumerate(nodes):
-        errors += _node_errors(_label(nodes, index), node, nodes, known_functions)
+        errors += _node_errors(_label(nodes, index), node, by_id, known_functions)
         if http_allow is not None:
             errors += _address_errors(_label(nodes, index), node, http_allow)
     errors += _output_errors(data.get("output"), _ids(nodes))
     errors += _schedule_errors(data)
     return list(dict.fromkeys(errors))
+
+
+def _count_errors(nodes: list[Mapping[str, Any]], bounds: Bounds) -> list[str]:
+    """The nodes past CONVEYOR_MAX_NODES, or the needs past CONVEYOR_MAX_NEEDS."""
+    if len(nodes) > bounds.nodes:
+        return [
+            f"workflow: nodes: {len(nodes)} nodes, over the limit of {bounds.nodes} "
+            f"(CONVEYOR_MAX_NODES); split the workflow, or raise CONVEYOR_MAX_NODES"
+        ]
+    return [
+        f"{_label(nodes, index)}: needs: {len(needs)} needs, over the limit of {bounds.needs} "
+        f"(CONVEYOR_MAX_NEEDS); join through fewer nodes, or raise CONVEYOR_MAX_NEEDS"
+        for index, node in enumerate(nodes)
+        if isinstance(needs := node.get("needs"), list) and len(needs) > bounds.needs
+    ]
 
 
 def _label(nodes: list[Mapping[str, Any]], index: int) -> str:
@@ -124,7 +151,7 @@ def _graph_errors(nodes: list[Mapping[str, Any]]) -> list[str]:
     for node in nodes:
         owner = node.get("id")
         needs = _needs(node)
-        for need in sorted({n for n in needs if needs.count(n) > 1}):
+        for need in sorted(n for n, times in Counter(needs).items() if times > 1):
             errors.append(f"node {owner!r}: needs {need!r} more than once; list it once")
         for need in needs:
             if need not in seen:
@@ -147,6 +174,9 @@ def _graph_errors(nodes: list[Mapping[str, Any]]) -> list[str]:
 def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
     """One cycle as a closed path (first id repeated at the end), or None if acyclic."""
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    # Each node's needs within the graph, listed once: a node is resumed once per need, and
+    # filtering its list at each resume was quadratic in its needs.
+    edges = {node: [d for d in dict.fromkeys(deps) if d in needs] for node, deps in needs.items()}
     for start in needs:
         if state.get(start):
             continue
@@ -157,7 +187,7 @@ def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
             if i == 0:
                 state[node] = 1
                 path.append(node)
-            deps = [d for d in needs.get(node, []) if d in needs]
+            deps = edges[node]
             if i < len(deps):
                 stack.append((node, i + 1))
                 dep = deps[i]
@@ -174,7 +204,7 @@ def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
 def _node_errors(
     label: str,
     node: Mapping[str, Any],
-    nodes: list[Mapping[str, Any]],
+    by_id: Mapping[str, Mapping[str, Any]],
     known_functions: Collection[str] | None,
 ) -> list[str]:
     node_type = node.get("type")
@@ -197,7 +227,7 @@ def _node_errors(
         "delay": _delay_errors,
         "condition": _condition_errors,
     }[node_type]
-    errors += [f"{label}: {e}" for e in checker(config, node, nodes, known_functions)]
+    errors += [f"{label}: {e}" for e in checker(config, node, by_id, known_functions)]
     errors += [f"{label}: {e}" for e in _template_errors(node)]
     return errors
 
@@ -205,7 +235,7 @@ def _node_errors(
 def _python_errors(
     config: Mapping[str, Any],
     node: Mapping[str, Any],
-    nodes: list[Mapping[str, Any]],
+    by_id: Mapping[str, Mapping[str, Any]],
     known: Collection[str] | None,
 ) -> list[str]:
     fn = config.get("function")
@@ -223,7 +253,7 @@ def _python_errors(
 def _http_errors(
     config: Mapping[str, Any],
     node: Mapping[str, Any],
-    nodes: list[Mapping[str, Any]],
+    by_id: Mapping[str, Mapping[str, Any]],
     known: Collection[str] | None,
 ) -> list[str]:
     errors = []
@@ -259,21 +289,26 @@ def _address_errors(label: str, node: Mapping[str, Any], allow: AllowList) -> li
 def _delay_errors(
     config: Mapping[str, Any],
     node: Mapping[str, Any],
-    nodes: list[Mapping[str, Any]],
+    by_id: Mapping[str, Mapping[str, Any]],
     known: Collection[str] | None,
 ) -> list[str]:
     seconds = config.get("seconds")
     if isinstance(seconds, str) and templates.is_template(seconds):
         return []
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        return ["config.seconds is required: a number of seconds >= 0, or a template"]
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return [
+            f"config.seconds is required: a number of seconds from 0 to "
+            f"{MAX_DELAY_SECONDS}, or a template"
+        ]
+    if problem := delay_problem(seconds):
+        return [f"config.seconds: {problem}; give a number from 0 to {MAX_DELAY_SECONDS}"]
     return []
 
 
 def _condition_errors(
     config: Mapping[str, Any],
     node: Mapping[str, Any],
-    nodes: list[Mapping[str, Any]],
+    by_id: Mapping[str, Mapping[str, Any]],
     known: Collection[str] | None,
 ) -> list[str]:
     errors = []
@@ -282,7 +317,6 @@ def _condition_errors(
         errors.append('config.expression is required, e.g. "input.amount > 100"')
     elif problem := templates.syntax_error(expression, expression=True):
         errors.append(f"config.expression {expression!r} does not parse: {problem}")
-    by_id = {n["id"]: n for n in nodes if isinstance(n.get("id"), str)}
     branches = 0
     for key in ("if_true", "if_false"):
         targets = config.get(key, [])

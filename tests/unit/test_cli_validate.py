@@ -176,3 +176,44 @@ def test_an_allow_list_entry_of_no_kind_is_refused_naming_it(
     assert result.exit_code != 0
     assert "CONVEYOR_HTTP_ALLOW entry 'http://internal' is not an address" in result.output
     assert "Traceback" not in result.output
+
+
+def test_validate_refuses_a_file_with_two_node_lists_naming_the_key_and_lines(
+    tmp_path: Path,
+) -> None:
+    # It was reported valid, the first node list silently dropped
+    text = (
+        "name: twice\nnodes:\n  - {id: a, type: python, config: {function: f}}\n"
+        "nodes:\n  - {id: b, type: python, config: {function: f}}\n"
+    )
+    path = write(tmp_path, "twice.yaml", text)
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert f"{path}:4: invalid YAML: key 'nodes' appears twice" in result.stderr
+    assert "(lines 2 and 4)" in result.stderr
+
+
+def test_validate_refuses_a_billion_laughs_file_at_once(tmp_path: Path) -> None:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    path = write(tmp_path, "laughs.yaml", "\n".join(lines))
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert f"{path}:1: invalid YAML: anchor &a0 refused" in result.stderr
+
+
+def test_validate_refuses_a_file_over_the_definition_limit_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_MAX_DEFINITION_BYTES", "2048")
+    get_settings.cache_clear()
+    path = write(tmp_path, "big.json", '{"name": "big", "description": "' + "x" * 4096 + '"}')
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert "over the limit of 2048 bytes (CONVEYOR_MAX_DEFINITION_BYTES)" in result.stderr

@@ -296,7 +296,7 @@ def test_delay_node_with_negative_seconds_is_refused() -> None:
 
     assert error.startswith("node 'a':")
     assert "config.seconds" in error
-    assert ">= 0" in error
+    assert "from 0 to" in error
 
 
 # Condition nodes
