@@ -89,6 +89,7 @@ class Conveyor:
         lease: float = 30.0,
         age_low_after: float = 300.0,
         misfire_grace: float = 120.0,
+        resend_after: float = 60.0,
     ) -> None:
         self.db = database
         self.dispatcher = dispatcher
@@ -105,6 +106,7 @@ class Conveyor:
                 defaults=limits or Limits(global_=100, tenant=10, workflow=5),
                 lease=lease,
                 publish=self._publish,
+                resend_after=resend_after,
             )
             if limiter is not None
             else None
@@ -284,7 +286,7 @@ class Conveyor:
             lambda s: runner.claim_node(s, job_id, utcnow(), self.worker, hints)
         )
         if run is None:
-            events.info("message dropped", job_id=str(job_id), reason="job not queued any more")
+            logs.message_dropped(job_id, "job not queued any more")
             return
         job_log = events.bind(
             job_id=str(run.job.id),
@@ -455,7 +457,8 @@ class Conveyor:
           how many jobs each queue's waiting messages name; None when it cannot tell, and
           then each is re-published): a message was lost (Redis flushed, a crash between
           commit and publish, a worker killed holding it). A duplicate is harmless: the job
-          is claimed once.
+          is claimed once. A job is re-published at most once every ``lost_after`` seconds,
+          however many sweeps run (see :meth:`SqlStore.claim_resend`).
         """
         now = utcnow()
 
@@ -483,12 +486,25 @@ class Conveyor:
             if held is None or held.get(queue, 0) < len(waiting_there)
             for message in waiting_there
         ]
+        lost = self._claim_resend(lost, JobStatus.QUEUED, now, lost_after)
         self._publish(lost)
         self.db.run(lambda s: s.count_recovered("republished", len(lost)))
         done = {"reclaimed": len(reclaimed), "republished": len(lost)}
         if any(done.values()):
             log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
         return done
+
+    def _claim_resend(
+        self, messages: list[Dispatch], status: JobStatus, now: datetime, lapse: float
+    ) -> list[Dispatch]:
+        """The messages of jobs this process claimed to re-send (a webhook delivery's, which
+        names no job, goes as it is)."""
+        jobs = [m.job_id for m in messages if m.kind is not JobKind.WEBHOOK]
+        if not jobs:
+            return messages
+        since = now - timedelta(seconds=lapse)
+        claimed = self.db.run(lambda s: s.claim_resend(jobs, status, now, since))
+        return [m for m in messages if m.kind is JobKind.WEBHOOK or m.job_id in claimed]
 
     def prune(
         self,

@@ -41,6 +41,7 @@ def service() -> Conveyor:
         limits=runtime.default_limits(),
         lease=settings.permit_lease,
         age_low_after=settings.age_low_after,
+        resend_after=settings.lost_after,
         # a slot checked by the next regular check is never a misfire
         misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
     )
