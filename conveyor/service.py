@@ -22,7 +22,7 @@ from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
-from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.queues import NODE_QUEUE, may_hold
 from conveyor.engine.records import Dispatch, NodeHints, TenantRef, WorkflowRecord
 from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
@@ -36,7 +36,7 @@ from conveyor.exceptions import (
     NotFound,
     SignatureError,
 )
-from conveyor.limiter.gate import Gate
+from conveyor.limiter.gate import BrokerHolds, Gate
 from conveyor.nodes import NodeContext
 from conveyor.scheduler import schedules
 from conveyor.store import DEFAULT_TENANT, Database, SqlStore
@@ -90,6 +90,7 @@ class Conveyor:
         age_low_after: float = 300.0,
         misfire_grace: float = 120.0,
         resend_after: float = 60.0,
+        broker_holds: BrokerHolds = lambda: None,
     ) -> None:
         self.db = database
         self.dispatcher = dispatcher
@@ -107,6 +108,7 @@ class Conveyor:
                 lease=lease,
                 publish=self._publish,
                 resend_after=resend_after,
+                broker_holds=broker_holds,
             )
             if limiter is not None
             else None
@@ -483,7 +485,7 @@ class Conveyor:
         lost = [
             message
             for queue, waiting_there in by_queue.items()
-            if held is None or held.get(queue, 0) < len(waiting_there)
+            if not may_hold(held, queue, len(waiting_there))
             for message in waiting_there
         ]
         lost = self._claim_resend(lost, JobStatus.QUEUED, now, lost_after)

@@ -158,6 +158,27 @@ def test_a_parked_job_still_lost_after_the_lapse_is_resent_once_more(
     assert sorted(sent_ids(outs)) == sorted(parked + parked)
 
 
+def test_parked_jobs_are_not_resent_while_the_node_queue_may_still_hold_their_messages(
+    db: Database, empty_limiter: RedisLimiter
+) -> None:
+    # Given parked jobs the limiter lost, and a broker whose node queue holds their messages
+    parked = waiting_jobs(db, JobStatus.PARKED)
+    out = Recorded()
+    g = gate(db, empty_limiter, out, resend_after=0.001)
+    holds = {"workflow-node": WIDTH}
+    g.broker_holds = lambda: holds
+
+    # When the sweep runs while the messages wait, and again once they were taken and lost
+    g.sweep(age_after=300)
+    waiting = list(out.sent)
+    holds = {"workflow-node": WIDTH - 1}
+    g.sweep(age_after=300)
+
+    # Then nothing is re-sent while they may be waiting; each once when they cannot be
+    assert waiting == []
+    assert sorted(sent_ids([out])) == sorted(parked)
+
+
 def test_a_parked_job_the_limiter_knows_is_never_resent(
     db: Database, empty_limiter: RedisLimiter
 ) -> None:
