@@ -184,7 +184,9 @@ class Settings(BaseSettings):
     lost_after: float = Field(
         default=60.0,
         gt=0,
-        description="A job queued this long is re-published if the broker cannot hold its message.",
+        description="A job queued this long is re-published if the broker cannot hold its "
+        "message; a job re-published (or a lost parked one) is not re-published again for as "
+        "long, by any process.",
     )
     batch_most: int = Field(
         default=8,

@@ -10,11 +10,17 @@ cut at :data:`ERROR_CHARS` characters.
 from __future__ import annotations
 
 import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 ERROR_CHARS = 300
+# A dropped message is logged at info at most once this often (seconds), with the count since.
+DROPPED_EVERY = 10.0
 
 
 def configure(fmt: str = "json", level: int | str = logging.INFO) -> None:
@@ -58,3 +64,42 @@ def get(name: str) -> Any:
 
 def short(message: str) -> str:
     return message if len(message) <= ERROR_CHARS else message[: ERROR_CHARS - 1] + "…"
+
+
+class Flood:
+    """An event that may come by the thousand (a stale message dropped after a broker outage):
+    the first after a quiet spell is logged in full, the rest of each ``every`` seconds are
+    only counted, and the next full line says how many there were."""
+
+    def __init__(self, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._logged_at: float | None = None
+        self._since = 0
+
+    def admit(self) -> int | None:
+        """How many went uncounted since the last full line, when this one is to be logged in
+        full; None when it is only counted (log it at debug)."""
+        with self._lock:
+            now = self._clock()
+            if self._logged_at is not None and now - self._logged_at < self.every:
+                self._since += 1
+                return None
+            since, self._since, self._logged_at = self._since, 0, now
+            return since
+
+
+_jobs = get("conveyor.jobs")
+_dropped = Flood(DROPPED_EVERY)
+
+
+def message_dropped(job_id: uuid.UUID, reason: str) -> None:
+    """A message whose job was done or taken by another message: a duplicate, which every
+    re-send may make, harmless. At info once every :data:`DROPPED_EVERY` seconds (with how
+    many more there were), at debug otherwise."""
+    since = _dropped.admit()
+    if since is None:
+        _jobs.debug("message dropped", job_id=str(job_id), reason=reason)
+    else:
+        _jobs.info("message dropped", job_id=str(job_id), reason=reason, more_dropped=since)

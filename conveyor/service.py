@@ -22,7 +22,7 @@ from conveyor.engine import credentials, dead_letters, runner, subscriptions
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
-from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.queues import NODE_QUEUE, may_hold
 from conveyor.engine.records import Dispatch, NodeHints, TenantRef, WorkflowRecord
 from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
@@ -36,7 +36,7 @@ from conveyor.exceptions import (
     NotFound,
     SignatureError,
 )
-from conveyor.limiter.gate import Gate
+from conveyor.limiter.gate import BrokerHolds, Gate
 from conveyor.nodes import NodeContext
 from conveyor.scheduler import schedules
 from conveyor.store import DEFAULT_TENANT, Database, SqlStore
@@ -89,6 +89,8 @@ class Conveyor:
         lease: float = 30.0,
         age_low_after: float = 300.0,
         misfire_grace: float = 120.0,
+        resend_after: float = 60.0,
+        broker_holds: BrokerHolds = lambda: None,
     ) -> None:
         self.db = database
         self.dispatcher = dispatcher
@@ -105,6 +107,8 @@ class Conveyor:
                 defaults=limits or Limits(global_=100, tenant=10, workflow=5),
                 lease=lease,
                 publish=self._publish,
+                resend_after=resend_after,
+                broker_holds=broker_holds,
             )
             if limiter is not None
             else None
@@ -284,7 +288,7 @@ class Conveyor:
             lambda s: runner.claim_node(s, job_id, utcnow(), self.worker, hints)
         )
         if run is None:
-            events.info("message dropped", job_id=str(job_id), reason="job not queued any more")
+            logs.message_dropped(job_id, "job not queued any more")
             return
         job_log = events.bind(
             job_id=str(run.job.id),
@@ -455,7 +459,8 @@ class Conveyor:
           how many jobs each queue's waiting messages name; None when it cannot tell, and
           then each is re-published): a message was lost (Redis flushed, a crash between
           commit and publish, a worker killed holding it). A duplicate is harmless: the job
-          is claimed once.
+          is claimed once. A job is re-published at most once every ``lost_after`` seconds,
+          however many sweeps run (see :meth:`SqlStore.claim_resend`).
         """
         now = utcnow()
 
@@ -480,15 +485,28 @@ class Conveyor:
         lost = [
             message
             for queue, waiting_there in by_queue.items()
-            if held is None or held.get(queue, 0) < len(waiting_there)
+            if not may_hold(held, queue, len(waiting_there))
             for message in waiting_there
         ]
+        lost = self._claim_resend(lost, JobStatus.QUEUED, now, lost_after)
         self._publish(lost)
         self.db.run(lambda s: s.count_recovered("republished", len(lost)))
         done = {"reclaimed": len(reclaimed), "republished": len(lost)}
         if any(done.values()):
             log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
         return done
+
+    def _claim_resend(
+        self, messages: list[Dispatch], status: JobStatus, now: datetime, lapse: float
+    ) -> list[Dispatch]:
+        """The messages of jobs this process claimed to re-send (a webhook delivery's, which
+        names no job, goes as it is)."""
+        jobs = [m.job_id for m in messages if m.kind is not JobKind.WEBHOOK]
+        if not jobs:
+            return messages
+        since = now - timedelta(seconds=lapse)
+        claimed = self.db.run(lambda s: s.claim_resend(jobs, status, now, since))
+        return [m for m in messages if m.kind is JobKind.WEBHOOK or m.job_id in claimed]
 
     def prune(
         self,

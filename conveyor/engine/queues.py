@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from conveyor.engine.states import JobKind
 
 EXECUTION_QUEUE = "workflow-execution"  # start an execution, plan its nodes
@@ -16,3 +18,11 @@ QUEUE_FOR_KIND = {
     JobKind.NODE: NODE_QUEUE,
     JobKind.WEBHOOK: WEBHOOK_QUEUE,
 }
+
+
+def may_hold(held: Mapping[str, int] | None, queue: str, jobs: int) -> bool:
+    """Whether ``queue``'s waiting messages may still name ``jobs`` jobs taken for lost
+    (``held``: at most how many jobs each queue's messages name, None when the broker cannot
+    tell). While they may, their messages are taken to be waiting, not lost: re-sending them
+    would only queue duplicates behind the originals."""
+    return held is not None and held.get(queue, 0) >= jobs

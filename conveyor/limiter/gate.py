@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from datetime import UTC
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from conveyor import logs
 from conveyor.engine import limits, runner
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Permit, PermitRequest, Wake
 from conveyor.engine.ports import Limiter
-from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.queues import NODE_QUEUE, may_hold
 from conveyor.engine.records import Admission, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.limiter.heartbeat import LeaseKeeper
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.limits")
 
 Publish = Callable[[Sequence[Dispatch]], None]
+# At most how many jobs each queue's waiting messages name; None when the broker cannot tell.
+BrokerHolds = Callable[[], Mapping[str, int] | None]
 
 
 def woken_dispatches(woken: Sequence[Wake]) -> list[Dispatch]:
@@ -76,12 +79,16 @@ class Gate:
         defaults: limits.Limits,
         lease: float,
         publish: Publish,
+        resend_after: float = 60.0,
+        broker_holds: BrokerHolds = lambda: None,
     ) -> None:
         self.db = db
         self.limiter = limiter
         self.defaults = defaults
         self.keeper = LeaseKeeper(limiter, lease)
         self.publish = publish
+        self.resend_after = resend_after
+        self.broker_holds = broker_holds
         self._cursor: uuid.UUID | None = None
         self._tenant_limits = TenantLimits()
 
@@ -125,7 +132,9 @@ class Gate:
     def sweep(self, age_after: float, batch: int = 500) -> int:
         """The safety net, run periodically: lapsed leases and grants come back, low jobs age,
         and parked jobs the limiter lost (Redis flushed, a wake never published) are
-        re-published. Returns how many jobs it published."""
+        re-published, each once every ``resend_after`` seconds by whichever process claims
+        it first (see :meth:`SqlStore.claim_resend`), and only while the node queue could not
+        hold their messages (``broker_holds``). Returns how many jobs it published."""
         report = self.limiter.sweep(age_after)
         lost = self._lost_parked(batch)
         self._wake(report.woken)
@@ -145,12 +154,25 @@ class Gate:
         return len(report.woken) + len(lost)
 
     def _lost_parked(self, batch: int) -> list[tuple[uuid.UUID, Priority]]:
+        """Parked jobs the limiter does not know, that this process claimed to re-send.
+
+        Every process sweeps, and after Redis came back empty every parked job is unknown
+        until its re-sent message arrives, which may wait long behind others or for the
+        workers to reconnect: unclaimed, each process re-sent each of them at each sweep (and
+        swept again at once, having found work), a storm that buried the re-sent messages
+        under their own duplicates."""
         parked = self.db.run(lambda s: s.parked_jobs(self._cursor, batch))
         self._cursor = parked[-1][0] if len(parked) == batch else None
         if not parked:
             return []
         known = self.limiter.known([job_id for job_id, _ in parked])
-        return [(job_id, p) for job_id, p in parked if not known[job_id]]
+        unknown = [job_id for job_id, _ in parked if not known[job_id]]
+        if not unknown or may_hold(self.broker_holds(), NODE_QUEUE, len(unknown)):
+            return []
+        now = datetime.now(UTC)
+        since = now - timedelta(seconds=self.resend_after)
+        claimed = self.db.run(lambda s: s.claim_resend(unknown, JobStatus.PARKED, now, since))
+        return [(job_id, p) for job_id, p in parked if job_id in claimed]
 
     def _request(
         self, store: SqlStore, job_id: uuid.UUID
@@ -220,7 +242,7 @@ def _runnable(store: SqlStore, job_id: uuid.UUID) -> Admission | None:
         log.error("dropping a message for job %s: no such node job", job_id)
         return None
     if admission.status not in _RUNNABLE:
-        log.info("job %s is %s; message dropped", job_id, admission.status.value)
+        logs.message_dropped(job_id, f"job {admission.status.value}")
         return None
     return admission
 

@@ -324,6 +324,9 @@ class Job(Base):
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # Renewed while a worker runs the job; a stale one means the worker died (recovery).
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When a sweep last re-sent its message as lost: any process re-sends it at most once a
+    # lapse (store.recovery.claim_resend), however many sweep.
+    resent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 

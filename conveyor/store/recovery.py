@@ -73,6 +73,35 @@ class RecoveryQueries:
         )
         return [job_record(r) for r in rows]
 
+    def claim_resend(
+        self,
+        job_ids: Collection[uuid.UUID],
+        status: JobStatus,
+        now: datetime,
+        lapse_since: datetime,
+    ) -> set[uuid.UUID]:
+        """Claim the jobs whose message a sweep takes for lost, for one lapse: those still in
+        ``status`` and not re-sent since ``lapse_since``. The ids claimed, to be re-sent by
+        the caller. Any number of processes may claim the same jobs at once: the guarded
+        UPDATE lets one of them have each job (a second waits for the first's row lock, then
+        finds ``resent_at`` recent), so a lost message is re-sent once a lapse, not once per
+        process per sweep."""
+        if not job_ids:
+            return set()
+        return set(
+            self.session.scalars(
+                update(Job)
+                .where(
+                    Job.id.in_(list(job_ids)),
+                    unindexed(JOBS.c.status) == status,
+                    (Job.resent_at.is_(None)) | (Job.resent_at < lapse_since),
+                )
+                .values(resent_at=now)
+                .returning(Job.id),
+                execution_options={"synchronize_session": False},
+            )
+        )
+
     def active_by_dedupe(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
         """The pending or running execution with this deduplication key, and its workflow."""
         row = self.session.execute(

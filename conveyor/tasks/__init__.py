@@ -41,6 +41,10 @@ def service() -> Conveyor:
         limits=runtime.default_limits(),
         lease=settings.permit_lease,
         age_low_after=settings.age_low_after,
+        resend_after=settings.lost_after,
+        broker_holds=lambda: metrics.broker_holds(
+            settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
+        ),
         # a slot checked by the next regular check is never a misfire
         misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
     )

@@ -1,0 +1,18 @@
+"""When a sweep takes jobs waiting too long for lost: only while their queue cannot hold them."""
+
+from __future__ import annotations
+
+from conveyor.engine.queues import NODE_QUEUE, may_hold
+
+
+def test_jobs_are_taken_for_lost_when_the_broker_cannot_tell_what_it_holds() -> None:
+    assert may_hold(None, NODE_QUEUE, 1) is False
+
+
+def test_jobs_the_queue_may_still_name_are_taken_to_be_waiting() -> None:
+    assert may_hold({NODE_QUEUE: 16}, NODE_QUEUE, 16) is True
+
+
+def test_more_jobs_than_the_queue_may_name_are_taken_for_lost() -> None:
+    assert may_hold({NODE_QUEUE: 16}, NODE_QUEUE, 17) is False
+    assert may_hold({"workflow-execution": 500}, NODE_QUEUE, 1) is False
