@@ -40,6 +40,20 @@ class ListingQueries:
             )
         return row
 
+    def live_state(self, execution_id: uuid.UUID) -> tuple[str, list[tuple[str, str]]]:
+        """An execution's status and its nodes' (as made), in one statement and snapshot:
+        what a live stream reads, and nothing more of the rows."""
+        rows = self.session.execute(
+            select(Execution.status, NodeState.node_id, NodeState.status)
+            .outerjoin(NodeState, NodeState.execution_id == Execution.id)
+            .where(Execution.id == execution_id)
+            .order_by(NodeState.id)
+        ).all()
+        if not rows:
+            raise ExecutionNotFound(f"no execution has id {execution_id}")
+        nodes = [(node_id, status.value) for _, node_id, status in rows if node_id is not None]
+        return rows[0][0].value, nodes
+
     def execution_nodes(self, execution_id: uuid.UUID) -> list[NodeState]:
         return list(
             self.session.scalars(

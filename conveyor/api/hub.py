@@ -1,0 +1,340 @@
+"""Where the live streams of an API process hear about changes: one LISTEN connection for all.
+
+On PostgreSQL a :class:`ListenHub` holds the process's only streaming connection. It LISTENs
+to an execution's channel (and registers the execution in ``stream_listeners``, see
+:mod:`conveyor.store.listeners`) while at least one stream watches it, and hands each
+announcement to the :class:`Feed` of every stream on that execution. Streams come and go
+without costing a connection: 500 streams cost one, not 500.
+
+A hub whose connection drops reconnects (backing off up to :data:`RECONNECT_MOST` seconds),
+LISTENs again, and only then tells every stream to re-read the state, so a change made while
+it was away is not missed. A stream whose client reads too slowly is told the same instead of
+piling up announcements (:data:`BACKLOG`).
+
+On SQLite (the embedded default) there is nothing to listen to: a :class:`PolledHub`'s feeds
+tell their stream to re-read the state every :data:`POLL` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import uuid
+from collections import deque
+from typing import Any, Protocol
+
+import psycopg
+
+from conveyor.exceptions import StreamsUnavailable
+from conveyor.store import listeners
+
+log = logging.getLogger("conveyor.api.streams")
+
+POLL = 0.5
+BACKLOG = 1000
+RECONNECT_MOST = 5.0
+OPEN_TIMEOUT = 10.0
+APPLICATION_NAME = "conveyor-streams"
+# A connection that dies silently (a host or a network gone) is noticed within ~25 s.
+TCP_KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+Notice = dict[str, Any]
+
+
+class Signal(enum.Enum):
+    IDLE = "idle"  # nothing happened before the timeout
+    RESYNC = "resync"  # announcements may have been missed: read the state again
+    END = "end"  # the process is shutting down: end the stream
+
+
+class Feed:
+    """What one stream is told, in order: announcements, or to re-read, or to end."""
+
+    __slots__ = ("_ended", "_notices", "_poll", "_stale", "_wake", "execution_id")
+
+    def __init__(self, execution_id: uuid.UUID, poll: float | None = None) -> None:
+        self.execution_id = execution_id
+        self._poll = poll
+        self._notices: deque[Notice] = deque()
+        self._stale = self._ended = False
+        self._wake = asyncio.Event()
+
+    def push(self, notice: Notice) -> None:
+        if len(self._notices) >= BACKLOG:
+            self.stale()  # a re-read costs one query; the backlog could cost any memory
+            return
+        self._notices.append(notice)
+        self._wake.set()
+
+    def stale(self) -> None:
+        """What was announced so far is covered by a read that starts after this call."""
+        self._notices.clear()
+        self._stale = True
+        self._wake.set()
+
+    def end(self) -> None:
+        self._ended = True
+        self._wake.set()
+
+    async def next(self, within: float) -> list[Notice] | Signal:
+        """The announcements heard since the last call, or a signal; waits up to ``within``
+        seconds (a polled feed: :data:`POLL`)."""
+        if not self._wake.is_set():
+            wait = within if self._poll is None else self._poll
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            except TimeoutError:
+                return Signal.IDLE if self._poll is None else Signal.RESYNC
+        self._wake.clear()
+        if self._ended:
+            return Signal.END
+        if self._stale:
+            self._stale = False
+            return Signal.RESYNC
+        notices = list(self._notices)
+        self._notices.clear()
+        return notices
+
+
+class Hub(Protocol):
+    """The port the streams use; one per API process."""
+
+    async def start(self) -> None: ...
+
+    async def subscribe(self, execution_id: uuid.UUID) -> Feed:
+        """A feed on the execution, once every later change will reach it (raises
+        :class:`StreamsUnavailable` if that cannot be promised in time)."""
+        ...
+
+    def unsubscribe(self, feed: Feed) -> None: ...
+
+    async def close(self) -> None:
+        """End every feed; no new one is given."""
+        ...
+
+
+class PolledHub:
+    """SQLite: no announcements; every feed says 're-read' every :data:`POLL` seconds."""
+
+    def __init__(self, poll: float = POLL) -> None:
+        self._poll = poll
+        self._feeds: set[Feed] = set()
+        self._closing = False
+
+    async def start(self) -> None:
+        return None
+
+    async def subscribe(self, execution_id: uuid.UUID) -> Feed:
+        if self._closing:
+            raise StreamsUnavailable()
+        feed = Feed(execution_id, poll=self._poll)
+        self._feeds.add(feed)
+        return feed
+
+    def unsubscribe(self, feed: Feed) -> None:
+        self._feeds.discard(feed)
+
+    async def close(self) -> None:
+        self._closing = True
+        for feed in self._feeds:
+            feed.end()
+
+
+class _Watch:
+    """The streams of one execution, and the future they wait on until it is listened to."""
+
+    __slots__ = ("feeds", "ready")
+
+    def __init__(self) -> None:
+        self.feeds: set[Feed] = set()
+        self.ready: asyncio.Future[None] | None = None
+
+
+class ListenHub:
+    """PostgreSQL: one connection LISTENs for every stream of the process.
+
+    Only the hub's task uses the connection. Streams change what it should listen to
+    (:attr:`_watches`) and wake it; it applies the changes in one round trip between waits
+    for announcements, so a burst of new streams costs a few statements, not one each."""
+
+    def __init__(self, conninfo: str, open_timeout: float = OPEN_TIMEOUT) -> None:
+        self._conninfo = conninfo
+        self._open_timeout = open_timeout
+        self._watches: dict[uuid.UUID, _Watch] = {}
+        self._listened: set[uuid.UUID] = set()  # by the current connection
+        self._registered: dict[uuid.UUID, uuid.UUID] = {}  # execution -> its row's id
+        self._changed = asyncio.Event()
+        self._closing = False
+        self._resync = False
+        self._task: asyncio.Task[None] | None = None
+        self.connections = 0  # made so far; more than one means it reconnected
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="conveyor-streams")
+
+    async def subscribe(self, execution_id: uuid.UUID) -> Feed:
+        if self._closing:
+            raise StreamsUnavailable()
+        watch = self._watches.setdefault(execution_id, _Watch())
+        feed = Feed(execution_id)
+        watch.feeds.add(feed)
+        if execution_id in self._listened:
+            return feed
+        if watch.ready is None or watch.ready.done():
+            watch.ready = asyncio.get_running_loop().create_future()
+            self._changed.set()
+        try:
+            async with asyncio.timeout(self._open_timeout):
+                await asyncio.shield(watch.ready)
+        except TimeoutError:
+            self.unsubscribe(feed)
+            raise StreamsUnavailable() from None
+        except BaseException:
+            self.unsubscribe(feed)
+            raise
+        return feed
+
+    def unsubscribe(self, feed: Feed) -> None:
+        watch = self._watches.get(feed.execution_id)
+        if watch is not None:
+            watch.feeds.discard(feed)
+            if not watch.feeds:
+                self._changed.set()
+
+    async def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for watch in self._watches.values():
+            for feed in watch.feeds:
+                feed.end()
+            if watch.ready is not None and not watch.ready.done():
+                watch.ready.set_exception(StreamsUnavailable())
+                watch.ready.exception()  # retrieved: nobody may be left to await it
+        self._changed.set()
+        if self._task is not None:
+            try:
+                async with asyncio.timeout(5):
+                    await asyncio.shield(self._task)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+
+    async def _run(self) -> None:
+        delay = 0.1
+        while not self._closing:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    prepare_threshold=None,  # its LISTENs are new text each time
+                    application_name=APPLICATION_NAME,
+                    **TCP_KEEPALIVES,
+                ) as conn:
+                    self.connections += 1
+                    delay = 0.1
+                    await self._serve(conn)
+            except psycopg.Error as exc:
+                if self._closing:
+                    break
+                log.warning(
+                    "live streams: the LISTEN connection failed (%s); reconnecting",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                )
+            except Exception:  # a bug must not leave every stream of the process deaf
+                log.exception("live streams: the LISTEN loop failed; reconnecting")
+            if not self._closing:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wait_closing()
+                delay = min(delay * 2, RECONNECT_MOST)
+
+    async def _wait_closing(self) -> None:
+        while not self._closing:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _serve(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._listened.clear()
+        # a new connection after a lost one: what was announced meanwhile went unheard
+        self._resync = self.connections > 1
+        while True:
+            self._changed.clear()
+            if self._closing:
+                await self._release(conn)
+                return
+            await self._apply(conn)
+            if not self._changed.is_set():
+                await self._wait(conn)
+
+    async def _apply(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """LISTEN to the executions streams watch, UNLISTEN the others, and register them."""
+        wanted = {e for e, watch in self._watches.items() if watch.feeds}
+        listen = wanted - self._listened
+        unlisten = self._listened - wanted
+        gone = [e for e in self._registered if e not in wanted]
+        self._listened -= unlisten  # a stream opened meanwhile waits for the next round
+        if listen or unlisten:
+            await conn.execute(listeners.listen_changes(listen, unlisten))
+        if listen:
+            executions = list(listen)
+            ids = [self._registered.setdefault(e, uuid.uuid4()) for e in executions]
+            await conn.execute(listeners.REGISTER, (ids, executions))
+        if gone:
+            await conn.execute(listeners.UNREGISTER, ([self._registered[e] for e in gone],))
+            for execution_id in gone:
+                del self._registered[execution_id]
+        self._listened |= listen
+        for execution_id in listen:
+            ready = self._watches[execution_id].ready
+            if ready is not None and not ready.done():
+                ready.set_result(None)
+        if self._resync:
+            self._resync = False
+            for watch in self._watches.values():
+                for feed in watch.feeds:
+                    feed.stale()
+        for execution_id in [e for e, w in self._watches.items() if not w.feeds]:
+            if execution_id not in self._listened:
+                del self._watches[execution_id]
+
+    async def _wait(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Hand out announcements until a stream changes what to listen to."""
+        reader = asyncio.create_task(self._read(conn))
+        waker = asyncio.create_task(self._changed.wait())
+        try:
+            await asyncio.wait((reader, waker), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            reader.cancel()
+            waker.cancel()
+            lost, _ = await asyncio.gather(reader, waker, return_exceptions=True)
+        if isinstance(lost, Exception):
+            raise lost
+
+    async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        async for notify in conn.notifies():
+            execution_id = listeners.execution_of(notify.channel)
+            watch = self._watches.get(execution_id) if execution_id else None
+            if watch is None or not watch.feeds:
+                continue
+            notice: Notice = json.loads(notify.payload)
+            for feed in watch.feeds:
+                feed.push(notice)
+
+    async def _release(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """At shutdown: stop listening, and delete this process's registrations."""
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute(listeners.UNLISTEN_ALL)
+            if self._registered:
+                await conn.execute(listeners.UNREGISTER, (list(self._registered.values()),))
+                self._registered.clear()
