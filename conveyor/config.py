@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         description="Live status streams one API process holds open at once, all tenants "
         "together; one more answers 429. They share one database connection.",
     )
+    streams_keepalive: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a live stream may stay silent before it sends a comment line, "
+        "so that proxies do not close idle streams.",
+    )
 
     heartbeat_interval: float = Field(
         default=5.0, gt=0, description="Seconds between a running node job's heartbeats."

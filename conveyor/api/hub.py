@@ -87,14 +87,14 @@ class Feed:
     async def next(self, within: float) -> list[Notice] | Signal:
         """The announcements heard since the last call, or a signal; waits up to ``within``
         seconds (a polled feed: :data:`POLL`)."""
-        if not self._wake.is_set():
+        if not (self._notices or self._stale or self._ended):
+            self._wake.clear()
             wait = within if self._poll is None else self._poll
             try:
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
             except TimeoutError:
                 return Signal.IDLE if self._poll is None else Signal.RESYNC
-        self._wake.clear()
         if self._ended:
             return Signal.END
         if self._stale:

@@ -11,8 +11,8 @@ connection was lost, or the client read too slowly), or on SQLite every half sec
 Events: ``execution`` (``{"status": ...}``) first with the current status, then on each
 change; ``node`` (``{"node_id": ..., "status": ...}``) on each node's change. The stream ends
 after the execution finishes, or when the API process shuts down (without a finished status:
-open it again); a comment line after 15 s without an event keeps idle connections open
-through proxies.
+open it again); a comment line after CONVEYOR_STREAMS_KEEPALIVE seconds (15) without an
+event keeps idle connections open through proxies.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from conveyor.store.listeners import channel as channel
 
 log = logging.getLogger("conveyor.api.streams")
 
-KEEPALIVE = 15.0
 RETRY_AFTER = 10  # seconds a refused client is asked to wait
 REREAD_AFTER = 1.0  # seconds before a failed re-read is tried again
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -174,8 +173,8 @@ class EventStream(StreamingResponse):
 class Streams:
     """The live streams of one API process: the caps, and the hub that feeds them."""
 
-    def __init__(self, hub: Hub, admission: Admission) -> None:
-        self.hub, self.admission = hub, admission
+    def __init__(self, hub: Hub, admission: Admission, keepalive: float = 15.0) -> None:
+        self.hub, self.admission, self.keepalive = hub, admission, keepalive
 
     async def open(
         self, service: Conveyor, tenant: TenantRef, execution_id: uuid.UUID
@@ -202,7 +201,7 @@ class Streams:
             raise
         tracker = Tracker()
         first = tracker.opened(state)
-        return EventStream(_events(service, feed, tracker, first), close)
+        return EventStream(_events(service, feed, tracker, first, self.keepalive), close)
 
     async def close(self) -> None:
         """End every stream (each ends cleanly, without a finished status)."""
@@ -210,12 +209,12 @@ class Streams:
 
 
 async def _events(
-    service: Conveyor, feed: Feed, tracker: Tracker, first: bytes
+    service: Conveyor, feed: Feed, tracker: Tracker, first: bytes, keepalive: float
 ) -> AsyncIterator[bytes]:
     yield first
     written = time.monotonic()
     while not tracker.finished:
-        got = await feed.next(max(0.0, KEEPALIVE - (time.monotonic() - written)))
+        got = await feed.next(max(0.0, keepalive - (time.monotonic() - written)))
         if got is Signal.END:
             return
         chunks: list[bytes] = []
@@ -235,7 +234,7 @@ async def _events(
         if chunks:
             yield b"".join(chunks)
             written = time.monotonic()
-        elif time.monotonic() - written >= KEEPALIVE:
+        elif time.monotonic() - written >= keepalive:
             yield b": keepalive\n\n"
             written = time.monotonic()
 
@@ -258,7 +257,8 @@ async def serving(service: Conveyor, settings: Settings) -> AsyncIterator[Stream
         hub = ListenHub(url.set(drivername="postgresql").render_as_string(hide_password=False))
     else:
         hub = PolledHub()
-    streams = Streams(hub, Admission(settings.streams_per_tenant, settings.streams_per_process))
+    admission = Admission(settings.streams_per_tenant, settings.streams_per_process)
+    streams = Streams(hub, admission, settings.streams_keepalive)
     await hub.start()
     try:
         yield streams

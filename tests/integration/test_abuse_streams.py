@@ -247,6 +247,30 @@ def test_a_client_that_disconnects_frees_its_slot_at_once(
             assert again.status_code == 200
 
 
+def test_an_idle_stream_sends_keepalive_comments_so_proxies_keep_it_open(
+    conveyor_service: Conveyor, make_key: MakeKey
+) -> None:
+    # Given a stream on an execution where nothing happens, and keep-alives every 0.2 s
+    key = make_key("acme")
+    conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
+    execution_id, _ = held(conveyor_service)
+    lines: list[str] = []
+    with (
+        api_server(conveyor_service, streams_keepalive="0.2") as (api, _),
+        httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=5) as http,
+        http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
+    ):
+        # When the client listens for a while
+        for line in stream.iter_lines():
+            lines.append(line)
+            if lines.count(": keepalive") == 3:
+                break
+
+    # Then after the first event only comment lines came, which SSE clients ignore
+    assert lines[:2] == ["event: execution", 'data: {"status": "running"}']
+    assert {line for line in lines[2:] if line} == {": keepalive"}
+
+
 def test_a_stream_hears_a_change_made_while_the_listen_connection_was_down(
     conveyor_service: Conveyor, make_key: MakeKey
 ) -> None:
