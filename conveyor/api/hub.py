@@ -327,7 +327,15 @@ class ListenHub:
             watch = self._watches.get(execution_id) if execution_id else None
             if watch is None or not watch.feeds:
                 continue
-            notice: Notice = json.loads(notify.payload)
+            try:
+                notice = json.loads(notify.payload)
+            except ValueError:
+                notice = None
+            if not isinstance(notice, dict):  # not the triggers': someone's NOTIFY by hand
+                log.warning(
+                    "live streams: ignored a notice on %s: %.80r", notify.channel, notify.payload
+                )
+                continue
             for feed in watch.feeds:
                 feed.push(notice)
 

@@ -48,6 +48,7 @@ RETRY_AFTER = 10  # seconds a refused client is asked to wait
 REREAD_AFTER = 1.0  # seconds before a failed re-read is tried again
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
+_EXECUTION_STATUSES = frozenset(s.value for s in ExecutionStatus)
 State = tuple[str, list[tuple[str, str]]]  # the execution's status, and (node id, status)s
 
 
@@ -84,10 +85,13 @@ class Tracker:
         """The event of one announcement, if it tells the client something new."""
         if self.finished:
             return None
-        if notice.get("kind") == "node":
-            return self._node(str(notice["node_id"]), str(notice["status"]))
-        if notice.get("kind") == "execution":
-            return self._execution(str(notice["status"]))
+        status = notice.get("status")
+        if not isinstance(status, str):
+            return None
+        if notice.get("kind") == "node" and isinstance(notice.get("node_id"), str):
+            return self._node(notice["node_id"], status)
+        if notice.get("kind") == "execution" and status in _EXECUTION_STATUSES:
+            return self._execution(status)
         return None
 
     def _node(self, node_id: str, status: str) -> bytes | None:

@@ -24,6 +24,7 @@ from sqlalchemy import text
 from conveyor.api import create_app
 from conveyor.api.hub import APPLICATION_NAME
 from conveyor.api.server import ApiServer
+from conveyor.api.stream import channel
 from conveyor.config import Settings, get_settings
 from conveyor.engine import runner
 from conveyor.engine.records import Dispatch
@@ -95,6 +96,11 @@ def connections(conn: psycopg.Connection[Any] | None = None) -> tuple[int, int]:
         ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+HUB_PID = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s"
+)
 
 
 def registered() -> int:
@@ -332,6 +338,49 @@ def test_a_stream_hears_a_change_made_while_the_listen_connection_was_down(
     assert seen[0] == 'data: {"status": "running"}'
     assert seen[-1] == 'data: {"status": "completed"}'
     assert 'data: {"node_id": "add", "status": "completed"}' in seen
+
+
+def test_stray_notices_on_an_execution_channel_are_ignored_and_the_stream_goes_on(
+    conveyor_service: Conveyor, make_key: MakeKey
+) -> None:
+    # Given a stream on a running execution
+    key = make_key("acme")
+    conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
+    execution_id, dispatches = held(conveyor_service)
+    seen: list[str] = []
+    opened = threading.Event()
+
+    def listen(api: str) -> None:
+        with (
+            httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
+                         timeout=30) as http,
+            http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
+        ):  # fmt: skip
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(line)
+                    opened.set()
+
+    with api_server(conveyor_service) as (api, _server):
+        reader = threading.Thread(target=listen, args=(api,))
+        reader.start()
+        assert opened.wait(10)
+
+        hub = database(HUB_PID, APPLICATION_NAME)
+
+        # When someone with database access NOTIFYs garbage on its channel, then it runs
+        with psycopg.connect(TEST_CONNINFO, autocommit=True) as conn:
+            for payload in ("not json", "[1, 2]", '{"kind": "execution", "status": "bogus"}'):
+                conn.execute("SELECT pg_notify(%s, %s)", (channel(execution_id), payload))
+        conveyor_service.dispatcher.publish(dispatches)
+        reader.join(timeout=30)
+        assert database(HUB_PID, APPLICATION_NAME) == hub  # the hub did not fall over
+
+    # Then the stream ignored them and followed the execution to its end as usual
+    assert not reader.is_alive()
+    assert seen[0] == 'data: {"status": "running"}'
+    assert seen[-1] == 'data: {"status": "completed"}'
+    assert "bogus" not in "".join(seen)
 
 
 def test_streams_end_cleanly_when_the_api_shuts_down(

@@ -128,3 +128,18 @@ def test_a_polled_feed_asks_for_a_re_read_at_each_poll() -> None:
         return await Feed(uuid.uuid4(), poll=0.01).next(5.0)
 
     assert asyncio.run(scenario()) is Signal.RESYNC
+
+
+def test_a_notice_not_in_the_triggers_shape_is_ignored() -> None:
+    tracker = Tracker()
+    tracker.opened(("running", [("fetch", "running")]))
+
+    for stray in (
+        {"kind": "execution", "status": "exploded"},
+        {"kind": "node", "status": "completed"},
+        {"kind": "node", "node_id": 7, "status": "completed"},
+        {"status": "completed"},
+        {},
+    ):
+        assert tracker.heard(stray) is None
+    assert (tracker.status, tracker.nodes) == ("running", {"fetch": "running"})
