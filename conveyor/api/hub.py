@@ -37,6 +37,11 @@ POLL = 0.5
 BACKLOG = 1000
 RECONNECT_MOST = 5.0
 OPEN_TIMEOUT = 10.0
+# The triggers look for a registration when a status is written, not when it commits: a
+# transaction that wrote before the registration and commits after the first read is neither
+# announced nor read. The streams of a newly registered execution re-read once after this
+# many seconds, longer than the engine's transactions take between a write and its commit.
+SETTLE = 1.0
 APPLICATION_NAME = "conveyor-streams"
 # A connection that dies silently (a host or a network gone) is noticed within ~25 s.
 TCP_KEEPALIVES: dict[str, Any] = {
@@ -157,6 +162,9 @@ class _Watch:
     def __init__(self) -> None:
         self.feeds: set[Feed] = set()
         self.ready: asyncio.Future[None] | None = None
+
+
+_NOBODY = _Watch()
 
 
 class ListenHub:
@@ -290,6 +298,7 @@ class ListenHub:
             executions = list(listen)
             ids = [self._registered.setdefault(e, uuid.uuid4()) for e in executions]
             await conn.execute(listeners.REGISTER, (ids, executions))
+            asyncio.get_running_loop().call_later(SETTLE, self._settle, executions)
         if gone:
             await conn.execute(listeners.UNREGISTER, ([self._registered[e] for e in gone],))
             for execution_id in gone:
@@ -307,6 +316,11 @@ class ListenHub:
         for execution_id in [e for e, w in self._watches.items() if not w.feeds]:
             if execution_id not in self._listened:
                 del self._watches[execution_id]
+
+    def _settle(self, executions: list[uuid.UUID]) -> None:
+        for execution_id in executions:
+            for feed in self._watches.get(execution_id, _NOBODY).feeds:
+                feed.stale()
 
     async def _wait(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Hand out announcements until a stream changes what to listen to."""

@@ -6,7 +6,8 @@ CONVEYOR_STREAMS_PER_PROCESS: 429 past them), subscribes to the process's hub
 then reads the current state, through the pool and briefly; so no change falls between the
 read and the announcements. A stream holds no database connection of its own while it is
 open. It re-reads the state only when the hub says announcements may have been missed (its
-connection was lost, or the client read too slowly), or on SQLite every half second.
+connection was lost, the client read too slowly, or a second after the execution was first
+registered: see :data:`~conveyor.api.hub.SETTLE`), or on SQLite every half second.
 
 Events: ``execution`` (``{"status": ...}``) first with the current status, then on each
 change; ``node`` (``{"node_id": ..., "status": ...}``) on each node's change. The stream ends

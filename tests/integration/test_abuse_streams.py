@@ -363,6 +363,50 @@ def test_a_stream_hears_a_change_made_while_the_listen_connection_was_down(
     assert 'data: {"node_id": "add", "status": "completed"}' in seen
 
 
+def test_a_change_written_before_the_stream_registered_and_committed_after_still_reaches_it(
+    conveyor_service: Conveyor, make_key: MakeKey
+) -> None:
+    # Given a transaction that wrote the execution's completion while nobody watched it (so
+    # its triggers announce nothing), and has not committed
+    key = make_key("acme")
+    conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
+    execution_id, _ = held(conveyor_service)
+    seen: list[str] = []
+    opened = threading.Event()
+
+    def listen(api: str) -> None:
+        with (
+            httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
+                         timeout=30) as http,
+            http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
+        ):  # fmt: skip
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(line)
+                    opened.set()
+
+    with (
+        api_server(conveyor_service) as (api, _server),
+        psycopg.connect(TEST_CONNINFO) as writer,
+    ):
+        writer.execute(
+            "UPDATE node_states SET status = 'completed' WHERE execution_id = %s", (execution_id,)
+        )
+        writer.execute("UPDATE executions SET status = 'completed' WHERE id = %s", (execution_id,))
+
+        # When a stream opens (registers, reads: still running) and then the writer commits
+        reader = threading.Thread(target=listen, args=(api,))
+        reader.start()
+        assert opened.wait(10)
+        writer.commit()
+
+        # Then the stream learns of the completion all the same, and ends
+        reader.join(timeout=10)
+        assert not reader.is_alive()
+    assert seen[0] == 'data: {"status": "running"}'
+    assert seen[-1] == 'data: {"status": "completed"}'
+
+
 def test_stray_notices_on_an_execution_channel_are_ignored_and_the_stream_goes_on(
     conveyor_service: Conveyor, make_key: MakeKey
 ) -> None:
