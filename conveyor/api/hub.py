@@ -22,6 +22,7 @@ import contextlib
 import enum
 import json
 import logging
+import time
 import uuid
 from collections import deque
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ OPEN_TIMEOUT = 10.0
 # announced nor read. The streams of a newly registered execution re-read once after this
 # many seconds, longer than the engine's transactions take between a write and its commit.
 SETTLE = 1.0
+REFRESH = 300.0  # seconds between re-writes of the registrations (store.listeners.REFRESH)
 APPLICATION_NAME = "conveyor-streams"
 # A connection that dies silently (a host or a network gone) is noticed within ~25 s.
 TCP_KEEPALIVES: dict[str, Any] = {
@@ -276,14 +278,28 @@ class ListenHub:
         self._listened.clear()
         # a new connection after a lost one: what was announced meanwhile went unheard
         self._resync = self.connections > 1
+        refreshed = time.monotonic()
         while True:
             self._changed.clear()
             if self._closing:
                 await self._release(conn)
                 return
             await self._apply(conn)
+            if time.monotonic() - refreshed >= REFRESH:
+                await self._refresh(conn)
+                refreshed = time.monotonic()
             if not self._changed.is_set():
-                await self._wait(conn)
+                await self._wait(conn, REFRESH - (time.monotonic() - refreshed))
+
+    async def _refresh(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Date the registrations anew; write back any that were deleted (and have their
+        streams re-read what went unannounced)."""
+        if not self._registered:
+            return
+        executions = list(self._registered)
+        ids = [self._registered[e] for e in executions]
+        cursor = await conn.execute(listeners.REFRESH, (ids, executions))
+        self._settle([execution_id for execution_id, gone in await cursor.fetchall() if gone])
 
     async def _apply(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """LISTEN to the executions streams watch, UNLISTEN the others, and register them."""
@@ -322,12 +338,15 @@ class ListenHub:
             for feed in self._watches.get(execution_id, _NOBODY).feeds:
                 feed.stale()
 
-    async def _wait(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Hand out announcements until a stream changes what to listen to."""
+    async def _wait(self, conn: psycopg.AsyncConnection[Any], most: float) -> None:
+        """Hand out announcements until a stream changes what to listen to (or ``most``
+        seconds pass)."""
         reader = asyncio.create_task(self._read(conn))
         waker = asyncio.create_task(self._changed.wait())
         try:
-            await asyncio.wait((reader, waker), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                (reader, waker), timeout=max(0.0, most), return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             reader.cancel()
             waker.cancel()

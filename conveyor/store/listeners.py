@@ -24,6 +24,16 @@ REGISTER = (
     "INSERT INTO stream_listeners (id, execution_id, created_at) "
     "SELECT unnest(%s::uuid[]), unnest(%s::uuid[]), now() ON CONFLICT (id) DO NOTHING"
 )
+# Now and then the rows are written again with a fresh date: the retention sweep deletes
+# registrations older than its cutoff, which would silence a stream open for longer. A row
+# that had gone (``xmax = 0``: inserted, not updated) names an execution whose changes
+# since were announced to nobody.
+REFRESH = (
+    "INSERT INTO stream_listeners (id, execution_id, created_at) "
+    "SELECT unnest(%s::uuid[]), unnest(%s::uuid[]), now() "
+    "ON CONFLICT (id) DO UPDATE SET created_at = now() "
+    "RETURNING execution_id, xmax = 0"
+)
 UNREGISTER = "DELETE FROM stream_listeners WHERE id = ANY(%s::uuid[])"
 UNLISTEN_ALL = "UNLISTEN *"
 

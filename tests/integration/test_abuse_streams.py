@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from sqlalchemy import text
 
-from conveyor.api import create_app
+from conveyor.api import create_app, hub
 from conveyor.api.hub import APPLICATION_NAME
 from conveyor.api.server import ApiServer
 from conveyor.api.stream import channel
@@ -407,6 +407,52 @@ def test_a_change_written_before_the_stream_registered_and_committed_after_still
     assert seen[-1] == 'data: {"status": "completed"}'
 
 
+def test_a_registration_the_retention_sweep_deleted_is_written_back_and_the_stream_re_reads(
+    conveyor_service: Conveyor, make_key: MakeKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a stream on a running execution, and registrations re-written every 0.3 s
+    monkeypatch.setattr(hub, "REFRESH", 0.3)
+    key = make_key("acme")
+    conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
+    execution_id, _ = held(conveyor_service)
+    seen: list[str] = []
+    opened = threading.Event()
+
+    def listen(api: str) -> None:
+        with (
+            httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
+                         timeout=30) as http,
+            http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
+        ):  # fmt: skip
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(line)
+                    opened.set()
+
+    with api_server(conveyor_service) as (api, _server):
+        reader = threading.Thread(target=listen, args=(api,))
+        reader.start()
+        assert opened.wait(10)
+        time.sleep(hub.SETTLE + 0.2)  # past the re-read that follows a first registration
+
+        # When its registration is deleted (as a sweep with a short cutoff does) together
+        # with the execution's completion, which is therefore announced to nobody
+        with psycopg.connect(TEST_CONNINFO) as conn:
+            conn.execute("DELETE FROM stream_listeners WHERE execution_id = %s", (execution_id,))
+            conn.execute(
+                "UPDATE node_states SET status = 'completed' WHERE execution_id = %s",
+                (execution_id,),
+            )
+            conn.execute(
+                "UPDATE executions SET status = 'completed' WHERE id = %s", (execution_id,)
+            )
+
+        # Then the hub writes the registration back, and the stream re-reads and ends
+        reader.join(timeout=10)
+        assert not reader.is_alive()
+    assert seen[-1] == 'data: {"status": "completed"}'
+
+
 def test_stray_notices_on_an_execution_channel_are_ignored_and_the_stream_goes_on(
     conveyor_service: Conveyor, make_key: MakeKey
 ) -> None:
@@ -433,7 +479,7 @@ def test_stray_notices_on_an_execution_channel_are_ignored_and_the_stream_goes_o
         reader.start()
         assert opened.wait(10)
 
-        hub = database(HUB_PID, APPLICATION_NAME)
+        hub_pid = database(HUB_PID, APPLICATION_NAME)
 
         # When someone with database access NOTIFYs garbage on its channel, then it runs
         with psycopg.connect(TEST_CONNINFO, autocommit=True) as conn:
@@ -441,7 +487,7 @@ def test_stray_notices_on_an_execution_channel_are_ignored_and_the_stream_goes_o
                 conn.execute("SELECT pg_notify(%s, %s)", (channel(execution_id), payload))
         conveyor_service.dispatcher.publish(dispatches)
         reader.join(timeout=30)
-        assert database(HUB_PID, APPLICATION_NAME) == hub  # the hub did not fall over
+        assert database(HUB_PID, APPLICATION_NAME) == hub_pid  # the hub did not fall over
 
     # Then the stream ignored them and followed the execution to its end as usual
     assert not reader.is_alive()
