@@ -11,8 +11,9 @@ LISTENs again, and only then tells every stream to re-read the state, so a chang
 it was away is not missed. A stream whose client reads too slowly is told the same instead of
 piling up announcements (:data:`BACKLOG`).
 
-On SQLite (the embedded default) there is nothing to listen to: a :class:`PolledHub`'s feeds
-tell their stream to re-read the state every :data:`POLL` seconds.
+On SQLite (the embedded default) there is nothing to listen to: a :class:`PolledHub` reads
+every watched execution every :data:`POLL` seconds, in one statement however many streams
+watch, and hands each stream the differences.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import psycopg
+from starlette.concurrency import run_in_threadpool
 
 from conveyor.exceptions import StreamsUnavailable
 from conveyor.store import listeners
@@ -54,6 +57,7 @@ TCP_KEEPALIVES: dict[str, Any] = {
 }
 
 Notice = dict[str, Any]
+State = tuple[str, list[tuple[str, str]]]  # the execution's status, and (node id, status)s
 
 
 class Signal(enum.Enum):
@@ -65,11 +69,10 @@ class Signal(enum.Enum):
 class Feed:
     """What one stream is told, in order: announcements, or to re-read, or to end."""
 
-    __slots__ = ("_ended", "_notices", "_poll", "_stale", "_wake", "execution_id")
+    __slots__ = ("_ended", "_notices", "_stale", "_wake", "execution_id")
 
-    def __init__(self, execution_id: uuid.UUID, poll: float | None = None) -> None:
+    def __init__(self, execution_id: uuid.UUID) -> None:
         self.execution_id = execution_id
-        self._poll = poll
         self._notices: deque[Notice] = deque()
         self._stale = self._ended = False
         self._wake = asyncio.Event()
@@ -93,15 +96,14 @@ class Feed:
 
     async def next(self, within: float) -> list[Notice] | Signal:
         """The announcements heard since the last call, or a signal; waits up to ``within``
-        seconds (a polled feed: :data:`POLL`)."""
+        seconds."""
         if not (self._notices or self._stale or self._ended):
             self._wake.clear()
-            wait = within if self._poll is None else self._poll
             try:
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout(within):
                     await self._wake.wait()
             except TimeoutError:
-                return Signal.IDLE if self._poll is None else Signal.RESYNC
+                return Signal.IDLE
         if self._ended:
             return Signal.END
         if self._stale:
@@ -130,30 +132,62 @@ class Hub(Protocol):
 
 
 class PolledHub:
-    """SQLite: no announcements; every feed says 're-read' every :data:`POLL` seconds."""
+    """SQLite: nothing announces changes, so one task reads every watched execution every
+    :data:`POLL` seconds (one statement for all) and hands each stream what it read; the
+    stream sends what differs from what it told its client."""
 
-    def __init__(self, poll: float = POLL) -> None:
-        self._poll = poll
-        self._feeds: set[Feed] = set()
-        self._closing = False
+    def __init__(self, read: Callable[[list[uuid.UUID]], dict[uuid.UUID, State]]) -> None:
+        self._read = read
+        self._watches: dict[uuid.UUID, set[Feed]] = {}
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        return None
+        self._task = asyncio.create_task(self._run(), name="conveyor-streams-poll")
 
     async def subscribe(self, execution_id: uuid.UUID) -> Feed:
-        if self._closing:
+        if self._closing.is_set():
             raise StreamsUnavailable()
-        feed = Feed(execution_id, poll=self._poll)
-        self._feeds.add(feed)
+        feed = Feed(execution_id)
+        self._watches.setdefault(execution_id, set()).add(feed)
         return feed
 
     def unsubscribe(self, feed: Feed) -> None:
-        self._feeds.discard(feed)
+        feeds = self._watches.get(feed.execution_id)
+        if feeds is not None:
+            feeds.discard(feed)
+            if not feeds:
+                del self._watches[feed.execution_id]
 
     async def close(self) -> None:
-        self._closing = True
-        for feed in self._feeds:
-            feed.end()
+        self._closing.set()
+        for feeds in self._watches.values():
+            for feed in feeds:
+                feed.end()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POLL):
+                    await self._closing.wait()
+            if self._watches and not self._closing.is_set():
+                try:
+                    await self._poll()
+                except Exception:  # the next poll tries again
+                    log.exception("live streams: polling the watched executions failed")
+
+    async def _poll(self) -> None:
+        watched = list(self._watches)
+        states = await run_in_threadpool(self._read, watched)
+        for execution_id in watched:
+            state = states.get(execution_id)
+            for feed in self._watches.get(execution_id, ()):
+                if state is None:
+                    feed.stale()  # deleted: the stream's own read finds it gone, and ends
+                else:
+                    feed.push({"kind": "state", "status": state[0], "nodes": state[1]})
 
 
 class _Watch:
@@ -364,7 +398,8 @@ class ListenHub:
                 notice = json.loads(notify.payload)
             except ValueError:
                 notice = None
-            if not isinstance(notice, dict):  # not the triggers': someone's NOTIFY by hand
+            if not isinstance(notice, dict) or notice.get("kind") not in ("node", "execution"):
+                # not the triggers': someone's NOTIFY by hand
                 log.warning(
                     "live streams: ignored a notice on %s: %.80r", notify.channel, notify.payload
                 )

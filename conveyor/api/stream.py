@@ -7,7 +7,7 @@ then reads the current state, through the pool and briefly; so no change falls b
 read and the announcements. A stream holds no database connection of its own while it is
 open. It re-reads the state only when the hub says announcements may have been missed (its
 connection was lost, the client read too slowly, or a second after the execution was first
-registered: see :data:`~conveyor.api.hub.SETTLE`), or on SQLite every half second.
+registered: see :data:`~conveyor.api.hub.SETTLE`).
 
 Events: ``execution`` (``{"status": ...}``) first with the current status, then on each
 change; ``node`` (``{"node_id": ..., "status": ...}``) on each node's change. The stream ends
@@ -34,7 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from conveyor.api.hub import Feed, Hub, ListenHub, PolledHub, Signal
+from conveyor.api.hub import Feed, Hub, ListenHub, PolledHub, Signal, State
 from conveyor.api.schemas import Problem
 from conveyor.config import Settings
 from conveyor.engine.records import TenantRef
@@ -50,7 +50,6 @@ REREAD_AFTER = 1.0  # seconds before a failed re-read is tried again
 HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 _EXECUTION_STATUSES = frozenset(s.value for s in ExecutionStatus)
-State = tuple[str, list[tuple[str, str]]]  # the execution's status, and (node id, status)s
 
 
 def event(kind: str, data: dict[str, Any]) -> bytes:
@@ -83,9 +82,12 @@ class Tracker:
         return [e for e in told if e is not None]
 
     def heard(self, notice: Mapping[str, Any]) -> bytes | None:
-        """The event of one announcement, if it tells the client something new."""
+        """The event(s) of one announcement (or of a polled read of the whole state), if it
+        tells the client something new."""
         if self.finished:
             return None
+        if notice.get("kind") == "state" and notice.get("status") in _EXECUTION_STATUSES:
+            return b"".join(self.read((notice["status"], notice["nodes"]))) or None
         status = notice.get("status")
         if not isinstance(status, str):
             return None
@@ -261,7 +263,7 @@ async def serving(service: Conveyor, settings: Settings) -> AsyncIterator[Stream
     if url.get_backend_name() == "postgresql":
         hub = ListenHub(url.set(drivername="postgresql").render_as_string(hide_password=False))
     else:
-        hub = PolledHub()
+        hub = PolledHub(lambda ids: _read_many(service, ids))
     admission = Admission(settings.streams_per_tenant, settings.streams_per_process)
     streams = Streams(hub, admission, settings.streams_keepalive)
     await hub.start()
@@ -269,6 +271,11 @@ async def serving(service: Conveyor, settings: Settings) -> AsyncIterator[Stream
         yield streams
     finally:
         await streams.close()
+
+
+def _read_many(service: Conveyor, execution_ids: list[uuid.UUID]) -> dict[uuid.UUID, State]:
+    with service.db.transaction() as store:
+        return store.live_states(execution_ids)
 
 
 def _read(service: Conveyor, execution_id: uuid.UUID) -> State:

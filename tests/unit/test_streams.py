@@ -123,11 +123,17 @@ def test_an_ended_feed_says_end_before_anything_else() -> None:
     assert asyncio.run(scenario()) is Signal.END
 
 
-def test_a_polled_feed_asks_for_a_re_read_at_each_poll() -> None:
-    async def scenario() -> object:
-        return await Feed(uuid.uuid4(), poll=0.01).next(5.0)
+def test_a_polled_read_of_the_whole_state_sends_only_what_changed() -> None:
+    tracker = Tracker()
+    tracker.opened(("running", [("fetch", "running")]))
+    state = {"kind": "state", "status": "running", "nodes": [("fetch", "running")]}
 
-    assert asyncio.run(scenario()) is Signal.RESYNC
+    assert tracker.heard(state) is None
+    assert tracker.heard({**state, "nodes": [("fetch", "completed"), ("send", "queued")]}) == (
+        event("node", {"node_id": "fetch", "status": "completed"})
+        + event("node", {"node_id": "send", "status": "queued"})
+    )
+    assert tracker.heard({**state, "status": "bogus"}) is None
 
 
 def test_a_notice_not_in_the_triggers_shape_is_ignored() -> None:
