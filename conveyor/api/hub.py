@@ -210,9 +210,8 @@ class ListenHub:
     (:attr:`_watches`) and wake it; it applies the changes in one round trip between waits
     for announcements, so a burst of new streams costs a few statements, not one each."""
 
-    def __init__(self, conninfo: str, open_timeout: float = OPEN_TIMEOUT) -> None:
+    def __init__(self, conninfo: str) -> None:
         self._conninfo = conninfo
-        self._open_timeout = open_timeout
         self._watches: dict[uuid.UUID, _Watch] = {}
         self._listened: set[uuid.UUID] = set()  # by the current connection
         self._registered: dict[uuid.UUID, uuid.UUID] = {}  # execution -> its row's id
@@ -237,7 +236,7 @@ class ListenHub:
             watch.ready = asyncio.get_running_loop().create_future()
             self._changed.set()
         try:
-            async with asyncio.timeout(self._open_timeout):
+            async with asyncio.timeout(OPEN_TIMEOUT):
                 await asyncio.shield(watch.ready)
         except TimeoutError:
             self.unsubscribe(feed)

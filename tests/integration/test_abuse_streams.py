@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 import uuid
@@ -24,12 +25,13 @@ from sqlalchemy import text
 from conveyor.api import create_app, hub
 from conveyor.api.hub import APPLICATION_NAME
 from conveyor.api.server import ApiServer
-from conveyor.api.stream import channel
+from conveyor.api.stream import Admission, Streams, channel, refused
 from conveyor.config import Settings, get_settings
 from conveyor.engine import runner
-from conveyor.engine.records import Dispatch
+from conveyor.engine.records import Dispatch, TenantRef
 from conveyor.engine.states import TriggerSource
 from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import StreamsUnavailable
 from conveyor.service import Conveyor, utcnow
 from tests.conftest import PG_ADMIN_URL, TEST_DB
 
@@ -405,6 +407,43 @@ def test_a_change_written_before_the_stream_registered_and_committed_after_still
         assert not reader.is_alive()
     assert seen[0] == 'data: {"status": "running"}'
     assert seen[-1] == 'data: {"status": "completed"}'
+
+
+def test_a_new_stream_is_refused_with_503_while_the_listen_connection_cannot_be_made(
+    conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a hub whose database cannot be reached (nothing listens on its port), and a new
+    # stream waiting at most 1 s for it
+    monkeypatch.setattr(hub, "OPEN_TIMEOUT", 1.0)
+    conveyor_service.apply(parse_workflow(ONE_NODE))
+    execution_id, _ = held(conveyor_service, "default")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: connections to it are refused
+    tenant = TenantRef(id=uuid.uuid4(), name="acme")
+
+    async def open_one() -> tuple[BaseException | None, int]:
+        listen = hub.ListenHub(f"postgresql://postgres@127.0.0.1:{port}/nowhere")
+        streams = Streams(listen, Admission(per_tenant=5, per_process=5))
+        await listen.start()
+        try:
+            await streams.open(conveyor_service, tenant, execution_id)
+        except StreamsUnavailable as exc:
+            return exc, streams.admission.open
+        finally:
+            await streams.close()
+        return None, streams.admission.open
+
+    # When a stream is asked for
+    failure, held_after = asyncio.run(open_one())
+
+    # Then it is refused as unavailable (the route answers 503 with when to retry), and its
+    # place is given back
+    assert isinstance(failure, StreamsUnavailable)
+    answer = refused(failure)
+    assert answer.status_code == 503 and int(answer.headers["Retry-After"]) > 0
+    assert b"open the stream again" in bytes(answer.body)
+    assert held_after == 0
 
 
 def test_a_registration_the_retention_sweep_deleted_is_written_back_and_the_stream_re_reads(
