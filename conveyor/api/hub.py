@@ -13,7 +13,7 @@ piling up announcements (:data:`BACKLOG`).
 
 On SQLite (the embedded default) there is nothing to listen to: a :class:`PolledHub` reads
 every watched execution every :data:`POLL` seconds, in one statement however many streams
-watch, and hands each stream the differences.
+watch, and hands each stream what it read (the stream sends only what changed).
 """
 
 from __future__ import annotations
