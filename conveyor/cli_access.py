@@ -33,16 +33,10 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Default: CONVEYOR_API_PORT.")] = None,
 ) -> None:
     """Serve the REST API, the webhook receiver and live streams (OpenAPI at /docs)."""
-    import uvicorn
+    from conveyor.api.server import serve as serve_api
 
     settings = get_settings()
-    uvicorn.run(
-        "conveyor.api.app:create_app",
-        factory=True,
-        host=host or settings.api_host,
-        port=port or settings.api_port,
-        log_level="info",
-    )
+    serve_api(host or settings.api_host, port or settings.api_port)
 
 
 @keys_app.command("create")

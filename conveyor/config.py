@@ -151,6 +151,24 @@ class Settings(BaseSettings):
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
+    streams_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        description="Live status streams (GET /v1/executions/{id}/events) one tenant may hold "
+        "open at once in one API process; one more answers 429.",
+    )
+    streams_per_process: int = Field(
+        default=2000,
+        ge=1,
+        description="Live status streams one API process holds open at once, all tenants "
+        "together; one more answers 429. They share one database connection.",
+    )
+    streams_keepalive: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a live stream may stay silent before it sends a comment line, "
+        "so that proxies do not close idle streams.",
+    )
 
     heartbeat_interval: float = Field(
         default=5.0, gt=0, description="Seconds between a running node job's heartbeats."

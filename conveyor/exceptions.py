@@ -85,6 +85,16 @@ class LimitError(ConveyorError):
     """The concurrency limiter (Redis) could not answer; the job is left for a retry."""
 
 
+class TooManyStreams(ConveyorError):
+    """Too many live status streams are open; close one, or wait for one to end, and retry
+    (the limits are CONVEYOR_STREAMS_PER_TENANT and CONVEYOR_STREAMS_PER_PROCESS)."""
+
+
+class StreamsUnavailable(ConveyorError):
+    """Live status streams cannot be served now (the API is shutting down, or cannot reach
+    the database); open the stream again in a few seconds."""
+
+
 class InvalidTransition(ConveyorError):
     """The object is not in a state that allows this operation."""
 

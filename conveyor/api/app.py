@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from conveyor import metrics, runtime
-from conveyor.api import dead_letters, rest, webhooks
+from conveyor.api import dead_letters, rest, stream, webhooks
 from conveyor.api.bodies import BodyBounds
 from conveyor.config import get_settings
 from conveyor.exceptions import (
@@ -64,6 +64,9 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
             else:
                 app.state.service = service
             runtime.load_imports()
+            app.state.streams = await stack.enter_async_context(
+                stream.serving(app.state.service, get_settings())
+            )
             yield
 
     app = FastAPI(

@@ -10,8 +10,9 @@ import json
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Response, status
+from fastapi import APIRouter, Body, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from conveyor import views
 from conveyor.api import stream
@@ -30,7 +31,12 @@ from conveyor.config import get_settings
 from conveyor.engine.records import TenantRef
 from conveyor.engine.states import ExecutionStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
-from conveyor.exceptions import ExecutionNotFound, WorkflowNotFound
+from conveyor.exceptions import (
+    ExecutionNotFound,
+    StreamsUnavailable,
+    TooManyStreams,
+    WorkflowNotFound,
+)
 from conveyor.runtime import http_allow, known_functions
 from conveyor.service import Conveyor
 
@@ -195,19 +201,26 @@ def cancel_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: Tenan
     "/executions/{execution_id}/events",
     tags=["executions"],
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={
+        200: {"content": {"text/event-stream": {}}},
+        429: {
+            "model": Problem,
+            "description": "Too many live streams open (CONVEYOR_STREAMS_PER_TENANT, "
+            "CONVEYOR_STREAMS_PER_PROCESS); `Retry-After` says when to try again",
+        },
+    },
 )
-def execution_events(
-    execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep
-) -> StreamingResponse:
+async def execution_events(
+    execution_id: uuid.UUID, request: Request, service: ServiceDep, tenant: TenantDep
+) -> Response:
     """Server-sent events: the execution's status now, then each change of it and of its
     nodes as it happens (PostgreSQL LISTEN/NOTIFY), until it finishes."""
-    _owned(service, tenant, execution_id)
-    return StreamingResponse(
-        stream.execution_events(service, execution_id),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+    await run_in_threadpool(_owned, service, tenant, execution_id)
+    streams: stream.Streams = request.app.state.streams
+    try:
+        return await streams.open(service, tenant, execution_id)
+    except (TooManyStreams, StreamsUnavailable) as exc:
+        return stream.refused(exc)
 
 
 # -- application events -------------------------------------------------------------------------

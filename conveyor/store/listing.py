@@ -40,6 +40,31 @@ class ListingQueries:
             )
         return row
 
+    def live_state(self, execution_id: uuid.UUID) -> tuple[str, list[tuple[str, str]]]:
+        """An execution's status and its nodes' (as made), in one statement and snapshot:
+        what a live stream reads, and nothing more of the rows."""
+        found = self.live_states([execution_id])
+        if execution_id not in found:
+            raise ExecutionNotFound(f"no execution has id {execution_id}")
+        return found[execution_id]
+
+    def live_states(
+        self, execution_ids: Sequence[uuid.UUID]
+    ) -> dict[uuid.UUID, tuple[str, list[tuple[str, str]]]]:
+        """:meth:`live_state` of each execution that exists, in one statement."""
+        rows = self.session.execute(
+            select(Execution.id, Execution.status, NodeState.node_id, NodeState.status)
+            .outerjoin(NodeState, NodeState.execution_id == Execution.id)
+            .where(Execution.id.in_(execution_ids))
+            .order_by(Execution.id, NodeState.id)
+        ).all()
+        found: dict[uuid.UUID, tuple[str, list[tuple[str, str]]]] = {}
+        for execution_id, status, node_id, node_status in rows:
+            _, nodes = found.setdefault(execution_id, (status.value, []))
+            if node_id is not None:
+                nodes.append((node_id, node_status.value))
+        return found
+
     def execution_nodes(self, execution_id: uuid.UUID) -> list[NodeState]:
         return list(
             self.session.scalars(

@@ -1,0 +1,29 @@
+"""The HTTP server of ``conveyor api``: uvicorn's, ending the live streams before it waits.
+
+At a shutdown uvicorn stops accepting connections, then waits for every response under way to
+finish before it runs the app's shutdown. A live stream finishes only with its execution, so
+it would wait for hours. This server first ends the streams (each closes cleanly, without a
+finished status: a client opens it again on another process), then shuts down as uvicorn does.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import uvicorn
+
+
+class ApiServer(uvicorn.Server):
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state = getattr(self.config.app, "state", None)
+        streams = getattr(state, "streams", None)
+        if streams is not None:
+            await streams.close()
+        await super().shutdown(sockets)
+
+
+def serve(host: str, port: int) -> None:
+    """Serve the API (built here, with the process's own service) until SIGINT or SIGTERM."""
+    from conveyor.api.app import create_app
+
+    ApiServer(uvicorn.Config(create_app(), host=host, port=port, log_level="info")).run()
