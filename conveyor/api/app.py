@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 
 from conveyor import metrics, runtime
 from conveyor.api import dead_letters, metrics_http, rest, webhooks
+from conveyor.api.links import add_links
 from conveyor.api.schemas import Problem
 from conveyor.config import Settings, get_settings
 from conveyor.exceptions import (
@@ -103,6 +104,14 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
     app.add_exception_handler(IntegrityError, _conflict)  # type: ignore[arg-type]
 
     registry.register(metrics.SnapshotCollector(lambda: _snapshot(app.state.service)))
+    generated = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_links(generated())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get(
         "/metrics",

@@ -17,6 +17,7 @@ per operation and no deadline.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import itertools
@@ -24,6 +25,7 @@ import json
 import string
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,6 +36,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.transport import Response
 from schemathesis.generation.case import Case
 from schemathesis.generation.meta import TestPhase
 from schemathesis.hooks import HookContext
@@ -57,6 +60,7 @@ from tests.support.services import wait_for
 TENANT = "fuzz"
 WORKFLOW = "fuzz-flow"
 EVENT = "fuzz.event"
+DELAY_NODE = {"id": "n", "type": "delay", "config": {"seconds": 0}}
 EXAMPLES = 30  # per operation in the fuzzing phase; the coverage phase adds its own cases
 
 # Header values requests sends as they are: printable ASCII without spaces or line breaks
@@ -85,7 +89,9 @@ CHECKS = [
 # The schema the app serves, built at collection so that schemathesis makes one test per
 # operation. (Its lazy loader, ``schemathesis.pytest.from_fixture``, fails on pytest 9.2, whose
 # nodes have no ``_nodeid`` any more.) The first test proves it is the one served over HTTP.
-SCHEMA = schemathesis.openapi.from_dict(create_app().openapi())
+# (A copy: schemathesis adds the links it infers to the schema it is given.)
+OPENAPI = create_app().openapi()
+SCHEMA = schemathesis.openapi.from_dict(copy.deepcopy(OPENAPI))
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def fuzz_tenant(conveyor_service: Conveyor, make_key: Callable[[str], str]) -> I
             endpoints.append(Endpoint(made.id, scheme, secret))
     definition = {
         "name": WORKFLOW,
-        "nodes": [{"id": "n", "type": "delay", "config": {"seconds": 0}}],
+        "nodes": [DELAY_NODE],
         "events": [EVENT],
         "webhooks": [{"endpoint": f"fuzz-{scheme.value}"} for scheme in SignatureScheme],
     }
@@ -162,7 +168,7 @@ def test_the_fuzzed_schema_is_the_one_the_api_serves(api_url: str) -> None:
     served = httpx.get(f"{api_url}/openapi.json", timeout=10)
 
     assert served.status_code == 200
-    assert served.json() == SCHEMA.raw_schema
+    assert served.json() == OPENAPI
 
 
 @SCHEMA.parametrize()
@@ -188,6 +194,67 @@ def test_no_generated_request_makes_the_api_answer_a_server_error(
 
     case.validate_response(response, checks=CHECKS, headers=headers)
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text}"
+
+
+# -- sequences: one call's answer feeding the next (the schema's OpenAPI links) -------------------
+
+SEQUENCES = 25  # scenarios, each of up to STEPS linked calls
+STEPS = 6
+
+
+class LinkedCalls(SCHEMA.as_state_machine()):  # type: ignore[misc]
+    """Schemathesis's state machine over the schema's links: apply a workflow, then trigger it
+    by the name the answer gave, then read, cancel or stream the execution by the id the
+    trigger gave; list executions or dead letters, then read one of them. Every answer must
+    conform to the schema, none be a 5xx."""
+
+    base_url = ""
+    key = ""
+    answered: Counter[tuple[str, str, int]] = Counter()  # (method, path, status): how often
+    _applies = itertools.count()
+
+    def before_call(self, case: Case) -> None:
+        # every other apply is a valid definition: later steps then reach real workflows
+        if (case.method, case.path) == ("POST", "/v1/workflows") and next(self._applies) % 2:
+            case.body = {"name": f"linked-{next(_SERIAL) % 3}", "nodes": [DELAY_NODE]}
+            case.media_type = "application/json"
+
+    def after_call(self, response: Response, case: Case) -> None:
+        self.answered[(case.method, case.path, response.status_code)] += 1
+
+    def get_call_kwargs(self, case: Case) -> dict[str, object]:
+        return {"base_url": self.base_url, "headers": self._auth(), "timeout": 20}
+
+    def validate_response(  # type: ignore[override]
+        self, response: Response, case: Case, additional_checks: object = None, **kwargs: object
+    ) -> None:
+        case.validate_response(response, checks=CHECKS, headers=self._auth())
+        assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text}"
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+def test_no_sequence_of_linked_calls_makes_the_api_answer_off_schema_or_a_server_error(
+    api_url: str, fuzz_tenant: FuzzTenant
+) -> None:
+    LinkedCalls.base_url, LinkedCalls.key = api_url, fuzz_tenant.key
+
+    LinkedCalls.run(
+        settings=settings(
+            max_examples=SEQUENCES,
+            stateful_step_count=STEPS,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+
+    # and the links led somewhere: executions made, then read by the id their trigger gave
+    reached = LinkedCalls.answered
+    assert reached["POST", "/v1/workflows/{name}/executions", 201] > 0, reached
+    assert reached["GET", "/v1/executions/{execution_id}", 200] > 0, reached
 
 
 # -- steering the generator --------------------------------------------------------------------
