@@ -106,9 +106,7 @@ def test_a_captured_github_delivery_sent_again_under_a_new_delivery_id_is_refuse
     assert [r.status_code for r in replays] == [409, 409, 409]
     assert "CONVEYOR_WEBHOOK_REPLAY_WINDOW_DAYS" in replays[0].json()["detail"]
     assert count(conveyor_service, WebhookDelivery) == 1
-    [run] = started(conveyor_service)
-    assert wait_for(conveyor_service, run.id).status is ExecutionStatus.COMPLETED
-    assert len(started(conveyor_service)) == 1
+    _settle(conveyor_service, executions=1)  # the one delivery's execution, completed
 
 
 def test_concurrent_replays_of_one_github_body_let_exactly_one_through(
@@ -133,8 +131,7 @@ def test_concurrent_replays_of_one_github_body_let_exactly_one_through(
     # Then the database let one in: one delivery, one execution
     assert sorted(codes) == [202] + [409] * 7
     assert count(conveyor_service, WebhookDelivery) == 1
-    [run] = started(conveyor_service)
-    wait_for(conveyor_service, run.id)
+    _settle(conveyor_service, executions=1)  # the one delivery's execution, completed
 
 
 def test_a_github_body_is_accepted_again_once_the_replay_window_has_passed(
@@ -152,6 +149,7 @@ def test_a_github_body_is_accepted_again_once_the_replay_window_has_passed(
 
     assert again.status_code == 202  # the window (30 days by default) is over
     assert count(conveyor_service, WebhookDelivery) == 2
+    _settle(conveyor_service, executions=2)
 
 
 def test_the_same_github_body_to_another_endpoint_is_not_a_replay(
