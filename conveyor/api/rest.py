@@ -38,7 +38,7 @@ router = APIRouter(
         404: {"model": Problem, "description": "Not found (or another tenant's)"},
         409: {"model": Problem, "description": "Conflicts with the current state"},
         422: {"model": Problem, "description": "Invalid input; `errors` lists every problem"},
-        503: {"model": Problem, "description": "The database or the broker is unreachable"},
+        503: {"model": Problem, "description": "The database is unreachable; try again"},
     },
 )
 IdempotencyKey = Annotated[
