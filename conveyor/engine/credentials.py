@@ -140,10 +140,11 @@ def _github(secret: str, body: bytes, headers: dict[str, str]) -> tuple[str, str
     """The delivery id and the body's HMAC (hex), once the signature matches."""
     signature = headers.get("x-hub-signature-256")
     delivery_id = headers.get("x-github-delivery")
-    if not signature or not delivery_id:
-        raise SignatureError(
-            "unsigned delivery: missing header(s) X-Hub-Signature-256 or X-GitHub-Delivery"
-        )
+    # GitHub always names the event; without it the body's shape could not be checked
+    names = ("X-Hub-Signature-256", "X-GitHub-Delivery", "X-GitHub-Event")
+    missing = [name for name in names if not headers.get(name.lower())]
+    if not signature or not delivery_id or missing:
+        raise SignatureError(f"unsigned delivery: missing header(s) {', '.join(missing)}")
     digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(f"sha256={digest}".encode(), signature.strip().encode()):
         raise SignatureError("signature refused: no signature matches the body")

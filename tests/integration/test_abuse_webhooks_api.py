@@ -206,6 +206,21 @@ def test_a_captured_push_sent_again_as_another_event_is_refused(
     assert count(conveyor_service, WebhookDelivery) == 0
 
 
+def test_a_captured_push_sent_again_without_its_event_header_is_refused(
+    conveyor_service: Conveyor, api_url: str, repo: tuple[uuid.UUID, str]
+) -> None:
+    # a workflow listening to every delivery of the endpoint would have taken it
+    endpoint_id, secret = repo
+    headers = github(secret, PUSH, "push", "g-1")
+    del headers["X-GitHub-Event"]
+
+    answer = httpx.post(f"{api_url}/webhooks/{endpoint_id}", content=PUSH, headers=headers)
+
+    assert answer.status_code == 401
+    assert "missing header(s) X-GitHub-Event" in answer.json()["detail"]
+    assert count(conveyor_service, WebhookDelivery) == 0
+
+
 # -- Standard Webhooks: timestamps ---------------------------------------------------------------
 
 

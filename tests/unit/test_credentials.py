@@ -179,3 +179,11 @@ def test_a_form_encoded_github_body_is_checked_against_its_event_too() -> None:
     with pytest.raises(EventMismatch):
         verify(SignatureScheme.GITHUB, "k", body, github_headers("k", body, "push"))
     assert verify(SignatureScheme.GITHUB, "k", body, github_headers("k", body, "ping")).payload
+
+
+def test_a_github_delivery_without_its_event_header_is_refused() -> None:
+    # GitHub always sends it: without it, the signed body's shape could not be checked
+    headers = {k: v for k, v in github_headers("k").items() if k != "X-GitHub-Event"}
+
+    with pytest.raises(SignatureError, match=r"missing header\(s\) X-GitHub-Event"):
+        verify(SignatureScheme.GITHUB, "k", PUSH, headers)
