@@ -79,7 +79,7 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
                 app.state.service = service
             runtime.load_imports()
             if settings.metrics_port:
-                app.state.metrics_address = stack.enter_context(
+                stack.enter_context(
                     metrics_http.served_apart(
                         registry, settings.metrics_host, settings.metrics_port,
                         settings.metrics_token,

@@ -62,20 +62,16 @@ class _Quiet(WSGIRequestHandler):
 
 
 @contextmanager
-def served_apart(
-    registry: CollectorRegistry, host: str, port: int, token: str
-) -> Iterator[tuple[str, int]]:
-    """Serve the registry's metrics on a listener of their own while the block runs; the
-    address it listens on (port 0 takes a free one)."""
+def served_apart(registry: CollectorRegistry, host: str, port: int, token: str) -> Iterator[None]:
+    """Serve the registry's metrics on a listener of their own while the block runs."""
     server = make_server(
         host, port, _guarded(make_wsgi_app(registry), token), ThreadingWSGIServer, _Quiet
     )
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
-    address = server.server_address
-    log.info("metrics served on http://%s:%s/metrics", address[0], address[1])
+    log.info("metrics served on http://%s:%s/metrics", host, port)
     try:
-        yield str(address[0]), int(address[1])
+        yield
     finally:
         server.shutdown()
         server.server_close()
