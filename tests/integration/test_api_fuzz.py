@@ -55,6 +55,7 @@ from conveyor.engine.states import DeliveryStatus, ExecutionStatus, SignatureSch
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, WebhookDelivery
 from conveyor.service import Conveyor, utcnow
+from tests.integration.conftest import SCRAPER
 from tests.support.services import wait_for
 
 TENANT = "fuzz"
@@ -271,6 +272,8 @@ def _aimed(draw: st.DrawFn, case: Case, tenant: FuzzTenant) -> Case:
     tenant's own rows (or, for a webhook, made a delivery to one of its endpoints)."""
     if case.path.startswith("/v1/") and _chance(draw, 3, 1):  # else the generated ones
         case.headers["Authorization"] = f"Bearer {tenant.key}"  # case-insensitive: replaces
+    if case.path == "/metrics" and _chance(draw, 1, 1):  # the scraper's token, or none
+        case.headers = {**(case.headers or {}), **SCRAPER}
     params = case.path_parameters or {}
     if "endpoint_id" in params:
         if _chance(draw, 1, 1):
