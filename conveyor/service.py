@@ -28,7 +28,6 @@ from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
-    DuplicateDelivery,
     LimitError,
     NodeCancelled,
     NonRetryableError,
@@ -224,25 +223,12 @@ class Conveyor:
             self.db.run(lambda s: s.count_rejected(endpoint.id))
             log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
             raise
-        now = utcnow()
-
-        def store_it(store: SqlStore) -> uuid.UUID:
-            stored = store.add_delivery(
-                endpoint, verified.delivery_id, verified.event, verified.payload, now
-            )
-            if stored is None:
-                raise DuplicateDelivery(
-                    f"delivery {verified.delivery_id!r} was received already; it is not "
-                    "started again"
-                )
-            if verified.signature is not None and not store.note_signature(
-                endpoint.id, verified.signature, now, self.replay_window
-            ):
-                raise ReplayedDelivery()
-            return stored
-
         try:
-            stored = self.db.run(store_it)
+            stored = self.db.run(
+                lambda s: subscriptions.store_delivery(
+                    s, endpoint, verified, utcnow(), self.replay_window
+                )
+            )
         except ReplayedDelivery as exc:
             log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
             raise
