@@ -31,12 +31,23 @@ def _now() -> datetime:
 def serve(
     host: Annotated[str | None, typer.Option(help="Default: CONVEYOR_API_HOST.")] = None,
     port: Annotated[int | None, typer.Option(help="Default: CONVEYOR_API_PORT.")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Also serve /metrics on this port, on CONVEYOR_METRICS_HOST. "
+            "Default: CONVEYOR_METRICS_PORT (0: none).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API, the webhook receiver and live streams (OpenAPI at /docs)."""
     from conveyor.api.server import serve as serve_api
 
     settings = get_settings()
-    serve_api(host or settings.api_host, port or settings.api_port)
+    if metrics_port is not None:
+        settings = settings.model_copy(update={"metrics_port": metrics_port})
+    serve_api(host or settings.api_host, port or settings.api_port, settings)
 
 
 @keys_app.command("create")

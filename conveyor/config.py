@@ -169,6 +169,27 @@ class Settings(BaseSettings):
         description="Seconds a live stream may stay silent before it sends a comment line, "
         "so that proxies do not close idle streams.",
     )
+    webhook_replay_window_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="A GitHub-signed body an endpoint received less than this many days ago "
+        "is refused (409) whatever its delivery id: GitHub signs the body only.",
+    )
+    metrics_token: str = Field(
+        default="",
+        description="The bearer token a scraper sends to read /metrics (Authorization: "
+        "Bearer <token>); empty: the API's port does not serve /metrics (403).",
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="`conveyor api` also serves /metrics on a listener of its own on this "
+        "port (the token is required there too when set); 0: none.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Where that metrics listener listens."
+    )
 
     heartbeat_interval: float = Field(
         default=5.0, gt=0, description="Seconds between a running node job's heartbeats."

@@ -69,12 +69,33 @@ class AuthError(ConveyorError):
     key from `conveyor keys create`."""
 
 
+class MetricsAuthError(AuthError):
+    """Scraping /metrics needs `Authorization: Bearer <token>` with the token set in
+    CONVEYOR_METRICS_TOKEN."""
+
+
+class MetricsNotServed(ConveyorError):
+    """/metrics is not served on the API's port without a token: set CONVEYOR_METRICS_TOKEN
+    and scrape with `Authorization: Bearer <token>`, or set CONVEYOR_METRICS_PORT to serve the
+    metrics on a listener of their own."""
+
+
 class DuplicateDelivery(ConveyorError):
     """The endpoint received a delivery with this id already; it is not started again."""
 
 
+class ReplayedDelivery(DuplicateDelivery):
+    """The endpoint received this very body, signed alike, within the replay window
+    (CONVEYOR_WEBHOOK_REPLAY_WINDOW_DAYS); a new delivery id does not make it a new delivery."""
+
+
 class SignatureError(ConveyorError):
     """The webhook's signature is missing, malformed, expired or does not match."""
+
+
+class EventMismatch(SignatureError):
+    """The X-GitHub-Event header names an event the signed body is not a payload of; GitHub's
+    signature does not cover the header, so the pair is refused."""
 
 
 class DispatchError(ConveyorError):

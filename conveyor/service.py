@@ -28,12 +28,11 @@ from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
-    DispatchError,
-    DuplicateDelivery,
     LimitError,
     NodeCancelled,
     NonRetryableError,
     NotFound,
+    ReplayedDelivery,
     SignatureError,
 )
 from conveyor.limiter.gate import BrokerHolds, Gate
@@ -91,8 +90,10 @@ class Conveyor:
         misfire_grace: float = 120.0,
         resend_after: float = 60.0,
         broker_holds: BrokerHolds = lambda: None,
+        replay_window: timedelta = timedelta(days=30),
     ) -> None:
         self.db = database
+        self.replay_window = replay_window  # a GitHub body received again in it is refused
         self.dispatcher = dispatcher
         self.worker = worker
         self.age_low_after = age_low_after
@@ -212,7 +213,9 @@ class Conveyor:
         """Verify and store a delivery, then hand it to the webhook worker; its id.
 
         A bad signature stores nothing but a count on the endpoint (and a log line without
-        the body); a delivery id the endpoint received before is a :class:`DuplicateDelivery`.
+        the body); a delivery id the endpoint received before is a :class:`DuplicateDelivery`,
+        and a GitHub body it received within ``replay_window`` is a :class:`ReplayedDelivery`
+        whatever its delivery id.
         """
         with self.db.transaction() as store:
             endpoint = store.endpoint(endpoint_id)
@@ -224,15 +227,15 @@ class Conveyor:
             self.db.run(lambda s: s.count_rejected(endpoint.id))
             log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
             raise
-        stored = self.db.run(
-            lambda s: s.add_delivery(
-                endpoint, verified.delivery_id, verified.event, verified.payload, utcnow()
+        try:
+            stored = self.db.run(
+                lambda s: subscriptions.store_delivery(
+                    s, endpoint, verified, utcnow(), self.replay_window
+                )
             )
-        )
-        if stored is None:
-            raise DuplicateDelivery(
-                f"delivery {verified.delivery_id!r} was received already; it is not started again"
-            )
+        except ReplayedDelivery as exc:
+            log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
+            raise
         self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
         return stored
 
@@ -540,14 +543,19 @@ class Conveyor:
     # -- plumbing -----------------------------------------------------------------------------
 
     def _publish_now(self, dispatches: Sequence[Dispatch], what: str) -> None:
-        """Publish for a caller that must know it failed (an API call, the CLI)."""
+        """Publish for a caller that answers at once (an API call, the CLI) once its rows are
+        committed. A failure is logged, never raised: the work is stored, the recovery sweep
+        publishes it when the broker is back (see :meth:`recover`), and an error answer would
+        invite a retry that starts it twice."""
         try:
             self.dispatcher.publish(dispatches)
         except Exception as exc:
-            raise DispatchError(
-                f"{what} is stored but its message could not be published ({exc}); check "
-                f"CONVEYOR_BROKER_URL and that the broker is up"
-            ) from exc
+            log.error(
+                "%s is stored but its message could not be published (%s); the recovery sweep "
+                "sends it once the broker is back: check CONVEYOR_BROKER_URL",
+                what,
+                exc,
+            )
 
     def _publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
         if not dispatches:

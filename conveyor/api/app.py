@@ -1,8 +1,9 @@
 """The FastAPI application: routes, the error answers, and its wiring at start-up.
 
-Every error a caller can cause answers ``{"detail": "what is wrong and how to fix it"}``
-with the status that fits; a database or broker that cannot be reached answers 503. No
-input answers 500.
+Every error answers the ``Problem`` shape, ``{"detail": "what is wrong and how to fix it",
+"errors": [...]}``, with the status that fits, and every route documents the statuses it can
+answer with that shape (FastAPI's own 422 shape and its 400 for an unreadable body included);
+a database that cannot be reached answers 503. No input answers 500.
 """
 
 from __future__ import annotations
@@ -10,17 +11,21 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from starlette.exceptions import HTTPException
 
 from conveyor import metrics, runtime
-from conveyor.api import dead_letters, rest, stream, webhooks
+from conveyor.api import dead_letters, metrics_http, rest, stream, webhooks
 from conveyor.api.bodies import BodyBounds
-from conveyor.config import get_settings
+from conveyor.api.links import add_links
+from conveyor.api.schemas import Problem
+from conveyor.config import Settings, get_settings
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
@@ -29,6 +34,7 @@ from conveyor.exceptions import (
     DuplicateDelivery,
     IdempotencyConflict,
     InvalidTransition,
+    MetricsNotServed,
     NotFound,
     SignatureError,
 )
@@ -39,19 +45,28 @@ log = logging.getLogger("conveyor.api")
 _STATUS: list[tuple[type[ConveyorError], int]] = [
     (AuthError, 401),
     (SignatureError, 401),
+    (MetricsNotServed, 403),
     (NotFound, 404),
     (IdempotencyConflict, 409),
     (DuplicateDelivery, 409),
     (InvalidTransition, 409),
     (DefinitionError, 422),
     (DispatchError, 503),
-    (ConveyorError, 400),
+    (ConveyorError, 422),
 ]
+# What every route may answer besides its own, in the Problem shape (a route's own win).
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    422: {"model": Problem, "description": "Invalid input; `errors` lists every problem"},
+    503: {"model": Problem, "description": "The database is unreachable; try again"},
+}
 
 
-def create_app(service: Conveyor | None = None) -> FastAPI:
+def create_app(service: Conveyor | None = None, settings: Settings | None = None) -> FastAPI:
     """The app; without ``service`` it builds the process's own at start-up (and, on the
-    embedded default, migrates SQLite and runs worker threads here)."""
+    embedded default, migrates SQLite and runs worker threads here). ``settings``: the
+    process's (CONVEYOR_*) unless given."""
+    settings = settings or get_settings()
+    registry = CollectorRegistry(auto_describe=False)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,8 +80,15 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
                 app.state.service = service
             runtime.load_imports()
             app.state.streams = await stack.enter_async_context(
-                stream.serving(app.state.service, get_settings())
+                stream.serving(app.state.service, settings)
             )
+            if settings.metrics_port:
+                stack.enter_context(
+                    metrics_http.served_apart(
+                        registry, settings.metrics_host, settings.metrics_port,
+                        settings.metrics_token,
+                    )
+                )  # fmt: skip
             yield
 
     app = FastAPI(
@@ -75,22 +97,44 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
         summary="Durable DAG workflows on Celery: trigger, inspect and steer them.",
         lifespan=lifespan,
     )
-    app.include_router(rest.router)
-    app.include_router(dead_letters.router)
-    app.include_router(webhooks.router)
+    app.include_router(rest.router, responses=PROBLEMS)
+    app.include_router(dead_letters.router, responses=PROBLEMS)
+    app.include_router(webhooks.router, responses=PROBLEMS)
     app.add_middleware(BodyBounds)
     app.add_exception_handler(ConveyorError, _conveyor_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(DataError, _data_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(IntegrityError, _conflict)  # type: ignore[arg-type]
 
-    registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.SnapshotCollector(lambda: _snapshot(app.state.service)))
+    generated = app.openapi
 
-    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
-    def prometheus() -> PlainTextResponse:
-        """Prometheus metrics (see conveyor/metrics.py), read fresh at each scrape."""
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = add_links(generated())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=PlainTextResponse,
+        responses={
+            401: _json_problem("No token, or not CONVEYOR_METRICS_TOKEN"),
+            403: _json_problem("Not served here: no token is set"),
+            422: _json_problem(PROBLEMS[422]["description"]),
+            503: _json_problem(PROBLEMS[503]["description"]),
+        },
+    )
+    def prometheus(
+        authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    ) -> PlainTextResponse:
+        """Prometheus metrics (see conveyor/metrics.py), read fresh at each scrape; they need
+        `Authorization: Bearer <CONVEYOR_METRICS_TOKEN>` (docs/operations.md#metrics)."""
+        metrics_http.check_scrape(authorization, settings.metrics_token)
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
@@ -98,6 +142,13 @@ def create_app(service: Conveyor | None = None) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def _json_problem(description: str) -> dict[str, Any]:
+    """A Problem answer of a route whose success is not JSON (FastAPI would document its
+    errors in the success's media type)."""
+    schema = {"$ref": "#/components/schemas/Problem"}
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _snapshot(service: Conveyor) -> metrics.Snapshot:
@@ -134,6 +185,20 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
     return JSONResponse(
         {"detail": f"{len(errors)} invalid value(s) in the request", "errors": errors},
         status_code=422,
+    )
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's and FastAPI's own errors (an unknown path, a wrong method, a too large or
+    unreadable body), in the Problem shape. FastAPI answers a body it cannot read (not
+    UTF-8, a broken form) with 400: it is invalid input like any other, so 422."""
+    if exc.status_code == 400:
+        return JSONResponse(
+            {"detail": f"the request body could not be read ({exc.detail}); send UTF-8 JSON"},
+            status_code=422,
+        )
+    return JSONResponse(
+        {"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
     )
 
 

@@ -57,7 +57,7 @@ router = APIRouter(
             "description": "Invalid input, or nested past CONVEYOR_MAX_JSON_DEPTH, or past a "
             "definition's limits; `errors` lists every problem",
         },
-        503: {"model": Problem, "description": "The database or the broker is unreachable"},
+        503: {"model": Problem, "description": "The database is unreachable; try again"},
     },
 )
 IdempotencyKey = Annotated[

@@ -12,6 +12,8 @@ import socket
 
 import uvicorn
 
+from conveyor.config import Settings
+
 
 class ApiServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -22,8 +24,10 @@ class ApiServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(host: str, port: int) -> None:
-    """Serve the API (built here, with the process's own service) until SIGINT or SIGTERM."""
+def serve(host: str, port: int, settings: Settings | None = None) -> None:
+    """Serve the API (built here, with the process's own service) until SIGINT or SIGTERM;
+    ``settings``: the process's (CONVEYOR_*) unless given."""
     from conveyor.api.app import create_app
 
-    ApiServer(uvicorn.Config(create_app(), host=host, port=port, log_level="info")).run()
+    app = create_app(settings=settings)
+    ApiServer(uvicorn.Config(app, host=host, port=port, log_level="info")).run()

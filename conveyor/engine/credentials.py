@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,12 +22,16 @@ from typing import Any
 
 from standardwebhooks import Webhook
 
+from conveyor.engine import github_events
 from conveyor.engine.states import SignatureScheme
-from conveyor.exceptions import AuthError, ConveyorError, SignatureError
+from conveyor.exceptions import AuthError, ConveyorError, EventMismatch, SignatureError
 
 KEY_PREFIX = "cvk_"
 TOLERANCE_SECONDS = 300  # a Standard Webhooks timestamp further off than this is refused
 MAX_ID = 200  # characters of a delivery id (and of an event type) that are kept
+# Integer seconds, as the specification says: the library would take "1795630461.5" (or
+# " 1e9", "1_795_630_461") and check the signature of its floor.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +77,7 @@ class Verified:
     delivery_id: str
     event: str | None
     payload: Any
+    signature: str | None = None  # GitHub's: the body's HMAC in hex, to refuse its replays
 
 
 def verify(
@@ -80,19 +86,27 @@ def verify(
     """The verified delivery, or :class:`SignatureError` saying what is wrong (never the
     secret, never the body)."""
     lowered = {k.lower(): v for k, v in headers.items()}
+    signature = None
     if scheme is SignatureScheme.STANDARD:
         delivery_id = _standard(secret, body, lowered)
         payload = _json(body)
         event = payload.get("type") if isinstance(payload, dict) else None
     else:
-        delivery_id = _github(secret, body, lowered)
+        delivery_id, signature = _github(secret, body, lowered)
         payload, event = _json(body), lowered.get("x-github-event")
+        wrong = github_events.mismatch(event, payload)
+        if wrong is not None:
+            raise EventMismatch(
+                f"the X-GitHub-Event header does not match the signed body: {wrong} (GitHub's "
+                "signature does not cover the header, so the pair is refused)"
+            )
     if len(delivery_id) > MAX_ID:
         raise ConveyorError(f"the delivery id is over {MAX_ID} characters; send a shorter one")
     return Verified(
         delivery_id=delivery_id,
         event=event[:MAX_ID] if isinstance(event, str) else None,
         payload=payload,
+        signature=signature,
     )
 
 
@@ -101,6 +115,11 @@ def _standard(secret: str, body: bytes, headers: dict[str, str]) -> str:
     missing = [h for h in names if h not in headers]
     if missing:
         raise SignatureError(f"unsigned delivery: missing header(s) {', '.join(missing)}")
+    if not _TIMESTAMP.fullmatch(headers["webhook-timestamp"]):
+        raise SignatureError(
+            "signature refused: webhook-timestamp must be whole seconds since the epoch "
+            "(digits only, as the Standard Webhooks specification says)"
+        )
     try:
         Webhook(secret).verify(body, headers, json_parse=False)
     except Exception as exc:  # the library raises several kinds for malformed headers
@@ -117,17 +136,19 @@ def _reason(exc: Exception) -> str:
     return "malformed signature headers"
 
 
-def _github(secret: str, body: bytes, headers: dict[str, str]) -> str:
+def _github(secret: str, body: bytes, headers: dict[str, str]) -> tuple[str, str]:
+    """The delivery id and the body's HMAC (hex), once the signature matches."""
     signature = headers.get("x-hub-signature-256")
     delivery_id = headers.get("x-github-delivery")
-    if not signature or not delivery_id:
-        raise SignatureError(
-            "unsigned delivery: missing header(s) X-Hub-Signature-256 or X-GitHub-Delivery"
-        )
-    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected.encode(), signature.strip().encode()):
+    # GitHub always names the event; without it the body's shape could not be checked
+    names = ("X-Hub-Signature-256", "X-GitHub-Delivery", "X-GitHub-Event")
+    missing = [name for name in names if not headers.get(name.lower())]
+    if not signature or not delivery_id or missing:
+        raise SignatureError(f"unsigned delivery: missing header(s) {', '.join(missing)}")
+    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(f"sha256={digest}".encode(), signature.strip().encode()):
         raise SignatureError("signature refused: no signature matches the body")
-    return delivery_id
+    return delivery_id, digest
 
 
 def _json(body: bytes) -> Any:

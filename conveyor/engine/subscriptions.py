@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from conveyor.engine import runner
+from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.queues import QUEUE_FOR_KIND
-from conveyor.engine.records import Dispatch
+from conveyor.engine.records import Dispatch, EndpointRecord
 from conveyor.engine.states import (
     DeliveryStatus,
     JobKind,
@@ -23,7 +24,7 @@ from conveyor.engine.states import (
     SubscriptionKind,
     TriggerSource,
 )
-from conveyor.exceptions import ConveyorError
+from conveyor.exceptions import ConveyorError, DuplicateDelivery, ReplayedDelivery
 
 if TYPE_CHECKING:
     from conveyor.store.sql import SqlStore
@@ -66,6 +67,32 @@ def emit_event(
         )
         for name in sorted({name for name, _ in rows})
     ]
+
+
+def store_delivery(
+    store: SqlStore,
+    endpoint: EndpointRecord,
+    verified: Verified,
+    now: datetime,
+    replay_window: timedelta,
+) -> uuid.UUID:
+    """Store a verified delivery for the webhook worker; its id. A delivery id the endpoint
+    received before is a :class:`DuplicateDelivery`; a body whose signature it noted within
+    ``replay_window`` (GitHub's, which covers the body only) a :class:`ReplayedDelivery`,
+    whatever its delivery id. Both are decided by unique keys, in this transaction: of two
+    concurrent equal deliveries, one is stored."""
+    stored = store.add_delivery(
+        endpoint, verified.delivery_id, verified.event, verified.payload, now
+    )
+    if stored is None:
+        raise DuplicateDelivery(
+            f"delivery {verified.delivery_id!r} was received already; it is not started again"
+        )
+    if verified.signature is not None and not store.note_signature(
+        endpoint.id, verified.signature, now, replay_window
+    ):
+        raise ReplayedDelivery()  # the transaction is rolled back: the delivery too
+    return stored
 
 
 def delivery_dispatch(delivery_id: uuid.UUID) -> Dispatch:

@@ -16,6 +16,7 @@ from conveyor.models.tables import (
     Tenant,
     WebhookDelivery,
     WebhookEndpoint,
+    WebhookSignature,
     WorkflowVersion,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "Tenant",
     "WebhookDelivery",
     "WebhookEndpoint",
+    "WebhookSignature",
     "WorkflowVersion",
 ]

@@ -110,6 +110,21 @@ class WebhookDelivery(Base):
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+class WebhookSignature(Base):
+    """A GitHub body's signature an endpoint received, and when: GitHub signs the body only,
+    so the same body under a new delivery id is a replay, refused while ``seen_at`` is within
+    CONVEYOR_WEBHOOK_REPLAY_WINDOW_DAYS. The key decides it, so two concurrent replays cannot
+    both pass."""
+
+    __tablename__ = "webhook_signatures"
+
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("webhook_endpoints.id"), primary_key=True
+    )
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)  # the HMAC, in hex
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class Subscription(Base):
     """A workflow's declared trigger: an event type, or a webhook endpoint (and an optional
     event filter). Rewritten from the definition on every apply."""

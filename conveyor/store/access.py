@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, insert, select, update
@@ -23,8 +23,10 @@ from conveyor.models import (
     Tenant,
     WebhookDelivery,
     WebhookEndpoint,
+    WebhookSignature,
     WorkflowVersion,
 )
+from conveyor.store.core import upsert
 from conveyor.store.rows import endpoint_record
 
 
@@ -136,6 +138,24 @@ class AccessQueries:
         except IntegrityError:
             return None
         return row.id
+
+    def note_signature(
+        self, endpoint_id: uuid.UUID, digest: str, now: datetime, window: timedelta
+    ) -> bool:
+        """Note a body's signature as received by the endpoint now; False if it was noted
+        less than ``window`` ago (a replay). One statement on the table's key: of two
+        concurrent equal ones, the second waits for the first's commit and sees it."""
+        statement = (
+            upsert(self.session, WebhookSignature)
+            .values(endpoint_id=endpoint_id, digest=digest, seen_at=now)
+            .on_conflict_do_update(
+                index_elements=["endpoint_id", "digest"],
+                set_={"seen_at": now},
+                where=WebhookSignature.seen_at < now - window,
+            )
+            .returning(WebhookSignature.digest)
+        )
+        return self.session.execute(statement).first() is not None
 
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
         """Lock a delivery still waiting for the webhook worker; None once it was handled."""

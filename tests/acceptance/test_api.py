@@ -82,3 +82,36 @@ def test_a_signed_webhook_through_conveyor_api_runs_its_workflow_on_real_workers
     shown = http.get(f"/v1/executions/{execution_id}").json()
     assert shown["output"] == {"add": {"sum": 42}}
     assert shown["trigger"] == "webhook" and shown["priority"] == "high"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_conveyor_api_serves_metrics_on_their_own_port_and_not_on_the_public_one(
+    acceptance_env: dict[str, str], tmp_path: Path, client: object
+) -> None:
+    # Given `conveyor api --metrics-port`, without a metrics token
+    port, metrics_port = _free_port(), _free_port()
+    log = tmp_path / "api.log"
+    env = {k: v for k, v in acceptance_env.items() if k != "CONVEYOR_METRICS_TOKEN"}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*CONVEYOR, "api", "--port", str(port), "--metrics-port", str(metrics_port)],
+            cwd=ROOT, env=env, text=True, stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+    try:
+        _wait_until_ready(process, log, "Application startup complete")
+
+        public = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        own = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30)
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+    # Then the public port refuses them, naming the settings, and their own port serves them
+    assert public.status_code == 403
+    assert "CONVEYOR_METRICS_PORT" in public.json()["detail"]
+    assert own.status_code == 200 and "conveyor_executions" in own.text

@@ -5,17 +5,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from conveyor import runtime
+from conveyor.config import Settings
 from conveyor.engine.credentials import new_api_key
 from conveyor.engine.queues import ALL_QUEUES
 from conveyor.service import Conveyor
 from tests.conftest import PG_ADMIN_URL, REDIS_URL, TEST_DB, TEST_DB_URL
 from tests.support import services
+
+METRICS_TOKEN = "integration-metrics-token"  # the API of api_url serves /metrics to it
+SCRAPER = {"Authorization": f"Bearer {METRICS_TOKEN}"}
 
 
 @pytest.fixture(scope="session")
@@ -57,16 +62,11 @@ def conveyor_service(celery_session_worker: Any, database_url: str) -> Iterator[
     yield conveyor.tasks.service()
 
 
-@pytest.fixture(scope="session")
-def api_url(celery_session_worker: Any, database_url: str) -> Iterator[str]:
-    """The API served over real HTTP (uvicorn on a free port) by the service the in-process
-    worker uses."""
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """An ASGI app served over real HTTP (uvicorn on a free port, its lifespan run); its URL."""
     import uvicorn
 
-    import conveyor.tasks
-    from conveyor.api import create_app
-
-    app = create_app(conveyor.tasks.service())
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     )
@@ -77,9 +77,22 @@ def api_url(celery_session_worker: Any, database_url: str) -> Iterator[str]:
         assert time.monotonic() < deadline and thread.is_alive(), "the API did not start"
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def api_url(celery_session_worker: Any, database_url: str) -> Iterator[str]:
+    """The API served over real HTTP (uvicorn on a free port) by the service the in-process
+    worker uses."""
+    import conveyor.tasks
+    from conveyor.api import create_app
+
+    with served(create_app(conveyor.tasks.service(), Settings(metrics_token=METRICS_TOKEN))) as url:
+        yield url
 
 
 @pytest.fixture

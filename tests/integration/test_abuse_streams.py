@@ -143,7 +143,8 @@ def test_five_hundred_streams_share_one_database_connection_and_each_hears_its_e
     executions = [held(conveyor_service) for _ in range(250)]
     others, _ = held(conveyor_service, "globex")
     other_took: list[float] = []
-    before, _ = connections()
+    # (another API server of this test run, on this database, may hold a LISTEN connection)
+    before, hubs_before = connections()
     samples: list[tuple[int, int]] = []
 
     async def globex_meanwhile(api: str) -> None:
@@ -198,7 +199,7 @@ def test_five_hundred_streams_share_one_database_connection_and_each_hears_its_e
 
     # Then 500 streams held one LISTEN connection, not 500, and registered each execution once
     (during, hubs), (rows, _) = samples
-    assert hubs == 1
+    assert hubs == hubs_before + 1
     assert during <= before + 31, (before, during)  # the pool's most (10 + 20 overflow) + hub
     assert rows == 250
     # and each stream showed its execution running, its node's progress, and completed last

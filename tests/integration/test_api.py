@@ -160,17 +160,19 @@ def test_a_github_webhook_with_its_event_header_starts_the_workflow(
     endpoint_id, secret = endpoint(conveyor_service, "acme", "repo", SignatureScheme.GITHUB)
     flow = add_node("on-push", webhooks=[{"endpoint": "repo", "events": ["push"]}])
     conveyor_service.apply(parse_workflow(flow), "acme")
-    body = b'{"ref": "refs/heads/main"}'
-    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    headers = {"X-Hub-Signature-256": signature, "X-GitHub-Delivery": "g-1"}
 
-    ping = httpx.post(
-        f"{api_url}/webhooks/{endpoint_id}",
-        content=body,
-        headers={**headers, "X-GitHub-Event": "ping", "X-GitHub-Delivery": "g-0"},
-    )
+    def delivery(body: bytes, event: str, delivery_id: str) -> dict[str, str]:
+        signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        return {"X-Hub-Signature-256": signature, "X-GitHub-Delivery": delivery_id,
+                "X-GitHub-Event": event}  # fmt: skip
+
+    ping_body = b'{"zen": "Half measures are as bad as nothing at all.", "hook_id": 1, "hook": {}}'
+    body = b'{"ref": "refs/heads/main", "before": "a", "after": "b", "commits": [], "pusher": {}}'
+
+    ping = httpx.post(f"{api_url}/webhooks/{endpoint_id}", content=ping_body,
+                      headers=delivery(ping_body, "ping", "g-0"))  # fmt: skip
     push = httpx.post(f"{api_url}/webhooks/{endpoint_id}", content=body,
-                      headers={**headers, "X-GitHub-Event": "push"})  # fmt: skip
+                      headers=delivery(body, "push", "g-1"))  # fmt: skip
 
     assert (ping.status_code, push.status_code) == (202, 202)
     [(run, name, _)] = _wait_executions(conveyor_service, "acme", 1)

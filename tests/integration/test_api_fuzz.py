@@ -17,6 +17,7 @@ per operation and no deadline.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import itertools
@@ -24,6 +25,7 @@ import json
 import string
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,9 +36,16 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.transport import Response
 from schemathesis.generation.case import Case
 from schemathesis.generation.meta import TestPhase
 from schemathesis.hooks import HookContext
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 from sqlalchemy import func, select
 from standardwebhooks import Webhook
 
@@ -46,11 +55,13 @@ from conveyor.engine.states import DeliveryStatus, ExecutionStatus, SignatureSch
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, WebhookDelivery
 from conveyor.service import Conveyor, utcnow
+from tests.integration.conftest import SCRAPER
 from tests.support.services import wait_for
 
 TENANT = "fuzz"
 WORKFLOW = "fuzz-flow"
 EVENT = "fuzz.event"
+DELAY_NODE = {"id": "n", "type": "delay", "config": {"seconds": 0}}
 EXAMPLES = 30  # per operation in the fuzzing phase; the coverage phase adds its own cases
 
 # Header values requests sends as they are: printable ASCII without spaces or line breaks
@@ -66,10 +77,22 @@ JSON_VALUES = st.recursive(
     max_leaves=8,
 )
 
+# No server error, and every answer (its status, media type, headers and body) one the schema
+# documents for the operation: an error is a Problem wherever it comes from.
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
 # The schema the app serves, built at collection so that schemathesis makes one test per
 # operation. (Its lazy loader, ``schemathesis.pytest.from_fixture``, fails on pytest 9.2, whose
 # nodes have no ``_nodeid`` any more.) The first test proves it is the one served over HTTP.
-SCHEMA = schemathesis.openapi.from_dict(create_app().openapi())
+# (A copy: schemathesis adds the links it infers to the schema it is given.)
+OPENAPI = create_app().openapi()
+SCHEMA = schemathesis.openapi.from_dict(copy.deepcopy(OPENAPI))
 
 
 @dataclass(frozen=True)
@@ -106,7 +129,7 @@ def fuzz_tenant(conveyor_service: Conveyor, make_key: Callable[[str], str]) -> I
             endpoints.append(Endpoint(made.id, scheme, secret))
     definition = {
         "name": WORKFLOW,
-        "nodes": [{"id": "n", "type": "delay", "config": {"seconds": 0}}],
+        "nodes": [DELAY_NODE],
         "events": [EVENT],
         "webhooks": [{"endpoint": f"fuzz-{scheme.value}"} for scheme in SignatureScheme],
     }
@@ -146,7 +169,7 @@ def test_the_fuzzed_schema_is_the_one_the_api_serves(api_url: str) -> None:
     served = httpx.get(f"{api_url}/openapi.json", timeout=10)
 
     assert served.status_code == 200
-    assert served.json() == SCHEMA.raw_schema
+    assert served.json() == OPENAPI
 
 
 @SCHEMA.parametrize()
@@ -170,8 +193,98 @@ def test_no_generated_request_makes_the_api_answer_a_server_error(
 
     response = case.call(base_url=api_url, headers=headers, timeout=20)
 
-    case.validate_response(response, checks=[not_a_server_error], headers=headers)
+    case.validate_response(response, checks=CHECKS, headers=headers)
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text}"
+
+
+# -- sequences: one call's answer feeding the next (the schema's OpenAPI links) -------------------
+
+SEQUENCES = 25  # scenarios, each of up to STEPS linked calls
+STEPS = 6
+
+
+class LinkedCalls(SCHEMA.as_state_machine()):  # type: ignore[misc]
+    """Schemathesis's state machine over the schema's links: apply a workflow, then trigger it
+    by the name the answer gave, then read, cancel or stream the execution by the id the
+    trigger gave; list executions or dead letters, then read one of them. Every answer must
+    conform to the schema, none be a 5xx.
+
+    Hypothesis replays a sequence's draws and requires the same rules to be open each time, so
+    an answer must depend on the sequence's own calls only, never on the sequences before it
+    or on timing: each sequence applies workflows of names of its own, and every execution a
+    call starts has finished before the next call (a cancel then answers 409 and a stream
+    ends at once, every time)."""
+
+    base_url = ""
+    key = ""
+    answered: Counter[tuple[str, str, int]] = Counter()  # (method, path, status): how often
+    _sequences = itertools.count()
+
+    def setup(self) -> None:
+        self.sequence = next(self._sequences)
+        self.applies = 0
+
+    def before_call(self, case: Case) -> None:
+        # every other apply is a valid definition: later steps then reach real workflows
+        if (case.method, case.path) == ("POST", "/v1/workflows"):
+            self.applies += 1
+            if self.applies % 2:
+                name = f"linked-{self.sequence}-{self.applies % 3}"
+                case.body = {"name": name, "nodes": [DELAY_NODE]}
+                case.media_type = "application/json"
+
+    def after_call(self, response: Response, case: Case) -> None:
+        self.answered[(case.method, case.path, response.status_code)] += 1
+        if response.status_code in (200, 201, 202) and case.method == "POST":
+            started = response.json()
+            ids = started.get("executions", [started.get("id")])
+            for execution_id in filter(None, ids if isinstance(ids, list) else []):
+                self._finished(execution_id)
+
+    def _finished(self, execution_id: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            read = httpx.get(
+                f"{self.base_url}/v1/executions/{execution_id}", headers=self._auth(), timeout=10
+            )
+            if read.status_code != 200 or ExecutionStatus(read.json()["status"]).finished:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"execution {execution_id} did not finish within {timeout} s")
+
+    def get_call_kwargs(self, case: Case) -> dict[str, object]:
+        return {"base_url": self.base_url, "headers": self._auth(), "timeout": 20}
+
+    def validate_response(  # type: ignore[override]
+        self, response: Response, case: Case, additional_checks: object = None, **kwargs: object
+    ) -> None:
+        case.validate_response(response, checks=CHECKS, headers=self._auth())
+        assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text}"
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+def test_no_sequence_of_linked_calls_makes_the_api_answer_off_schema_or_a_server_error(
+    api_url: str, fuzz_tenant: FuzzTenant
+) -> None:
+    LinkedCalls.base_url, LinkedCalls.key = api_url, fuzz_tenant.key
+
+    LinkedCalls.run(
+        settings=settings(
+            max_examples=SEQUENCES,
+            stateful_step_count=STEPS,
+            derandomize=True,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+
+    # and the links led somewhere: executions made, then read by the id their trigger gave
+    reached = LinkedCalls.answered
+    assert reached["POST", "/v1/workflows/{name}/executions", 201] > 0, reached
+    assert reached["GET", "/v1/executions/{execution_id}", 200] > 0, reached
 
 
 # -- steering the generator --------------------------------------------------------------------
@@ -188,6 +301,8 @@ def _aimed(draw: st.DrawFn, case: Case, tenant: FuzzTenant) -> Case:
     tenant's own rows (or, for a webhook, made a delivery to one of its endpoints)."""
     if case.path.startswith("/v1/") and _chance(draw, 3, 1):  # else the generated ones
         case.headers["Authorization"] = f"Bearer {tenant.key}"  # case-insensitive: replaces
+    if case.path == "/metrics" and _chance(draw, 1, 1):  # the scraper's token, or none
+        case.headers = {**(case.headers or {}), **SCRAPER}
     params = case.path_parameters or {}
     if "endpoint_id" in params:
         if _chance(draw, 1, 1):

@@ -20,6 +20,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job, JobAttempt
 from conveyor.service import Conveyor, utcnow
 from conveyor.store import Database
+from tests.integration.conftest import SCRAPER
 from tests.support.services import wait_for
 
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]
@@ -68,7 +69,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, api_url: str) -> None:
     run_some(conveyor_service)
 
-    scraped = samples(httpx.get(f"{api_url}/metrics", timeout=30).text)
+    scraped = samples(httpx.get(f"{api_url}/metrics", headers=SCRAPER, timeout=30).text)
 
     with conveyor_service.db.transaction() as store:
         tries = store.session.scalar(select(func.count()).select_from(JobAttempt))
@@ -93,7 +94,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
 ) -> None:
     # Given tries made, counted by the counters and histograms the metrics show
     def counted() -> dict[str, float]:
-        scraped = samples(httpx.get(f"{api_url}/metrics", timeout=30).text)
+        scraped = samples(httpx.get(f"{api_url}/metrics", headers=SCRAPER, timeout=30).text)
         return {
             f"{name}{dict(labels)}": v
             for (name, labels), v in scraped.items()
@@ -183,7 +184,8 @@ def test_conveyor_stats_prints_the_same_numbers(conveyor_service: Conveyor) -> N
     assert "dead letters (discarded)" in table.stdout and "1 (0)" in table.stdout
 
 
-def test_stats_and_metrics_need_no_key_but_v1_does(api_url: str) -> None:
-    # /metrics is for the operator's scraper (protect it at the network edge); /v1 is not
-    assert httpx.get(f"{api_url}/metrics").status_code == 200
-    assert httpx.get(f"{api_url}/v1/executions").status_code == 401
+def test_metrics_need_the_scrapers_token_and_v1_an_api_key(api_url: str) -> None:
+    # /metrics is for the operator's scraper alone, /v1 for tenants' keys
+    assert httpx.get(f"{api_url}/metrics", headers=SCRAPER).status_code == 200
+    assert httpx.get(f"{api_url}/metrics").status_code == 401
+    assert httpx.get(f"{api_url}/v1/executions", headers=SCRAPER).status_code == 401

@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 from datetime import UTC, datetime, timedelta
+from urllib.parse import quote_plus
 
 import pytest
 from standardwebhooks import Webhook
@@ -19,9 +20,13 @@ from conveyor.engine.credentials import (
     verify,
 )
 from conveyor.engine.states import SignatureScheme
-from conveyor.exceptions import AuthError, SignatureError
+from conveyor.exceptions import AuthError, EventMismatch, SignatureError
 
 BODY = json.dumps({"type": "invoice.paid", "data": {"id": 7}}).encode()
+PUSH = json.dumps(
+    {"ref": "refs/heads/main", "before": "a1", "after": "b2", "commits": [], "pusher": {}}
+).encode()
+PING = json.dumps({"zen": "Keep it logically awesome.", "hook_id": 7, "hook": {}}).encode()
 
 
 def standard_headers(secret: str, body: bytes = BODY, at: datetime | None = None) -> dict:
@@ -34,12 +39,12 @@ def standard_headers(secret: str, body: bytes = BODY, at: datetime | None = None
     }
 
 
-def github_headers(secret: str, body: bytes = BODY) -> dict:
+def github_headers(secret: str, body: bytes = PUSH, event: str = "push") -> dict:
     digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return {
         "X-Hub-Signature-256": f"sha256={digest}",
         "X-GitHub-Delivery": "d-1",
-        "X-GitHub-Event": "push",
+        "X-GitHub-Event": event,
     }
 
 
@@ -107,13 +112,14 @@ def test_malformed_standard_headers_are_a_signature_error(headers: dict) -> None
 
 
 def test_a_github_webhook_verifies_and_a_wrong_one_is_refused() -> None:
-    verified = verify(SignatureScheme.GITHUB, "s3cret", BODY, github_headers("s3cret"))
+    verified = verify(SignatureScheme.GITHUB, "s3cret", PUSH, github_headers("s3cret"))
 
     assert (verified.delivery_id, verified.event) == ("d-1", "push")
+    assert verified.signature == hmac.new(b"s3cret", PUSH, hashlib.sha256).hexdigest()
     with pytest.raises(SignatureError, match="no signature matches"):
-        verify(SignatureScheme.GITHUB, "s3cret", BODY, github_headers("other"))
+        verify(SignatureScheme.GITHUB, "s3cret", PUSH, github_headers("other"))
     with pytest.raises(SignatureError, match="unsigned delivery"):
-        verify(SignatureScheme.GITHUB, "s3cret", BODY, {"X-GitHub-Delivery": "d"})
+        verify(SignatureScheme.GITHUB, "s3cret", PUSH, {"X-GitHub-Delivery": "d"})
 
 
 def test_a_body_that_is_not_json_is_kept_as_text() -> None:
@@ -122,3 +128,62 @@ def test_a_body_that_is_not_json_is_kept_as_text() -> None:
     verified = verify(SignatureScheme.GITHUB, "k", body, github_headers("k", body))
 
     assert verified.payload == "a=1&b=2"
+
+
+def test_a_standard_webhook_carries_no_signature_to_deduplicate_by() -> None:
+    # its signature covers the delivery id and the timestamp: a new id cannot reuse it
+    secret = new_webhook_secret(SignatureScheme.STANDARD)
+
+    verified = verify(SignatureScheme.STANDARD, secret, BODY, standard_headers(secret))
+
+    assert verified.signature is None
+
+
+@pytest.mark.parametrize(
+    "timestamp",
+    ["{now}.5", "{now}.0", " {now}", "{now} ", "+{now}", "{now}e0", "0x6b04e6fd", "1_795_630_461",
+     "\u0661\u0662", "-{now}", "", "99999999999999999999"],
+)  # fmt: skip
+def test_a_standard_timestamp_that_is_not_whole_seconds_is_refused_before_the_signature(
+    timestamp: str,
+) -> None:
+    # Given a delivery signed right for the whole second (the library floors a fraction)
+    secret = new_webhook_secret(SignatureScheme.STANDARD)
+    headers = standard_headers(secret)
+    now = headers["webhook-timestamp"]
+    headers["webhook-timestamp"] = timestamp.format(now=now).encode().decode("unicode_escape")
+
+    with pytest.raises(SignatureError, match="whole seconds since the epoch"):
+        verify(SignatureScheme.STANDARD, secret, BODY, headers)
+
+
+def test_a_signed_ping_sent_again_as_a_push_is_refused() -> None:
+    headers = github_headers("k", PING, event="push")
+
+    with pytest.raises(EventMismatch, match="'push' payload always has ref, before, after"):
+        verify(SignatureScheme.GITHUB, "k", PING, headers)
+    assert verify(SignatureScheme.GITHUB, "k", PING, github_headers("k", PING, "ping")).event == (
+        "ping"
+    )
+
+
+def test_a_signed_push_sent_again_as_another_event_is_refused() -> None:
+    for event in ("ping", "create", "pull_request", "issues"):
+        with pytest.raises(EventMismatch, match="X-GitHub-Event header does not match"):
+            verify(SignatureScheme.GITHUB, "k", PUSH, github_headers("k", PUSH, event))
+
+
+def test_a_form_encoded_github_body_is_checked_against_its_event_too() -> None:
+    body = b"payload=" + quote_plus(PING.decode()).encode()
+
+    with pytest.raises(EventMismatch):
+        verify(SignatureScheme.GITHUB, "k", body, github_headers("k", body, "push"))
+    assert verify(SignatureScheme.GITHUB, "k", body, github_headers("k", body, "ping")).payload
+
+
+def test_a_github_delivery_without_its_event_header_is_refused() -> None:
+    # GitHub always sends it: without it, the signed body's shape could not be checked
+    headers = {k: v for k, v in github_headers("k").items() if k != "X-GitHub-Event"}
+
+    with pytest.raises(SignatureError, match=r"missing header\(s\) X-GitHub-Event"):
+        verify(SignatureScheme.GITHUB, "k", PUSH, headers)
