@@ -134,13 +134,16 @@ class Meter:
                 )
         if depth >= MAX_DEPTH:
             raise Blown(f"it made a list or dict nested deeper than {MAX_DEPTH} levels")
-        self.weights[id(value)] = (value, total, depth + 1)
+        self._remember(value, total, depth + 1)
         return total, depth + 1
+
+    def _remember(self, value: Any, weight: int, depth: int) -> None:
+        self.weights[id(value)] = (value, weight, depth)
 
     def made(self, value: Any, known: tuple[int, int] | None = None) -> Any:
         """Account for a value a template made (its weight and depth, when known)."""
         if known is not None:
-            self.weights[id(value)] = (value, *known)
+            self._remember(value, *known)
         elif isinstance(value, str | bytes):
             self.allow(len(value), "it")
         elif isinstance(value, list | tuple | dict | set | frozenset):
@@ -154,6 +157,9 @@ class _Idle(Meter):
 
     def charge(self, operations: int) -> None:
         return None
+
+    def _remember(self, value: Any, weight: int, depth: int) -> None:
+        return None  # it lives as long as the process: it keeps nothing
 
 
 _BUDGET = Budget()

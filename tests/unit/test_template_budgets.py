@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from conveyor.engine import sandbox
+from conveyor.engine.definitions import Node
 from conveyor.engine.templates import evaluate, render_value
 from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
+from conveyor.nodes import NodeContext, execute
 
 QUICK = 3.0  # seconds; the budget's own time is 1 s
 
@@ -273,7 +275,7 @@ def test_a_render_stops_at_its_time_budget(budget: None) -> None:
 def test_a_render_stops_at_a_deadline_sooner_than_its_budget(budget: None) -> None:
     sandbox.configure(sandbox.Budget(seconds=30.0, operations=10**9, size=10**6))
     started = time.monotonic()
-    with pytest.raises(TemplateBudgetExceeded, match="the node's timeout of 0.2 s"):
+    with pytest.raises(TemplateBudgetExceeded, match=r"the node's timeout of 0\.2 s"):
         render_value(
             "{% for i in range(100000) %}{% for j in input.list %}{{ j }}{% endfor %}{% endfor %}",
             context(),
@@ -347,3 +349,27 @@ def test_input_data_is_passed_through_as_it_is() -> None:
     ctx = context()
     assert render_value("{{ input.big }}", ctx) is BIG
     assert render_value("{{ input.list }}", ctx) is ctx["input"]["list"]
+
+
+def test_outside_a_render_the_sizes_are_checked_and_nothing_is_kept() -> None:
+    idle = sandbox.current()
+    with pytest.raises(sandbox.Blown, match=SIZE):
+        idle.made(["x" * 600_000, "x" * 600_000])
+    idle.made([1, 2])
+    assert idle.weights == {}
+
+
+# -- a node's timeout covers its render ----------------------------------------------------------
+
+
+def test_a_node_s_render_stops_at_the_node_s_timeout(budget: None) -> None:
+    sandbox.configure(sandbox.Budget(seconds=60, operations=10**12, size=10**6))
+    loop = (
+        "{% for i in range(100000) %}{% for j in input.list %}{% set x = j %}{% endfor %}"
+        "{% endfor %}"
+    )
+    node = Node(id="n", type="python", config={"function": "nowhere"}, inputs={"a": loop})
+    started = time.monotonic()
+    with pytest.raises(TemplateBudgetExceeded, match=r"the node's timeout of 0\.3 s"):
+        execute(node, context(), NodeContext(execution_id="e", node_id="n", attempt=1), 0.3)
+    assert time.monotonic() - started < QUICK
