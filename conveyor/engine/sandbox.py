@@ -43,6 +43,7 @@ T = TypeVar("T")
 MAX_INT_BITS = 100_000  # about 30,000 decimal digits; Python prints at most 4,300
 MAX_DEPTH = 100  # how deep a list or dict a template makes may nest
 _JSON_INDENT = 16  # the widest tojson indent
+_MAX_ROUND = MAX_INT_BITS // 4  # digits round() may go to
 
 
 # A deadline sooner than the budget's time: monotonic seconds, and what it is ("the node's
@@ -66,7 +67,7 @@ class Blown(Exception):
 class Meter:
     """One render's account: operations left, its deadline, the weights it has seen."""
 
-    __slots__ = ("deadline", "left", "operations", "seconds", "size", "until", "weights")
+    __slots__ = ("deadline", "kept", "left", "operations", "seconds", "size", "until", "weights")
 
     def __init__(self, budget: Budget, until: Deadline | None = None) -> None:
         self.operations = self.left = budget.operations
@@ -80,6 +81,7 @@ class Meter:
             self.until = None
         # id -> (the value, kept alive so that its id is not reused; its weight; its depth)
         self.weights: dict[int, tuple[Any, int, int]] = {}
+        self.kept = 0  # the weight of what self.weights keeps alive
 
     def tick(self) -> None:
         self.charge(1)
@@ -138,6 +140,13 @@ class Meter:
         return total, depth + 1
 
     def _remember(self, value: Any, weight: int, depth: int) -> None:
+        # What is remembered is kept alive: a loop making a big list each time would keep
+        # them all. Past a few budgets' worth it is forgotten; weighing again is correct,
+        # only slower (a walk stops past the size budget).
+        self.kept += weight
+        if self.kept > 4 * self.size:
+            self.weights.clear()
+            self.kept = weight
         self.weights[id(value)] = (value, weight, depth)
 
     def made(self, value: Any, known: tuple[int, int] | None = None) -> Any:
@@ -637,7 +646,17 @@ def _pprint(meter: Meter, args: _Args, kwargs: dict[str, Any]) -> _Args:
     return args
 
 
+def _round(meter: Meter, args: _Args, kwargs: dict[str, Any]) -> _Args:
+    # round() computes 10 ** precision (an integer's, to a negative one): 17 digits is all a
+    # float has, and an integer's are bounded like every number's.
+    precision = _arg(args, kwargs, 1, "precision", 0)
+    if isinstance(precision, int) and abs(precision) > _MAX_ROUND:
+        raise Blown(f"round() to {precision:,} digits; at most {_MAX_ROUND:,} either way")
+    return args
+
+
 _FILTER_CHECKS: dict[str, _Check] = {
+    "round": _round,
     "center": _center,
     "indent": _indent,
     "wordwrap": _wordwrap,

@@ -65,6 +65,14 @@ def test_squaring_a_number_again_and_again_is_refused() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "template",
+    ["{{ 5|round(-999999999) }}", "{{ 1.5|round(999999999, 'ceil') }}"],
+)
+def test_rounding_to_a_billion_digits_is_refused(template: str) -> None:
+    refused(template, "round() to")
+
+
 def test_a_float_power_that_overflows_is_a_template_error() -> None:
     with pytest.raises(TemplateError, match="out of range"):
         render_value("{{ 9.5 ** 99999 }}", context())
@@ -309,6 +317,9 @@ def test_a_long_template_is_shortened_in_the_message() -> None:
     ("template", "expected"),
     [
         ("{{ 2 ** 10 }}", 1024),
+        ("{{ 1234.5678|round(2) }}", 1234.57),
+        ("{{ 1234|round(-2) }}", 1200),
+        ("{{ 1.21|round(1, 'ceil') }}", 1.3),
         ("{{ 9 ** 9 ** 9 }}", 387420489**9),  # Jinja's ** is left-associative
         ("{{ 'ab' * 3 }}", "ababab"),
         ("{{ 3 * [0] }}", [0, 0, 0]),
@@ -349,6 +360,14 @@ def test_input_data_is_passed_through_as_it_is() -> None:
     ctx = context()
     assert render_value("{{ input.big }}", ctx) is BIG
     assert render_value("{{ input.list }}", ctx) is ctx["input"]["list"]
+
+
+def test_a_render_keeps_at_most_a_few_budgets_of_the_values_it_weighed() -> None:
+    meter = sandbox.Meter(sandbox.Budget())
+    for _ in range(100):
+        meter.made(["x" * 400_000])
+    assert 0 < meter.kept <= 4 * meter.size
+    assert len(meter.weights) <= 10
 
 
 def test_outside_a_render_the_sizes_are_checked_and_nothing_is_kept() -> None:
