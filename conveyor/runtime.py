@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.config import get_settings
 from conveyor.engine.limits import Limits
-from conveyor.engine.sandbox import Budget
+from conveyor.engine.template_budget import Budget
 from conveyor.exceptions import ConfigurationError
 from conveyor.limiter import RedisLimiter
 from conveyor.store import Database

@@ -23,7 +23,7 @@ from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
 
-from conveyor.engine import sandbox
+from conveyor.engine import sandbox, template_budget
 from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
 
 _ENV = sandbox.BudgetedEnvironment()
@@ -37,14 +37,14 @@ def is_template(value: str) -> bool:
 
 
 def render_value(
-    value: Any, context: Mapping[str, Any], *, deadline: sandbox.Deadline | None = None
+    value: Any, context: Mapping[str, Any], *, deadline: template_budget.Deadline | None = None
 ) -> Any:
     """Render every template string inside ``value`` (recursively through lists and dicts),
     all of them within one budget; ``deadline`` (monotonic time, and what it is) stops the
     render sooner than the budget's time would."""
     if isinstance(value, str) and not is_template(value):
         return value
-    return sandbox.within(deadline, _render, value, context)
+    return template_budget.within(deadline, _render, value, context)
 
 
 def _render(value: Any, context: Mapping[str, Any]) -> Any:
@@ -58,10 +58,10 @@ def _render(value: Any, context: Mapping[str, Any]) -> Any:
 
 
 def evaluate(
-    expression: str, context: Mapping[str, Any], *, deadline: sandbox.Deadline | None = None
+    expression: str, context: Mapping[str, Any], *, deadline: template_budget.Deadline | None = None
 ) -> Any:
     """Evaluate one sandboxed expression (as used by condition nodes), within a budget."""
-    return sandbox.within(deadline, _evaluate, expression, context)
+    return template_budget.within(deadline, _evaluate, expression, context)
 
 
 def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
@@ -71,14 +71,14 @@ def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
             value._fail_with_undefined_error()  # an unknown name, or an attribute the sandbox hides
     except _FAILURES as exc:
         raise TemplateError(f"expression {expression!r} failed: {exc}") from exc
-    except (sandbox.Blown, RecursionError) as exc:
+    except (template_budget.Blown, RecursionError) as exc:
         raise _over_budget("expression", expression, exc) from exc
     return value
 
 
 def _over_budget(kind: str, text: str, exc: BaseException) -> TemplateBudgetExceeded:
     shown = text if len(text) <= 200 else f"{text[:200]}…"
-    why = str(exc) if isinstance(exc, sandbox.Blown) else "it recursed too deep"
+    why = str(exc) if isinstance(exc, template_budget.Blown) else "it recursed too deep"
     return TemplateBudgetExceeded(
         f"{kind} {shown!r} went over its budget: {why}; make it do less, or raise the budget"
     )
@@ -107,7 +107,7 @@ def _render_string(value: str, context: Mapping[str, Any]) -> Any:
         return _template(value).render(**context)
     except _FAILURES as exc:
         raise TemplateError(f"template {value!r} failed: {exc}") from exc
-    except (sandbox.Blown, RecursionError) as exc:
+    except (template_budget.Blown, RecursionError) as exc:
         raise _over_budget("template", value, exc) from exc
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.engine import sandbox
+from conveyor.engine import template_budget as budgets
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
@@ -59,11 +59,11 @@ def settled_once(service: Conveyor, name: str, payload: Any = None) -> tuple[Any
 
 
 @pytest.fixture
-def budget() -> Iterator[Callable[[sandbox.Budget], None]]:
+def budget() -> Iterator[Callable[[budgets.Budget], None]]:
     """Set this process's budget (the in-process worker's too) for one test."""
-    before = sandbox.budget()
-    yield sandbox.configure
-    sandbox.configure(before)
+    before = budgets.budget()
+    yield budgets.configure
+    budgets.configure(before)
 
 
 @pytest.mark.parametrize(
@@ -90,10 +90,10 @@ def test_a_node_whose_input_template_bombs_fails_once_not_retried_naming_the_bud
 
 
 def test_a_template_that_would_loop_past_the_node_s_timeout_stops_at_the_timeout(
-    conveyor_service: Conveyor, budget: Callable[[sandbox.Budget], None]
+    conveyor_service: Conveyor, budget: Callable[[budgets.Budget], None]
 ) -> None:
     # Given a budget that would let the render run for a minute,
-    budget(sandbox.Budget(seconds=60, operations=10**12, size=10**6))
+    budget(budgets.Budget(seconds=60, operations=10**12, size=10**6))
     loop = (
         "{% for i in range(100000) %}{% for j in input.list %}{% set x = j %}{% endfor %}"
         "{% endfor %}"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.engine import sandbox
+from conveyor.engine import template_budget as budgets
 from conveyor.engine.definitions import Node
 from conveyor.engine.templates import evaluate, render_value
 from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
@@ -135,7 +135,7 @@ def test_a_list_nested_deeper_than_the_limit_is_refused() -> None:
     refused(
         "{% set ns = namespace(s=[]) %}"
         "{% for i in range(5000) %}{% set ns.s = [ns.s] %}{% endfor %}{{ ns.s }}",
-        f"deeper than {sandbox.MAX_DEPTH}",
+        f"deeper than {budgets.MAX_DEPTH}",
     )
 
 
@@ -267,13 +267,13 @@ def test_a_set_block_past_the_size_budget_is_refused() -> None:
 
 @pytest.fixture
 def budget() -> Iterator[None]:
-    before = sandbox.budget()
+    before = budgets.budget()
     yield
-    sandbox.configure(before)
+    budgets.configure(before)
 
 
 def test_a_render_stops_at_its_time_budget(budget: None) -> None:
-    sandbox.configure(sandbox.Budget(seconds=0.2, operations=10**9, size=10**6))
+    budgets.configure(budgets.Budget(seconds=0.2, operations=10**9, size=10**6))
     refused(
         "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
         "0.2 s (CONVEYOR_TEMPLATE_TIMEOUT)",
@@ -281,7 +281,7 @@ def test_a_render_stops_at_its_time_budget(budget: None) -> None:
 
 
 def test_a_render_stops_at_a_deadline_sooner_than_its_budget(budget: None) -> None:
-    sandbox.configure(sandbox.Budget(seconds=30.0, operations=10**9, size=10**6))
+    budgets.configure(budgets.Budget(seconds=30.0, operations=10**9, size=10**6))
     started = time.monotonic()
     with pytest.raises(TemplateBudgetExceeded, match=r"the node's timeout of 0\.2 s"):
         render_value(
@@ -293,7 +293,7 @@ def test_a_render_stops_at_a_deadline_sooner_than_its_budget(budget: None) -> No
 
 
 def test_the_budget_covers_every_template_of_a_value_together(budget: None) -> None:
-    sandbox.configure(sandbox.Budget(seconds=1.0, operations=1500, size=10**6))
+    budgets.configure(budgets.Budget(seconds=1.0, operations=1500, size=10**6))
     one = "{% for i in range(1000) %}{% endfor %}"
     assert render_value(one, context()) == ""
     with pytest.raises(TemplateBudgetExceeded, match=OPERATIONS):
@@ -363,7 +363,7 @@ def test_input_data_is_passed_through_as_it_is() -> None:
 
 
 def test_a_render_keeps_at_most_a_few_budgets_of_the_values_it_weighed() -> None:
-    meter = sandbox.Meter(sandbox.Budget())
+    meter = budgets.Meter(budgets.Budget())
     for _ in range(100):
         meter.made(["x" * 400_000])
     assert 0 < meter.kept <= 4 * meter.size
@@ -371,8 +371,8 @@ def test_a_render_keeps_at_most_a_few_budgets_of_the_values_it_weighed() -> None
 
 
 def test_outside_a_render_the_sizes_are_checked_and_nothing_is_kept() -> None:
-    idle = sandbox.current()
-    with pytest.raises(sandbox.Blown, match=SIZE):
+    idle = budgets.current()
+    with pytest.raises(budgets.Blown, match=SIZE):
         idle.made(["x" * 600_000, "x" * 600_000])
     idle.made([1, 2])
     assert idle.weights == {}
@@ -382,7 +382,7 @@ def test_outside_a_render_the_sizes_are_checked_and_nothing_is_kept() -> None:
 
 
 def test_a_node_s_render_stops_at_the_node_s_timeout(budget: None) -> None:
-    sandbox.configure(sandbox.Budget(seconds=60, operations=10**12, size=10**6))
+    budgets.configure(budgets.Budget(seconds=60, operations=10**12, size=10**6))
     loop = (
         "{% for i in range(100000) %}{% for j in input.list %}{% set x = j %}{% endfor %}"
         "{% endfor %}"
