@@ -79,9 +79,8 @@ def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
 def _over_budget(kind: str, text: str, exc: BaseException) -> TemplateBudgetExceeded:
     shown = text if len(text) <= 200 else f"{text[:200]}…"
     why = str(exc) if isinstance(exc, template_budget.Blown) else "it recursed too deep"
-    return TemplateBudgetExceeded(
-        f"{kind} {shown!r} went over its budget: {why}; make it do less, or raise the budget"
-    )
+    fix = "make it do less, or raise that setting" if "CONVEYOR_" in why else "make it do less"
+    return TemplateBudgetExceeded(f"{kind} {shown!r} went over its budget: {why}; {fix}")
 
 
 # Compiling a template costs some 250 us (parse, generate, compile() the Python); rendering
