@@ -55,6 +55,7 @@ class _Generator(CodeGenerator):
 
 
 _COUNTED = "_conveyor_counted"
+_AT_ONCE = 128  # a loop over at most this many items is charged when it starts
 
 
 class BudgetedEnvironment(ImmutableSandboxedEnvironment):
@@ -99,17 +100,21 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         return current().made(value)
 
     def counted(self, iterable: Iterable[Any]) -> Iterable[Any]:
-        """A loop's iterable: charged its length at once, or an operation an item."""
-        if isinstance(iterable, Sized):
+        """A loop's iterable, charged an operation an item: a short list at once; a long one
+        (or a generator) sixteen items at a time, the clock read each time, since one
+        iteration may copy a string of the budget's size."""
+        if isinstance(iterable, Sized) and len(iterable) <= _AT_ONCE:
             current().charge(len(iterable))
             return iterable
-        return self._one_by_one(iterable)
+        return self._by_sixteen(iterable)
 
-    def _one_by_one(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        meter = current()
-        for item in iterable:
-            meter.tick()
+    def _by_sixteen(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        meter, n = current(), 0
+        for n, item in enumerate(iterable, 1):
+            if not n & 15:
+                meter.charge(16)
             yield item
+        meter.charge(n & 15)
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         # An operator's result is foreseen and refused before it is made. Operators are not

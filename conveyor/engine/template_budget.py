@@ -1,10 +1,10 @@
 """A template render's budget: operations, time and size, and the meter that keeps account.
 
-- **operations**: each loop iteration, call (a macro's too) and filter counts one (a loop over
-  a list is charged its length when it starts); past the budget the render stops. The clock
-  is read at each charge, so a render also stops at its deadline (in a worker, the node's
-  timeout when that comes first). Every 16 operations the render gives up the GIL, so that
-  the other threads of its process (other requests, heartbeats) run meanwhile.
+- **operations**: each loop iteration, call (a macro's too) and filter counts one; past the
+  budget the render stops. The clock is read at each charge, so a render also stops at its
+  deadline (in a worker, the node's timeout when that comes first). A render running longer
+  than 2 ms gives up the GIL every 2 ms, so that the other threads of its process (other
+  requests, heartbeats) run meanwhile.
 - **size**: no string, list or dict a template makes may be heavier than the budget (about
   its length as JSON: a string its characters, a list the sum of its items, shared parts
   counted each time they appear), nor nested deeper than ``MAX_DEPTH``; nor may its text.
@@ -28,6 +28,9 @@ T = TypeVar("T")
 
 MAX_INT_BITS = 100_000  # about 30,000 decimal digits; Python prints at most 4,300
 MAX_DEPTH = 100  # how deep a list or dict a template makes may nest
+# A render that runs longer gives up the GIL this often (seconds): a typical render is done
+# well within it, and so never pays for the system call.
+_YIELD_EVERY = 0.002
 
 
 # A deadline sooner than the budget's time: monotonic seconds, and what it is ("the node's
@@ -51,13 +54,16 @@ class Blown(Exception):
 class Meter:
     """One render's account: operations left, its deadline, the weights it has seen."""
 
-    __slots__ = ("deadline", "kept", "left", "operations", "seconds", "size", "until", "weights")
+    __slots__ = (
+        "deadline", "kept", "left", "operations", "seconds", "size", "until", "weights", "yielded",
+    )  # fmt: skip
 
     def __init__(self, budget: Budget, until: Deadline | None = None) -> None:
         self.operations = self.left = budget.operations
         self.size = budget.size
         self.seconds = budget.seconds
-        self.deadline = time.monotonic() + budget.seconds
+        self.yielded = time.monotonic()  # when it last gave up the GIL (or started)
+        self.deadline = self.yielded + budget.seconds
         self.until = until
         if until is not None and until[0] < self.deadline:
             self.deadline = until[0]
@@ -77,11 +83,13 @@ class Meter:
                 f"it did more than {self.operations:,} operations (loop iterations, calls, "
                 f"filters), the budget CONVEYOR_TEMPLATE_MAX_OPERATIONS"
             )
-        if time.monotonic() > self.deadline:
+        now = time.monotonic()
+        if now > self.deadline:
             budget = f"its time budget of {self.seconds:g} s (CONVEYOR_TEMPLATE_TIMEOUT)"
             raise Blown(f"it ran past {budget if self.until is None else self.until[1]}")
-        if self.left & 15 == 0:
-            time.sleep(0)  # let the process's other threads (other requests) have the GIL
+        if now - self.yielded > _YIELD_EVERY:
+            time.sleep(0)  # the process's other threads (other requests) take the GIL
+            self.yielded = now
 
     def allow(self, weight: int, what: str) -> None:
         """Refuse to make a value heavier than the size budget."""

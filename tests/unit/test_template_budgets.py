@@ -280,6 +280,19 @@ def test_a_render_stops_at_its_time_budget(budget: None) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "body",
+    ["{% if 'y' in input.big %}{% endif %}", "{% set x = input.big ~ '' %}"],
+    ids=["scan", "copy"],
+)
+def test_a_loop_whose_every_iteration_scans_or_copies_the_input_stops_at_the_time_budget(
+    budget: None, body: str
+) -> None:
+    # Without a clock read inside the loop, 100,000 scans of 500,000 characters take seconds.
+    budgets.configure(budgets.Budget(seconds=0.2, operations=10**9, size=10**6))
+    refused(f"{{% for i in range(100000) %}}{body}{{% endfor %}}", "0.2 s")
+
+
 def test_a_render_stops_at_a_deadline_sooner_than_its_budget(budget: None) -> None:
     budgets.configure(budgets.Budget(seconds=30.0, operations=10**9, size=10**6))
     started = time.monotonic()
