@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -165,7 +166,7 @@ def test_the_worker_runs_other_executions_after_a_bomb(conveyor_service: Conveyo
 # -- at trigger time, through the API ----------------------------------------------------------
 
 
-def delayed(seconds: str) -> dict[str, Any]:
+def delayed(seconds: str | float) -> dict[str, Any]:
     return {
         "name": "wait",
         "nodes": [
@@ -208,6 +209,28 @@ def test_a_trigger_whose_root_delay_template_bombs_answers_422_and_stores_nothin
         assert "went over its budget" in answer.json()["detail"]
         assert named in answer.json()["detail"]
         assert api.get("/v1/executions").json() == []
+
+
+def test_an_event_starting_a_bomb_starts_its_other_workflows_and_fails_the_bomb_s_node(
+    conveyor_service: Conveyor, api_url: str, make_key: MakeKey
+) -> None:
+    # Given two workflows listening to the same event, one whose root delay bombs,
+    with client(api_url, make_key("acme")) as api:
+        bomb = {**delayed("{{ 9 ** (9 ** 9) }}"), "events": ["order.placed"]}
+        fine = {**delayed(0), "name": "fine", "events": ["order.placed"]}
+        for flow in (bomb, fine):
+            assert api.post("/v1/workflows", json=flow).status_code == 201
+
+        # when the event comes,
+        answer = api.post("/v1/events", json={"type": "order.placed", "payload": {}})
+
+    # then both start (the event is not refused for one workflow's template): the bomb's
+    # node fails with its budget's error, the other completes.
+    assert answer.status_code == 202, answer.text
+    rows = [wait_for(conveyor_service, uuid.UUID(i)) for i in answer.json()["executions"]]
+    by_status = {row.status: row for row in rows}
+    assert set(by_status) == {ExecutionStatus.FAILED, ExecutionStatus.COMPLETED}
+    assert "bits" in (by_status[ExecutionStatus.FAILED].error or "")
 
 
 def test_another_tenant_keeps_answering_while_eight_trigger_bombs_run(
