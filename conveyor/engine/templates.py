@@ -27,6 +27,9 @@ from conveyor.engine import sandbox, template_budget
 from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
 
 _ENV = sandbox.BudgetedEnvironment()
+# The longest template: compiling one costs about 85 us per {{ }} (5 s for 650,000
+# characters of them), outside any budget, in the process that renders it first.
+MAX_TEMPLATE_CHARS = 65_536
 # What fails the same way every time it renders: reported as the template's error.
 _FAILURES = (JinjaTemplateError, SecurityError, TypeError, ValueError, ArithmeticError)
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
@@ -65,6 +68,7 @@ def evaluate(
 
 
 def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
+    _check_length("expression", expression)
     try:
         value = _expression(expression)(**context)
         if isinstance(value, Undefined):
@@ -78,7 +82,7 @@ def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
 
 def _over_budget(kind: str, text: str, exc: BaseException) -> TemplateBudgetExceeded:
     shown = text if len(text) <= 200 else f"{text[:200]}…"
-    why = str(exc) if isinstance(exc, template_budget.Blown) else "it recursed too deep"
+    why = str(exc) if isinstance(exc, template_budget.Blown) else "it nests or recurses too deep"
     fix = "make it do less, or raise that setting" if "CONVEYOR_" in why else "make it do less"
     return TemplateBudgetExceeded(f"{kind} {shown!r} went over its budget: {why}; {fix}")
 
@@ -96,12 +100,22 @@ def _template(text: str) -> Template:
     return _ENV.from_string(text)
 
 
+def _check_length(kind: str, text: str) -> None:
+    if len(text) > MAX_TEMPLATE_CHARS:
+        raise _over_budget(kind, text, template_budget.Blown(_too_long(text)))
+
+
+def _too_long(text: str) -> str:
+    return f"it is {len(text):,} characters long, over {MAX_TEMPLATE_CHARS:,}; split it"
+
+
 def _render_string(value: str, context: Mapping[str, Any]) -> Any:
     if not is_template(value):
         return value
     whole = _WHOLE.match(value)
     if whole and "}}" not in whole.group("expr"):
         return _evaluate(whole.group("expr"), context)
+    _check_length("template", value)
     try:
         return _template(value).render(**context)
     except _FAILURES as exc:
@@ -112,10 +126,14 @@ def _render_string(value: str, context: Mapping[str, Any]) -> Any:
 
 def syntax_error(value: str, *, expression: bool = False) -> str | None:
     """The syntax error in a template or expression, or None when it parses."""
+    if len(value) > MAX_TEMPLATE_CHARS:
+        return _too_long(value)
     try:
         _parse(value, expression=expression)
     except JinjaTemplateError as exc:
         return str(exc)
+    except RecursionError:
+        return "it nests too deep to parse (brackets or blocks inside one another); simplify it"
     return None
 
 
@@ -125,9 +143,11 @@ def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
     for text in _strings(value):
         if not expression and not is_template(text):
             continue
+        if len(text) > MAX_TEMPLATE_CHARS:
+            continue  # syntax_error reports it
         try:
             tree = _parse(text, expression=expression)
-        except JinjaTemplateError:
+        except (JinjaTemplateError, RecursionError):
             continue
         for attr in tree.find_all(nodes.Getattr):
             if _is_nodes_name(attr.node):

@@ -14,7 +14,13 @@ import pytest
 
 from conveyor.engine import template_budget as budgets
 from conveyor.engine.definitions import Node
-from conveyor.engine.templates import evaluate, render_value
+from conveyor.engine.templates import (
+    MAX_TEMPLATE_CHARS,
+    evaluate,
+    referenced_nodes,
+    render_value,
+    syntax_error,
+)
 from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
 from conveyor.nodes import NodeContext, execute
 
@@ -230,7 +236,7 @@ def test_a_loop_over_a_generator_is_counted_item_by_item() -> None:
 
 
 def test_endless_macro_recursion_is_refused() -> None:
-    refused("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deep")
+    refused("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recurses too deep")
 
 
 def test_a_macro_that_forks_twice_per_level_stops_at_a_budget() -> None:
@@ -243,7 +249,7 @@ def test_a_macro_that_forks_twice_per_level_stops_at_a_budget() -> None:
 
 
 def test_a_recursive_loop_that_never_ends_is_refused() -> None:
-    refused("{% for i in [1] recursive %}{{ loop([1]) }}{% endfor %}", "recursed too deep")
+    refused("{% for i in [1] recursive %}{{ loop([1]) }}{% endfor %}", "recurses too deep")
 
 
 def test_a_huge_range_is_refused_at_once() -> None:
@@ -405,3 +411,22 @@ def test_a_node_s_render_stops_at_the_node_s_timeout(budget: None) -> None:
     with pytest.raises(TemplateBudgetExceeded, match=r"the node's timeout of 0\.3 s"):
         execute(node, context(), NodeContext(execution_id="e", node_id="n", attempt=1), 0.3)
     assert time.monotonic() - started < QUICK
+
+
+# -- the template's own size and shape -------------------------------------------------------------
+
+
+def test_a_template_longer_than_the_limit_is_refused_before_it_is_compiled() -> None:
+    long = "{{ input.n }}" * 6000
+    assert len(long) > MAX_TEMPLATE_CHARS
+    refused(long, f"over {MAX_TEMPLATE_CHARS:,}")
+    problem = syntax_error(long)
+    assert problem is not None and "characters long" in problem
+
+
+def test_a_template_nested_too_deep_to_parse_is_a_syntax_problem_not_a_crash() -> None:
+    deep = "{{ " + "(" * 1000 + "1" + ")" * 1000 + " }}"
+    problem = syntax_error(deep)
+    assert problem is not None and "nests too deep" in problem
+    assert referenced_nodes(deep) == set()
+    refused(deep, "too deep")
