@@ -45,8 +45,11 @@ def render_value(
     """Render every template string inside ``value`` (recursively through lists and dicts),
     all of them within one budget; ``deadline`` (monotonic time, and what it is) stops the
     render sooner than the budget's time would."""
-    if isinstance(value, str) and not is_template(value):
-        return value
+    if isinstance(value, str):
+        if not is_template(value):
+            return value
+    elif not value or not isinstance(value, list | dict):
+        return value  # nothing to render: no meter
     return template_budget.within(deadline, _render, value, context)
 
 
