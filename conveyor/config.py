@@ -108,6 +108,28 @@ class Settings(BaseSettings):
         description="Redirects the http node follows, each checked like the first URL; 0 "
         "follows none (a 3xx answer fails the node).",
     )
+
+    template_timeout: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="Seconds one render of a node's templates (or a trigger's) may take; in a "
+        "worker the node's timeout, when shorter, bounds it too. Past it the node fails, not "
+        "retried (a trigger answers 422).",
+    )
+    template_max_operations: int = Field(
+        default=100_000,
+        ge=100,
+        description="Loop iterations, calls and filters one render may do (the longest "
+        "range() too).",
+    )
+    template_max_size: int = Field(
+        default=1_000_000,
+        ge=1000,
+        description="The largest string, list or dict a template may make, and its largest "
+        "text, in characters (about the value's length as JSON).",
+    )
+
     webhook_max_bytes: int = Field(
         default=1_048_576, ge=1024, description="The largest webhook body accepted, in bytes."
     )

@@ -124,6 +124,12 @@ class TemplateError(ConveyorError):
     """A node input template could not be rendered."""
 
 
+class TemplateBudgetExceeded(TemplateError):
+    """A template did more work, took longer or made a bigger value than its budget allows
+    (CONVEYOR_TEMPLATE_MAX_OPERATIONS, CONVEYOR_TEMPLATE_TIMEOUT, CONVEYOR_TEMPLATE_MAX_SIZE);
+    make it do less, or raise the budget."""
+
+
 class NodeError(ConveyorError):
     """A node failed.
 

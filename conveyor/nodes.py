@@ -109,18 +109,26 @@ def _qualname(fn: Callable[..., Any]) -> str:
 def execute(
     node_def: Node, context: dict[str, Any], ctx: NodeContext, timeout: float | None
 ) -> Any:
-    """Run one node and return its JSON-serializable output; raise NodeError on failure."""
-    inputs = templates.render_value(node_def.inputs, context)
+    """Run one node and return its JSON-serializable output; raise NodeError on failure.
+    Its timeout covers rendering its templates too: a render past it is a
+    TemplateBudgetExceeded (not retried), never a try left running."""
+    started = time.monotonic()
+    deadline = (
+        None if timeout is None else (started + timeout, f"the node's timeout of {timeout:g} s")
+    )
+    inputs = templates.render_value(node_def.inputs, context, deadline=deadline)
     if node_def.type == "python":
         fn = _REGISTRY.get(node_def.config["function"])
         if fn is None:
             raise UnknownFunction(node_def.config["function"])
-        result = _call_python(fn, inputs, ctx, timeout)
+        result = _call_python(fn, inputs, ctx, timeout, started)
     elif node_def.type == "http":
-        config = templates.render_value(node_def.config, context)
-        result = _call_http(config, timeout)
+        config = templates.render_value(node_def.config, context, deadline=deadline)
+        left = None if timeout is None else max(timeout - (time.monotonic() - started), 0.001)
+        result = _call_http(config, left)
     elif node_def.type == "condition":
-        value = templates.evaluate(node_def.config["expression"], {**context, "inputs": inputs})
+        scope = {**context, "inputs": inputs}
+        value = templates.evaluate(node_def.config["expression"], scope, deadline=deadline)
         result = {"result": bool(value), "branch": "if_true" if value else "if_false"}
     elif node_def.type == "delay":
         result = {"delayed_seconds": delay_seconds(node_def, context)}
@@ -169,8 +177,14 @@ def _takes_ctx(fn: Callable[..., Any]) -> bool:
 
 
 def _call_python(
-    fn: Callable[..., Any], inputs: dict[str, Any], ctx: NodeContext, timeout: float | None
+    fn: Callable[..., Any],
+    inputs: dict[str, Any],
+    ctx: NodeContext,
+    timeout: float | None,
+    started: float,
 ) -> Any:
+    """Call ``fn`` on a node thread; ``timeout`` runs from ``started`` (the node's start:
+    its templates' rendering counts)."""
     kwargs = dict(inputs)
     if _takes_ctx(fn):
         kwargs["ctx"] = ctx
@@ -179,7 +193,6 @@ def _call_python(
     call = _Call(fn, kwargs, f"conveyor-node-{ctx.node_id}")
     thread = _NodeThread.take()
     thread.run(call)
-    started = time.monotonic()
     while not call.done.is_set():
         remaining = None if timeout is None else timeout - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from conveyor.config import get_settings
 from conveyor.engine.addresses import AllowList
 from conveyor.engine.limits import Limits
+from conveyor.engine.template_budget import Budget
 from conveyor.exceptions import ConfigurationError
 from conveyor.limiter import RedisLimiter
 from conveyor.store import Database
@@ -74,6 +75,16 @@ def alerter(service: Conveyor) -> Alerter:
         thresholds,
         interval=settings.alert_interval,
         webhook_url=settings.alert_webhook_url,
+    )
+
+
+def template_budget() -> Budget:
+    """The template budget of the settings (CONVEYOR_TEMPLATE_*)."""
+    settings = get_settings()
+    return Budget(
+        seconds=settings.template_timeout,
+        operations=settings.template_max_operations,
+        size=settings.template_max_size,
     )
 
 

@@ -37,6 +37,7 @@ from conveyor.exceptions import (
     MetricsNotServed,
     NotFound,
     SignatureError,
+    TemplateError,
 )
 from conveyor.service import Conveyor
 
@@ -51,6 +52,7 @@ _STATUS: list[tuple[type[ConveyorError], int]] = [
     (DuplicateDelivery, 409),
     (InvalidTransition, 409),
     (DefinitionError, 422),
+    (TemplateError, 422),  # a trigger's template over its budget (a root delay's seconds)
     (DispatchError, 503),
     (ConveyorError, 422),
 ]

@@ -50,6 +50,7 @@ from conveyor.exceptions import (
     NodeError,
     NodeTimeout,
     StoreError,
+    TemplateBudgetExceeded,
     TemplateError,
     WorkerLost,
     WorkflowNotFound,
@@ -247,7 +248,8 @@ def _create(
     if len(workflow.nodes) <= INLINE_PLAN_NODES:
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = _context(execution, {})
-        jobs = _new_jobs(workflow, [(workflow.node(root), context) for root in shape.roots], now)
+        roots = [(workflow.node(root), context) for root in shape.roots]
+        jobs = _new_jobs(workflow, roots, now, refuse=source in _CALLERS)
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
@@ -375,16 +377,30 @@ def _enqueue_nodes(
     return _node_dispatches(execution, jobs, now)
 
 
+# Who waits for a trigger's answer: a template over its budget is theirs to fix, told at once.
+# An event, a webhook delivery or a schedule starting the run is not: its node fails, recorded
+# (refusing would roll back every workflow the event starts, or a delivery retried forever).
+_CALLERS = frozenset({TriggerSource.API, TriggerSource.CLI})
+
+
 def _new_jobs(
-    workflow: Workflow, ready: list[tuple[Node, dict[str, Any]]], now: datetime
+    workflow: Workflow,
+    ready: list[tuple[Node, dict[str, Any]]],
+    now: datetime,
+    *,
+    refuse: bool = False,
 ) -> list[NewJob]:
-    """A job per node ready to run; a delay node's is held until its time."""
+    """A job per node ready to run; a delay node's is held until its time. With ``refuse``,
+    a delay template over its budget is raised (a trigger's 422, nothing stored)."""
     jobs: list[NewJob] = []
     for node, context in ready:
         next_run_at = None
         if node.type == "delay":
             try:
                 next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
+            except TemplateBudgetExceeded:
+                if refuse:
+                    raise
             except ConveyorError:
                 next_run_at = None  # the node runs now and fails with the same error, recorded
         jobs.append(

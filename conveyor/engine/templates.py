@@ -6,6 +6,9 @@ the expression's native value (a number stays a number, a dict a dict); any othe
 ``{{ }}`` renders to text. The names in scope are ``input`` (the execution's input), ``nodes``
 (``nodes.<id>`` is that predecessor's output) and ``execution`` (``execution.id``, and
 ``execution.scheduled_for``: the slot of a run a schedule started).
+
+Every render runs under a budget of operations, time and size (:mod:`conveyor.engine.sandbox`);
+going over it is a :class:`TemplateBudgetExceeded` naming the budget and the template.
 """
 
 from __future__ import annotations
@@ -15,15 +18,20 @@ from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import StrictUndefined, Template, Undefined, nodes
+from jinja2 import Template, Undefined, nodes
 from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from conveyor.exceptions import TemplateError
+from conveyor.engine import sandbox, template_budget
+from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
 
-_ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+_ENV = sandbox.BudgetedEnvironment()
+# The longest template: compiling one costs about 85 us per {{ }} (5 s for 650,000
+# characters of them), outside any budget, in the process that renders it first.
+MAX_TEMPLATE_CHARS = 65_536
+# What fails the same way every time it renders: reported as the template's error.
+_FAILURES = (JinjaTemplateError, SecurityError, TypeError, ValueError, ArithmeticError)
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 
 
@@ -31,26 +39,55 @@ def is_template(value: str) -> bool:
     return "{{" in value or "{%" in value
 
 
-def render_value(value: Any, context: Mapping[str, Any]) -> Any:
-    """Render every template string inside ``value`` (recursively through lists and dicts)."""
+def render_value(
+    value: Any, context: Mapping[str, Any], *, deadline: template_budget.Deadline | None = None
+) -> Any:
+    """Render every template string inside ``value`` (recursively through lists and dicts),
+    all of them within one budget; ``deadline`` (monotonic time, and what it is) stops the
+    render sooner than the budget's time would."""
+    if isinstance(value, str):
+        if not is_template(value):
+            return value
+    elif not value or not isinstance(value, list | dict):
+        return value  # nothing to render: no meter
+    return template_budget.within(deadline, _render, value, context)
+
+
+def _render(value: Any, context: Mapping[str, Any]) -> Any:
     if isinstance(value, str):
         return _render_string(value, context)
     if isinstance(value, list):
-        return [render_value(v, context) for v in value]
+        return [_render(v, context) for v in value]
     if isinstance(value, dict):
-        return {k: render_value(v, context) for k, v in value.items()}
+        return {k: _render(v, context) for k, v in value.items()}
     return value
 
 
-def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
-    """Evaluate one sandboxed expression (as used by condition nodes)."""
+def evaluate(
+    expression: str, context: Mapping[str, Any], *, deadline: template_budget.Deadline | None = None
+) -> Any:
+    """Evaluate one sandboxed expression (as used by condition nodes), within a budget."""
+    return template_budget.within(deadline, _evaluate, expression, context)
+
+
+def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
+    _check_length("expression", expression)
     try:
         value = _expression(expression)(**context)
         if isinstance(value, Undefined):
             value._fail_with_undefined_error()  # an unknown name, or an attribute the sandbox hides
-    except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
+    except _FAILURES as exc:
         raise TemplateError(f"expression {expression!r} failed: {exc}") from exc
+    except (template_budget.Blown, RecursionError) as exc:
+        raise _over_budget("expression", expression, exc) from exc
     return value
+
+
+def _over_budget(kind: str, text: str, exc: BaseException) -> TemplateBudgetExceeded:
+    shown = text if len(text) <= 200 else f"{text[:200]}…"
+    why = str(exc) if isinstance(exc, template_budget.Blown) else "it nests or recurses too deep"
+    fix = "make it do less, or raise that setting" if "CONVEYOR_" in why else "make it do less"
+    return TemplateBudgetExceeded(f"{kind} {shown!r} went over its budget: {why}; {fix}")
 
 
 # Compiling a template costs some 250 us (parse, generate, compile() the Python); rendering
@@ -66,24 +103,40 @@ def _template(text: str) -> Template:
     return _ENV.from_string(text)
 
 
+def _check_length(kind: str, text: str) -> None:
+    if len(text) > MAX_TEMPLATE_CHARS:
+        raise _over_budget(kind, text, template_budget.Blown(_too_long(text)))
+
+
+def _too_long(text: str) -> str:
+    return f"it is {len(text):,} characters long, over {MAX_TEMPLATE_CHARS:,}; split it"
+
+
 def _render_string(value: str, context: Mapping[str, Any]) -> Any:
     if not is_template(value):
         return value
     whole = _WHOLE.match(value)
     if whole and "}}" not in whole.group("expr"):
-        return evaluate(whole.group("expr"), context)
+        return _evaluate(whole.group("expr"), context)
+    _check_length("template", value)
     try:
         return _template(value).render(**context)
-    except (JinjaTemplateError, SecurityError, TypeError, ValueError, ZeroDivisionError) as exc:
+    except _FAILURES as exc:
         raise TemplateError(f"template {value!r} failed: {exc}") from exc
+    except (template_budget.Blown, RecursionError) as exc:
+        raise _over_budget("template", value, exc) from exc
 
 
 def syntax_error(value: str, *, expression: bool = False) -> str | None:
     """The syntax error in a template or expression, or None when it parses."""
+    if len(value) > MAX_TEMPLATE_CHARS:
+        return _too_long(value)
     try:
         _parse(value, expression=expression)
     except JinjaTemplateError as exc:
         return str(exc)
+    except RecursionError:
+        return "it nests too deep to parse (brackets or blocks inside one another); simplify it"
     return None
 
 
@@ -93,9 +146,11 @@ def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
     for text in _strings(value):
         if not expression and not is_template(text):
             continue
+        if len(text) > MAX_TEMPLATE_CHARS:
+            continue  # syntax_error reports it
         try:
             tree = _parse(text, expression=expression)
-        except JinjaTemplateError:
+        except (JinjaTemplateError, RecursionError):
             continue
         for attr in tree.find_all(nodes.Getattr):
             if _is_nodes_name(attr.node):

@@ -18,6 +18,7 @@ from sqlalchemy.orm import configure_mappers
 
 from conveyor import logs, metrics, runtime
 from conveyor.config import archive_retention, get_settings
+from conveyor.engine import template_budget
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
@@ -33,6 +34,7 @@ app = create_app(get_settings())
 @lru_cache(maxsize=1)
 def service() -> Conveyor:
     settings = get_settings()
+    template_budget.configure(runtime.template_budget())  # every process that renders builds this
     made = Conveyor(
         runtime.database(),
         CeleryDispatcher(app),
