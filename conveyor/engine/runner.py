@@ -195,6 +195,7 @@ def trigger(
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
+        known = target is not None  # from this process's memory: its version may be old
         if target is None:
             target = store.trigger_target(tenant, workflow_name)
         tenant_id, workflow_id = target
@@ -212,9 +213,15 @@ def trigger(
             priority=choose_priority(priority, workflow.priority, source),
             input=input if input is not None else {}, created_at=now,
         )  # fmt: skip
-        created, dispatches = _create(
-            store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
-        )
+        try:
+            created, dispatches = _create(
+                store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
+            )
+        except TemplateBudgetExceeded:
+            if not known:
+                raise
+            # the remembered version's template, which a newer version may have mended
+            created = Created.STALE
         if created is Created.STALE:  # a newer version, applied since the version was known
             _targets.forget(names)
             target = None

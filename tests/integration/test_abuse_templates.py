@@ -270,3 +270,25 @@ def test_another_tenant_keeps_answering_while_eight_trigger_bombs_run(
     assert len(victim_times) >= 10
     p99 = statistics.quantiles(victim_times, n=100)[98]
     assert p99 < 2.0, f"p99 {p99:.2f} s over {len(victim_times)} requests"
+
+
+def test_a_trigger_after_a_bomb_was_mended_runs_the_mended_version(
+    conveyor_service: Conveyor, api_url: str, make_key: MakeKey
+) -> None:
+    # Given a workflow whose root delay bombs, started once by an event (this process now
+    # remembers that version as the one to trigger),
+    with client(api_url, make_key("acme")) as api:
+        bomb = {**delayed("{{ 9 ** (9 ** 9) }}"), "events": ["order.placed"]}
+        assert api.post("/v1/workflows", json=bomb).status_code == 201
+        started = api.post("/v1/events", json={"type": "order.placed", "payload": {}})
+        [first] = started.json()["executions"]
+        assert wait_for(conveyor_service, uuid.UUID(first)).status is ExecutionStatus.FAILED
+
+        # when the tenant mends it and triggers it,
+        assert api.post("/v1/workflows", json=delayed(0)).status_code == 201
+        answer = api.post("/v1/workflows/wait/executions", json={})
+
+    # then the mended version runs: the remembered version's bomb is not the answer.
+    assert answer.status_code == 201, answer.text
+    done = wait_for(conveyor_service, uuid.UUID(answer.json()["id"]))
+    assert done.status is ExecutionStatus.COMPLETED, done.error
