@@ -9,7 +9,6 @@ lists, tuples and dicts a template writes and the text it renders.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Iterable, Iterator, Sized
 from functools import wraps
 from typing import Any
@@ -133,11 +132,12 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
         if isinstance(__obj, LoopContext) and args:  # a recursive loop's next level
             args = (__self.counted(args[0]), *args[1:])
         elif (
-            isinstance(__obj, types.BuiltinMethodType)
-            and __obj.__name__ in growth.METHODS
-            and isinstance(__obj.__self__, str | bytes | int)
+            isinstance(owner := getattr(__obj, "__self__", None), str | bytes | int)
+            and getattr(__obj, "__name__", None) in growth.METHODS
         ):
-            args = growth.METHODS[__obj.__name__](meter, __obj.__self__, args, kwargs)
+            # By its owner and name, not its type: Markup's methods (|safe, |e) are Python
+            # functions wrapping str's, and would build the text before it is weighed.
+            args = growth.METHODS[__obj.__name__](meter, owner, args, kwargs)
         return meter.made(super().call(__context, __obj, *args, **kwargs))
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:

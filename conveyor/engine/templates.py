@@ -31,7 +31,16 @@ _ENV = sandbox.BudgetedEnvironment()
 # characters of them), outside any budget, in the process that renders it first.
 MAX_TEMPLATE_CHARS = 65_536
 # What fails the same way every time it renders: reported as the template's error.
-_FAILURES = (JinjaTemplateError, SecurityError, TypeError, ValueError, ArithmeticError)
+_FAILURES = (
+    JinjaTemplateError,
+    SecurityError,
+    TypeError,
+    ValueError,
+    ArithmeticError,
+    LookupError,
+)
+# What a template that asked for too much ends with: reported as over its budget.
+_OVER = (template_budget.Blown, RecursionError, MemoryError)
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 
 
@@ -78,14 +87,19 @@ def _evaluate(expression: str, context: Mapping[str, Any]) -> Any:
             value._fail_with_undefined_error()  # an unknown name, or an attribute the sandbox hides
     except _FAILURES as exc:
         raise TemplateError(f"expression {expression!r} failed: {exc}") from exc
-    except (template_budget.Blown, RecursionError) as exc:
+    except _OVER as exc:
         raise _over_budget("expression", expression, exc) from exc
     return value
 
 
 def _over_budget(kind: str, text: str, exc: BaseException) -> TemplateBudgetExceeded:
     shown = text if len(text) <= 200 else f"{text[:200]}…"
-    why = str(exc) if isinstance(exc, template_budget.Blown) else "it nests or recurses too deep"
+    if isinstance(exc, template_budget.Blown):
+        why = str(exc)
+    elif isinstance(exc, MemoryError):
+        why = "it made a value larger than memory holds"
+    else:
+        why = "it nests or recurses too deep"
     fix = "make it do less, or raise that setting" if "CONVEYOR_" in why else "make it do less"
     return TemplateBudgetExceeded(f"{kind} {shown!r} went over its budget: {why}; {fix}")
 
@@ -123,7 +137,7 @@ def _render_string(value: str, context: Mapping[str, Any]) -> Any:
         return _template(value).render(**context)
     except _FAILURES as exc:
         raise TemplateError(f"template {value!r} failed: {exc}") from exc
-    except (template_budget.Blown, RecursionError) as exc:
+    except _OVER as exc:
         raise _over_budget("template", value, exc) from exc
 
 

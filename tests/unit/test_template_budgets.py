@@ -205,6 +205,41 @@ def test_a_filter_or_method_that_would_grow_text_past_the_budget_is_refused(
     refused(template, SIZE)
 
 
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ('a'|safe).center(400000000) }}",
+        "{{ ('a'|e).ljust(400000000) }}",
+        "{{ ('1'|safe).zfill(400000000) }}",
+        "{{ (('ab' * 400000)|safe).replace('a', 'y' * 1000) }}",
+        "{{ ('x' * 100)|safe }}{{ (('x' * 100)|safe).join(input.big) }}",
+        "{{ ('a'|safe).center(10 ** 15) }}",
+    ],
+)
+def test_markup_s_methods_that_would_grow_text_are_refused_before_they_run(
+    template: str,
+) -> None:
+    # Markup (what |safe and |e make) wraps str's methods in Python functions: they were not
+    # weighed first, and built hundreds of MB (10 ** 15: a MemoryError, a 500 at trigger)
+    refused(template, SIZE)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'a'.encode('rot13') }}",
+        "{{ '%(a)s' % {} }}",
+        "{{ '{0}'.format() }}",
+        "{{ input.list[5000] }}",
+        "x{{ '{0}'.format() }}",
+    ],
+)
+def test_a_template_that_looks_up_what_is_not_there_is_a_template_error(template: str) -> None:
+    # a LookupError escaped: a trigger answered 500, and a worker retried the same failure
+    with pytest.raises(TemplateError, match="failed"):
+        render_value(template, context())
+
+
 def test_a_wide_json_indent_is_refused() -> None:
     refused("{{ input.list|tojson(indent=100000) }}", "indent")
 
