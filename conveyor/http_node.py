@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpcore
 import httpx
@@ -96,9 +97,10 @@ def call(
     method = str(config.get("method", "GET")).upper()
     url = str(config["url"])
     seconds = timeout or DEFAULT_TIMEOUT
+    what = f"{method} {shown(url)}"
     refused = judge_url(url, policy.allow)
     if refused is not None:
-        raise OutboundRefused(f"{method} {url}: {refused.message}")
+        raise OutboundRefused(f"{what}: {refused.message}")
     backend = _PinnedBackend(policy.allow, resolver, time.monotonic() + seconds)
     transport = _PinnedTransport(backend, verify or _default_context())
     with httpx.Client(
@@ -113,13 +115,27 @@ def call(
                 json=config.get("json"),
                 content=config.get("body"),
             )
-            return _exchange(client, request, policy, f"{method} {url}")
+            return _exchange(client, request, policy, what)
         except httpx.TimeoutException as exc:
-            raise NodeTimeout(f"{method} {url} timed out after {seconds:g} s") from exc
+            raise NodeTimeout(f"{what} timed out after {seconds:g} s") from exc
         except httpx.InvalidURL as exc:
-            raise NonRetryableError(f"{method} {url}: the URL is invalid ({exc})") from exc
+            raise NonRetryableError(f"{what}: the URL is invalid ({exc})") from exc
         except httpx.HTTPError as exc:
-            raise NodeError(f"{method} {url} failed: {exc}") from exc
+            raise NodeError(f"{what} failed: {exc}") from exc
+
+
+def shown(url: str | httpx.URL) -> str:
+    """A URL as errors and logs may carry it: without its user and password, its query's
+    values or its fragment, where credentials and tokens travel (a node's error is logged by
+    the worker and shown with the execution)."""
+    try:
+        parts = urlsplit(str(url))
+        names = parse_qsl(parts.query, keep_blank_values=True)
+        host = parts.netloc.rpartition("@")[2]
+    except ValueError:
+        return "(a URL that does not parse)"
+    query = "&".join(f"{name}=…" for name, _ in names)
+    return urlunsplit((parts.scheme, host, parts.path, query, ""))
 
 
 def _exchange(
@@ -135,7 +151,7 @@ def _exchange(
                 f"CONVEYOR_HTTP_MAX_REDIRECTS allows); call the final URL directly"
             )
         request, redirects = response.next_request, redirects + 1
-        hop = f"{what} (redirected to {request.url})"
+        hop = f"{what} (redirected to {shown(request.url)})"
         refused = judge_url(str(request.url), policy.allow)
         if refused is not None:
             raise OutboundRefused(f"{hop}: {refused.message}")
@@ -179,10 +195,10 @@ def _read_capped(response: httpx.Response, cap: int, what: str) -> bytes:
         f"filter) or raise the setting"
     )
     declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > cap):
         raise too_large
     chunks, size = [], 0
-    for chunk in _decoded(response):  # a compressed body counts at its decoded size
+    for chunk in _decoded(response, what):  # a compressed body counts at its decoded size
         size += len(chunk)
         if size > cap:
             raise too_large
@@ -193,17 +209,21 @@ def _read_capped(response: httpx.Response, cap: int, what: str) -> bytes:
 _INFLATE_STEP = 262_144
 
 
-def _decoded(response: httpx.Response) -> Iterator[bytes]:
-    """The body, decoded a bounded step at a time: httpx inflates each network read whole,
-    and 64 KiB of deflate can inflate to 64 MiB before any cap sees it."""
+def _decoded(response: httpx.Response, what: str) -> Iterator[bytes]:
+    """The body, decoded a bounded step at a time, each coding in turn (``gzip, gzip`` is two
+    layers): httpx inflates each network read whole, and 64 KiB of deflate can inflate to
+    64 MiB before any cap sees it. A coding other than gzip or deflate, which the node does not
+    ask for, is refused rather than handed to a decoder without a bound."""
     codings = [c.strip().lower() for c in response.headers.get("content-encoding", "").split(",")]
-    codings = [c for c in codings if c and c != "identity"]
-    if not codings:
-        yield from response.iter_raw()
-    elif codings in (["gzip"], ["x-gzip"], ["deflate"]):
-        yield from _inflate(response.iter_raw(), codings[0])
-    else:  # codings asked for by nobody (we accept gzip and deflate): httpx decodes them
-        yield from response.iter_bytes()
+    body: Iterable[bytes] = response.iter_raw()
+    for coding in reversed([c for c in codings if c and c != "identity"]):
+        if coding not in ("gzip", "x-gzip", "deflate"):
+            raise NonRetryableError(
+                f"{what} answered a body in Content-Encoding {coding!r}; the http node decodes "
+                f"gzip and deflate only (it asks for those): have the server send one of them"
+            )
+        body = _inflate(body, coding)
+    yield from body
 
 
 def _inflate(raw: Iterable[bytes], coding: str) -> Iterator[bytes]:

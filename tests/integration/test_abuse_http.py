@@ -35,6 +35,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import (
     NodeError,
     NodeTimeout,
+    NonRetryableError,
     OutboundRefused,
     ResponseTooLarge,
     TooManyRedirects,
@@ -71,6 +72,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, gzip.compress(b'{"ok": true}'), {"Content-Encoding": "gzip"})
         elif url.path == "/bomb":
             self._send(200, _bomb(), {"Content-Encoding": "gzip"})
+        elif url.path == "/bomb-twice":  # 256 MiB of zeros gzipped twice: about 1 KiB
+            self._send(200, gzip.compress(_bomb()), {"Content-Encoding": "gzip, gzip"})
+        elif url.path == "/br":
+            self._send(200, b"\x0b\x02\x80{}\x03", {"Content-Encoding": "br"})
         elif url.path == "/text":
             self._send(
                 200,
@@ -473,6 +478,52 @@ def test_a_compression_bomb_is_stopped_without_being_inflated_whole(serve: Serve
     # A network read of 64 KiB of it inflates to 64 MiB; read by bounded steps, the peak is
     # the cap and a step or two.
     assert peak < 8 * MiB
+
+
+def test_a_body_gzipped_twice_is_inflated_a_bounded_step_at_a_time_in_each_layer(
+    serve: Serve,
+) -> None:
+    server = serve()
+    _bomb()
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ResponseTooLarge):
+            get(server.url("/bomb-twice"), policy("127.0.0.1", max_bytes=MiB))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    # "gzip, gzip" went to httpx's decoder, which inflated each layer whole (2 GB from 2 KB)
+    assert peak < 8 * MiB
+
+
+def test_a_body_in_a_coding_the_node_did_not_ask_for_is_refused_naming_it(serve: Serve) -> None:
+    server = serve()
+
+    with pytest.raises(NonRetryableError, match="Content-Encoding 'br'"):
+        get(server.url("/br"), policy("127.0.0.1"))
+
+
+def test_credentials_and_query_values_of_a_url_stay_out_of_the_node_s_errors(
+    serve: Serve,
+) -> None:
+    # (the error is logged by the worker and shown with the execution)
+    server = serve()
+    secret_url = server.url("/nothing?api_key=T0PSECRET&page=2").replace(
+        "http://", "http://bob:pa55word@"
+    )
+
+    with pytest.raises(NodeError) as failed:
+        get(secret_url, policy("127.0.0.1"))
+    with pytest.raises(OutboundRefused) as refused:
+        get("http://bob:pa55word@10.0.0.5/x?api_key=T0PSECRET", policy())
+
+    for error in (failed.value, refused.value):
+        text = str(error)
+        assert "T0PSECRET" not in text and "pa55word" not in text and "bob" not in text, text
+        assert "api_key=…" in text, text
+    assert "/nothing?api_key=…&page=…" in str(failed.value)
 
 
 @pytest.mark.parametrize("path", ["/gzip-json", "/deflate", "/deflate?raw=1"])
