@@ -98,10 +98,6 @@ class EventMismatch(SignatureError):
     signature does not cover the header, so the pair is refused."""
 
 
-class DispatchError(ConveyorError):
-    """The message could not be published to the broker; the job stays queued in the database."""
-
-
 class LimitError(ConveyorError):
     """The concurrency limiter (Redis) could not answer; the job is left for a retry."""
 

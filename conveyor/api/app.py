@@ -30,7 +30,6 @@ from conveyor.exceptions import (
     AuthError,
     ConveyorError,
     DefinitionError,
-    DispatchError,
     DuplicateDelivery,
     IdempotencyConflict,
     InvalidTransition,
@@ -53,7 +52,6 @@ _STATUS: list[tuple[type[ConveyorError], int]] = [
     (InvalidTransition, 409),
     (DefinitionError, 422),
     (TemplateError, 422),  # a trigger's template over its budget (a root delay's seconds)
-    (DispatchError, 503),
     (ConveyorError, 422),
 ]
 # What every route may answer besides its own, in the Problem shape (a route's own win).

@@ -12,6 +12,8 @@ against ``CONVEYOR_WEBHOOK_MAX_BYTES``.)
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 from fastapi import HTTPException, status
@@ -69,7 +71,7 @@ class _Reader:
         self.read = True
         settings = get_settings().bounds
         what, limit, setting = _bound(self.scope, settings)
-        declared = _content_length(self.scope)
+        declared = content_length(self.scope)
         if declared is not None and declared > limit:
             raise _refused(413, bounds.too_large(what, declared, limit, setting))
         chunks, size = [], 0
@@ -99,7 +101,8 @@ def _bound(scope: Scope, settings: Bounds) -> tuple[str, int, str | None]:
     return "the body", OTHER_BODY_BYTES, None
 
 
-def _content_length(scope: Scope) -> int | None:
+def content_length(scope: Scope) -> int | None:
+    """The request's declared length, or None (absent, or not a number)."""
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             if not value.isdigit():
@@ -124,34 +127,58 @@ async def check_shape(body: bytes, what: str) -> None:
 
 
 async def _shape_problem(body: bytes, what: str, limit: int) -> str | None:
-    """Why a JSON body cannot be taken (nested past ``limit``, or a NaN or Infinity, which
-    JSON has not and the database refuses), or None. Most bodies open fewer brackets than
-    ``limit`` and hold neither word, and are not parsed here; the others are parsed off the
-    event loop and measured. A body that does not parse is left to FastAPI (422)."""
+    """Why a JSON body cannot be taken (nested past ``limit``; or a NaN, an Infinity or a
+    number too large for a float, which JSON has not and the database refuses), or None. A
+    large body is looked at off the event loop."""
+    if len(body) <= _INLINE_BYTES:
+        return _problem(body, what, limit)
+    return await run_in_threadpool(_problem, body, what, limit)
+
+
+_INLINE_BYTES = 65_536
+# A number Python reads as infinite: an exponent of three digits or more (1e400), or more
+# digits than a float's largest (1.8e308) has. The lookbehind starts a run's count at its first
+# digit only, so the search is linear however the digits are laid out.
+_OVERFLOWING = re.compile(rb"[eE]\+?\d{3}|(?<!\d)\d{309}")
+
+
+def _problem(body: bytes, what: str, limit: int) -> str | None:
+    """Most bodies open fewer brackets than ``limit`` and hold no such word or number, and are
+    not parsed here; the others are parsed and measured. A body that does not parse is left
+    to FastAPI (422)."""
     if (
         body.count(b"[") + body.count(b"{") <= limit
         and b"NaN" not in body
         and b"Infinity" not in body
+        and not _OVERFLOWING.search(body)
     ):
         return None
-    return await run_in_threadpool(_parsed_problem, body, what, limit)
+    return _parsed_problem(body, what, limit)
 
 
 class _NotJson(ValueError):
-    """A NaN or Infinity: Python's json reads them, JSON has no such values."""
+    """A value Python's json reads and JSON has not (the message says which)."""
 
 
 def _not_json(constant: str) -> Any:
-    raise _NotJson(constant)
+    raise _NotJson(f"{constant}, which is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        shown = text if len(text) <= 24 else f"{text[:20]}…"
+        raise _NotJson(f"the number {shown}, larger than a float holds (about 1.8e308)")
+    return value
 
 
 def _parsed_problem(body: bytes, what: str, limit: int) -> str | None:
     try:
-        value: Any = json.loads(body, parse_constant=_not_json)
+        value: Any = json.loads(body, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:  # deeper than the interpreter's recursion limit, far past ours
         return bounds.too_deep(what, limit)
     except _NotJson as exc:
-        return f"{what} holds {exc}, which is not JSON; send a finite number or null"
+        return f"{what} holds {exc}; send a finite number or null"
     except ValueError:
         return None
     return bounds.too_deep(what, limit) if bounds.deeper_than(value, limit) else None

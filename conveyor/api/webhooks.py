@@ -12,7 +12,7 @@ import uuid
 from fastapi import APIRouter, HTTPException, Request, status
 from starlette.concurrency import run_in_threadpool
 
-from conveyor.api.bodies import check_shape
+from conveyor.api.bodies import check_shape, content_length
 from conveyor.api.deps import ServiceDep
 from conveyor.api.schemas import Problem, Received
 from conveyor.config import get_settings
@@ -22,8 +22,8 @@ router = APIRouter(tags=["webhooks"])
 
 async def _body(request: Request, limit: int) -> bytes:
     """The body, or 413 as soon as it is known to be over ``limit`` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    declared = content_length(request.scope)
+    if declared is not None and declared > limit:
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, _too_large(limit))
     chunks, size = [], 0
     async for chunk in request.stream():

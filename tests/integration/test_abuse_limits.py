@@ -211,6 +211,30 @@ def test_a_nan_or_infinity_in_a_body_answers_422(
     assert count(conveyor_service, Execution) == 0
 
 
+@pytest.mark.parametrize(
+    "number",
+    [b"1e400", b"-1E+400", b"1" * 400 + b".5", b"[1e999]"],
+    ids=["exponent", "negative-exponent", "long-mantissa", "in-a-list"],
+)
+def test_a_number_too_large_for_a_float_answers_422_and_starts_nothing(
+    conveyor_service: Conveyor, acme: httpx.Client, number: bytes
+) -> None:
+    # Python reads it as infinity: it was stored and read back as Infinity, which is not JSON
+    answer = post_raw(acme, "/v1/workflows/sum/executions", b'{"input": {"a": ' + number + b"}}")
+
+    assert answer.status_code == 422, answer.text
+    assert "larger than a float holds" in answer.json()["detail"]
+    assert count(conveyor_service, Execution) == 0
+
+
+def test_large_finite_numbers_and_long_integers_are_taken_as_they_are(acme: httpx.Client) -> None:
+    body = b'{"input": {"a": 1e300, "b": 1.5e-400, "c": ' + b"7" * 400 + b"}}"
+
+    answer = post_raw(acme, "/v1/workflows/sum/executions", body)
+
+    assert answer.status_code == 201, answer.text
+
+
 # -- definitions ---------------------------------------------------------------------------------
 
 
