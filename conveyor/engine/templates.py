@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -141,38 +142,45 @@ def _render_string(value: str, context: Mapping[str, Any]) -> Any:
         raise _over_budget("template", value, exc) from exc
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What validation needs of one template, from one parse: why it does not parse (None:
+    it does), and the node ids it reads as ``nodes.<id>`` or ``nodes['<id>']``."""
+
+    problem: str | None
+    nodes: frozenset[str]
+
+
+def read(text: str, *, expression: bool = False) -> Reading:
+    """One template (or expression) parsed once: its problem, or the nodes it reads."""
+    if len(text) > MAX_TEMPLATE_CHARS:
+        return Reading(_too_long(text), frozenset())
+    try:
+        tree = _parse(text, expression=expression)
+    except JinjaTemplateError as exc:
+        return Reading(str(exc), frozenset())
+    except RecursionError:
+        why = "it nests too deep to parse (brackets or blocks inside one another); simplify it"
+        return Reading(why, frozenset())
+    found = {a.attr for a in tree.find_all(nodes.Getattr) if _is_nodes_name(a.node)}
+    for item in tree.find_all(nodes.Getitem):
+        arg = item.arg
+        if _is_nodes_name(item.node) and isinstance(arg, nodes.Const):
+            found.update([arg.value] if isinstance(arg.value, str) else [])
+    return Reading(None, frozenset(found))
+
+
 def syntax_error(value: str, *, expression: bool = False) -> str | None:
     """The syntax error in a template or expression, or None when it parses."""
-    if len(value) > MAX_TEMPLATE_CHARS:
-        return _too_long(value)
-    try:
-        _parse(value, expression=expression)
-    except JinjaTemplateError as exc:
-        return str(exc)
-    except RecursionError:
-        return "it nests too deep to parse (brackets or blocks inside one another); simplify it"
-    return None
+    return read(value, expression=expression).problem
 
 
 def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
-    """The node ids a template refers to as ``nodes.<id>`` or ``nodes['<id>']``."""
+    """The node ids the templates in ``value`` refer to (those that parse)."""
     found: set[str] = set()
     for text in _strings(value):
-        if not expression and not is_template(text):
-            continue
-        if len(text) > MAX_TEMPLATE_CHARS:
-            continue  # syntax_error reports it
-        try:
-            tree = _parse(text, expression=expression)
-        except (JinjaTemplateError, RecursionError):
-            continue
-        for attr in tree.find_all(nodes.Getattr):
-            if _is_nodes_name(attr.node):
-                found.add(attr.attr)
-        for item in tree.find_all(nodes.Getitem):
-            arg = item.arg
-            if _is_nodes_name(item.node) and isinstance(arg, nodes.Const):
-                found.update([arg.value] if isinstance(arg.value, str) else [])
+        if expression or is_template(text):
+            found |= read(text, expression=expression).nodes
     return found
 
 

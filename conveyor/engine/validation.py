@@ -15,7 +15,14 @@ from pydantic import ValidationError
 
 from conveyor.engine import templates
 from conveyor.engine.addresses import AllowList, judge_url
-from conveyor.engine.bounds import MAX_DELAY_SECONDS, Bounds, deeper_than, delay_problem, too_deep
+from conveyor.engine.bounds import (
+    MAX_DELAY_SECONDS,
+    MAX_TEMPLATE_TEXT,
+    Bounds,
+    deeper_than,
+    delay_problem,
+    too_deep,
+)
 from conveyor.engine.definitions import NODE_TYPES, Workflow
 from conveyor.exceptions import DefinitionError
 
@@ -67,7 +74,7 @@ def validate(
         return [f"workflow: {too_deep('the definition', bounds.json_depth)}"]
     raw_nodes = data.get("nodes")
     nodes = [n for n in raw_nodes if isinstance(n, Mapping)] if isinstance(raw_nodes, list) else []
-    if over := _count_errors(nodes, bounds):
+    if over := _count_errors(nodes, bounds) or _template_text_errors(data, nodes):
         return over
     by_id = {n["id"]: n for n in nodes if isinstance(n.get("id"), str)}
     errors = _structure_errors(data, nodes)
@@ -93,6 +100,26 @@ def _count_errors(nodes: list[Mapping[str, Any]], bounds: Bounds) -> list[str]:
         f"(CONVEYOR_MAX_NEEDS); join through fewer nodes, or raise CONVEYOR_MAX_NEEDS"
         for index, node in enumerate(nodes)
         if isinstance(needs := node.get("needs"), list) and len(needs) > bounds.needs
+    ]
+
+
+def _template_text_errors(data: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[str]:
+    """The templates' text past MAX_TEMPLATE_TEXT: parsing them is most of what validating
+    costs (a few tens of microseconds a ``{{ }}``), and it holds a thread of the API."""
+    sections = [n.get(key) for n in nodes for key in ("inputs", "config")]
+    expressions = [
+        c["expression"]
+        for n in nodes
+        if isinstance(c := n.get("config"), Mapping) and isinstance(c.get("expression"), str)
+    ]
+    total = sum(len(s) for s in _template_strings([*sections, data.get("output")]))
+    total += sum(len(e) for e in expressions)
+    if total <= MAX_TEMPLATE_TEXT:
+        return []
+    return [
+        f"workflow: its templates hold {total:,} characters, over the limit of "
+        f"{MAX_TEMPLATE_TEXT:,} for one definition; move the data into the input, or split "
+        f"the workflow"
     ]
 
 
@@ -348,10 +375,14 @@ def _template_errors(node: Mapping[str, Any]) -> list[str]:
             if key == "config" and name == "expression":
                 refs = templates.referenced_nodes(value, expression=True)
             else:
-                for text in _template_strings(value):
-                    if problem := templates.syntax_error(text):
-                        errors.append(f"{key}.{name}: template {text!r} does not parse: {problem}")
-                refs = templates.referenced_nodes(value)
+                refs = set()
+                for text in _template_strings(value):  # each parsed once
+                    reading = templates.read(text)
+                    if reading.problem:
+                        errors.append(
+                            f"{key}.{name}: template {text!r} does not parse: {reading.problem}"
+                        )
+                    refs |= reading.nodes
             for ref in sorted(refs - needs):
                 errors.append(
                     f"{key}.{name} refers to nodes.{ref}, but {ref!r} is not in needs; "

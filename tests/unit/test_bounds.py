@@ -99,6 +99,32 @@ def test_validating_one_node_that_needs_another_200000_times_takes_linear_time()
     assert time.monotonic() - started < 5
 
 
+def test_a_definition_whose_templates_hold_more_than_a_mib_is_refused_before_any_is_parsed() -> (
+    None
+):
+    # 3.8 MiB of them took 8 s of an API thread to parse, all of it before any answer
+    expression = "{{ input.a }}" * 300
+    nodes = [{**py(f"n{i}"), "inputs": {"v": f"{expression}{i}"}} for i in range(1000)]
+    started = time.monotonic()
+
+    errors = validate({"name": "wf", "nodes": nodes})
+
+    assert len(errors) == 1 and "over the limit of 1,048,576" in errors[0], errors
+    assert "its templates hold 3,9" in errors[0]
+    assert time.monotonic() - started < 1
+
+
+def test_a_template_s_problem_and_the_nodes_it_reads_come_from_one_parse() -> None:
+    inputs = {"ok": "{{ nodes.a.x }}", "bad": "{{ nodes.a.x ", "loose": "{{ nodes['c'] }}"}
+    definition = {"name": "wf", "nodes": [py("a"), {**py("b"), "inputs": inputs}]}
+
+    errors = validate(definition)
+
+    assert any("inputs.bad: template '{{ nodes.a.x ' does not parse" in e for e in errors)
+    assert any("refers to nodes.a, but 'a' is not in needs" in e for e in errors)
+    assert any("refers to nodes.c, but 'c' is not in needs" in e for e in errors)
+
+
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), 1e15, 1e300, -1, 10**400])
 def test_a_literal_delay_must_be_finite_and_at_most_a_year(seconds: float) -> None:
     definition = {"name": "wf", "nodes": [{"id": "d", "type": "delay",
