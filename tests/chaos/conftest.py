@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -90,18 +91,20 @@ def chaos_client(chaos_env: dict[str, str]) -> Iterator[Conveyor]:
     database.dispose()
 
 
-@pytest.fixture
-def spawn(chaos_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
-    """Start `celery -A conveyor.tasks worker|beat ARGS...`; all are killed after the test."""
+@contextmanager
+def processes(env: dict[str, str], logs: Path) -> Iterator[Spawn]:
+    """A starter of `celery -A conveyor.tasks worker|beat ARGS...` processes on ``env``, each
+    logging to a file of its own under ``logs`` and awaited until it says ``ready``; every
+    process it started is killed on the way out."""
     started: list[subprocess.Popen[str]] = []
     count = iter(range(1000))
 
     def start(*args: str, ready: str = "ready.") -> subprocess.Popen[str]:
-        log = tmp_path / f"{args[0]}-{next(count)}.log"
+        log = logs / f"{args[0]}-{next(count)}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "conveyor.tasks", *args],
-                cwd=ROOT, env=chaos_env, text=True, stdout=out, stderr=out,
+                cwd=ROOT, env=env, text=True, stdout=out, stderr=out,
                 start_new_session=True,
             )  # fmt: skip
         started.append(process)
@@ -112,8 +115,17 @@ def spawn(chaos_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
             time.sleep(0.1)
         return process
 
-    yield start
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+    try:
+        yield start
+    finally:
+        for process in started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+@pytest.fixture
+def spawn(chaos_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
+    """Start `celery -A conveyor.tasks worker|beat ARGS...`; all are killed after the test."""
+    with processes(chaos_env, tmp_path) as start:
+        yield start

@@ -15,7 +15,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from conveyor.service import Conveyor
 from conveyor.store import Database
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher
-from tests.chaos.conftest import EFFECTS_DDL, FAST_RECOVERY, ROOT, Spawn
+from tests.chaos.conftest import EFFECTS_DDL, FAST_RECOVERY, ROOT, Spawn, processes
 from tests.chaos.test_chaos import EXECUTIONS, NODES, Cluster, fanout
 from tests.conftest import PG_ADMIN_URL, RUN_ID
 from tests.support import services
@@ -129,32 +128,10 @@ def outage_env(own_redis: OwnRedis) -> Iterator[dict[str, str]]:
 def outage_spawn(outage_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[Spawn, Path]]:
     """Start `celery -A conveyor.tasks worker|beat ARGS...`, logging under a folder of its
     own; all are killed after the test."""
-    started: list[subprocess.Popen[str]] = []
     logs = tmp_path / "logs"
     logs.mkdir()
-    count = iter(range(1000))
-
-    def start(*args: str, ready: str = "ready.") -> subprocess.Popen[str]:
-        log = logs / f"{args[0]}-{next(count)}.log"
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "conveyor.tasks", *args],
-                cwd=ROOT, env=outage_env, text=True, stdout=out, stderr=out,
-                start_new_session=True,
-            )  # fmt: skip
-        started.append(process)
-        deadline = time.monotonic() + 30
-        while ready not in log.read_text():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        return process
-
-    yield start, logs
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+    with processes(outage_env, logs) as start:
+        yield start, logs
 
 
 def test_redis_restarted_empty_recovers_in_proportion_to_what_it_lost(

@@ -463,17 +463,21 @@ def test_a_body_past_the_cap_fails_the_node_naming_the_setting(serve: Serve, pat
     assert not refused.value.retryable
 
 
-def test_a_compression_bomb_is_stopped_without_being_inflated_whole(serve: Serve) -> None:
-    server = serve()
+def peak_refusing(url: str) -> int:
+    """The most memory traced while the node reads ``url`` and refuses it as too large."""
     _bomb()  # made before the count starts
-
     tracemalloc.start()
     try:
         with pytest.raises(ResponseTooLarge):
-            get(server.url("/bomb"), policy("127.0.0.1", max_bytes=MiB))
+            get(url, policy("127.0.0.1", max_bytes=MiB))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    return peak
+
+
+def test_a_compression_bomb_is_stopped_without_being_inflated_whole(serve: Serve) -> None:
+    peak = peak_refusing(serve().url("/bomb"))
 
     # A network read of 64 KiB of it inflates to 64 MiB; read by bounded steps, the peak is
     # the cap and a step or two.
@@ -483,16 +487,7 @@ def test_a_compression_bomb_is_stopped_without_being_inflated_whole(serve: Serve
 def test_a_body_gzipped_twice_is_inflated_a_bounded_step_at_a_time_in_each_layer(
     serve: Serve,
 ) -> None:
-    server = serve()
-    _bomb()
-
-    tracemalloc.start()
-    try:
-        with pytest.raises(ResponseTooLarge):
-            get(server.url("/bomb-twice"), policy("127.0.0.1", max_bytes=MiB))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak = peak_refusing(serve().url("/bomb-twice"))
 
     # "gzip, gzip" went to httpx's decoder, which inflated each layer whole (2 GB from 2 KB)
     assert peak < 8 * MiB
