@@ -525,16 +525,29 @@ class Conveyor:
         was discarded longer ago than ``archive_older_than`` (None: never). How many were
         deleted."""
         now = utcnow()
-        pruned, cutoff = 0, now - older_than
+        cutoff = now - older_than
         archive_cutoff = None if archive_older_than is None else now - archive_older_than
-        while pruned < most:
-            done = self.db.run(lambda s: s.prune_finished(cutoff, batch, archive_cutoff))
-            pruned += done
-            if done < batch:
-                break
+        pruned = self._in_batches(
+            lambda s: s.prune_finished(cutoff, batch, archive_cutoff), batch, most
+        )
         if pruned:
             log.info("retention: %d finished execution(s) deleted", pruned)
+        # GitHub signatures older than the replay window refuse nothing any more
+        window = now - self.replay_window
+        if forgotten := self._in_batches(lambda s: s.forget_signatures(window, batch), batch, most):
+            log.info("retention: %d webhook signature(s) past the replay window deleted", forgotten)
         return pruned
+
+    def _in_batches(self, work: Callable[[SqlStore], int], batch: int, most: int) -> int:
+        """Run ``work`` (which deletes up to ``batch`` rows) a transaction at a time until it
+        deletes fewer, or ``most`` in all; how many it deleted."""
+        done = 0
+        while done < most:
+            deleted = self.db.run(work)
+            done += deleted
+            if deleted < batch:
+                break
+        return done
 
     def sweep_limits(self) -> int:
         """The limiter's safety net (see :meth:`Gate.sweep`); 0 without limits."""

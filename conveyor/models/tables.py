@@ -117,6 +117,7 @@ class WebhookSignature(Base):
     both pass."""
 
     __tablename__ = "webhook_signatures"
+    __table_args__ = (Index("ix_webhook_signatures_seen_at", "seen_at"),)  # the sweep's
 
     endpoint_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("webhook_endpoints.id"), primary_key=True

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -156,6 +156,22 @@ class AccessQueries:
             .returning(WebhookSignature.digest)
         )
         return self.session.execute(statement).first() is not None
+
+    def forget_signatures(self, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` signatures last received before ``before``, oldest first:
+        past the replay window they refuse nothing. How many were deleted."""
+        oldest = (
+            select(WebhookSignature.endpoint_id, WebhookSignature.digest)
+            .where(WebhookSignature.seen_at < before)
+            .order_by(WebhookSignature.seen_at)
+            .limit(limit)
+        )
+        key = tuple_(WebhookSignature.endpoint_id, WebhookSignature.digest)
+        result = self.session.execute(
+            delete(WebhookSignature).where(key.in_(oldest)),
+            execution_options={"synchronize_session": False},
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
 
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
         """Lock a delivery still waiting for the webhook worker; None once it was handled."""

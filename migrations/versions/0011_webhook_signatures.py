@@ -36,7 +36,9 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("endpoint_id", "digest", name=op.f("pk_webhook_signatures")),
     )
+    op.create_index("ix_webhook_signatures_seen_at", "webhook_signatures", ["seen_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_webhook_signatures_seen_at", table_name="webhook_signatures")
     op.drop_table("webhook_signatures")

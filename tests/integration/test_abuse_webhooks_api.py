@@ -152,6 +152,36 @@ def test_a_github_body_is_accepted_again_once_the_replay_window_has_passed(
     _settle(conveyor_service, executions=2)
 
 
+def test_the_retention_sweep_deletes_the_signatures_past_the_replay_window_only(
+    conveyor_service: Conveyor, api_url: str, repo: tuple[uuid.UUID, str]
+) -> None:
+    # Given three bodies received, two of them longer ago than the window (30 days)
+    endpoint_id, secret = repo
+    bodies = [json.dumps({**json.loads(PUSH), "after": str(n)}).encode() for n in range(3)]
+    for n, body in enumerate(bodies):
+        headers = github(secret, body, "push", f"g-{n}")
+        assert httpx.post(f"{api_url}/webhooks/{endpoint_id}", content=body, headers=headers)
+    _settle(conveyor_service, executions=3)
+    with conveyor_service.db.transaction() as store:
+        store.session.execute(
+            update(WebhookSignature)
+            .where(WebhookSignature.digest != _digest(secret, bodies[2]))
+            .values(seen_at=utcnow() - timedelta(days=31))
+        )
+
+    # When the retention sweep runs (a batch of one: it goes on until no more are due)
+    conveyor_service.prune(timedelta(days=14), batch=1)
+
+    # Then only the recent one is kept: the old ones refused nothing any more
+    with conveyor_service.db.transaction() as store:
+        kept = list(store.session.scalars(select(WebhookSignature.digest)))
+    assert kept == [_digest(secret, bodies[2])]
+
+
+def _digest(secret: str, body: bytes) -> str:
+    return hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
 def test_the_same_github_body_to_another_endpoint_is_not_a_replay(
     conveyor_service: Conveyor, api_url: str, repo: tuple[uuid.UUID, str]
 ) -> None:
