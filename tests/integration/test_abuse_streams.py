@@ -303,17 +303,13 @@ def test_an_idle_stream_sends_keepalive_comments_so_proxies_keep_it_open(
     assert {line for line in lines[2:] if line} == {": keepalive"}
 
 
-def test_a_stream_hears_a_change_made_while_the_listen_connection_was_down(
-    conveyor_service: Conveyor, make_key: MakeKey
-) -> None:
-    # Given a stream on a running execution
-    key = make_key("acme")
-    conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
-    execution_id, _ = held(conveyor_service)
+def read_stream(api: str, key: str, execution_id: uuid.UUID) -> tuple[threading.Thread, list[str]]:
+    """A thread following one execution's stream, started and past its first event, and the
+    data lines it has read so far (it adds to them until the stream ends)."""
     seen: list[str] = []
     opened = threading.Event()
 
-    def listen(api: str) -> None:
+    def listen() -> None:
         with (
             httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
                          timeout=30) as http,
@@ -324,10 +320,21 @@ def test_a_stream_hears_a_change_made_while_the_listen_connection_was_down(
                     seen.append(line)
                     opened.set()
 
+    reader = threading.Thread(target=listen)
+    reader.start()
+    assert opened.wait(10)
+    return reader, seen
+
+
+def test_a_stream_hears_a_change_made_while_the_listen_connection_was_down(
+    conveyor_service: Conveyor, make_key: MakeKey
+) -> None:
+    # Given a stream on a running execution
+    key = make_key("acme")
+    conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
+    execution_id, _ = held(conveyor_service)
     with api_server(conveyor_service) as (api, _server):
-        reader = threading.Thread(target=listen, args=(api,))
-        reader.start()
-        assert opened.wait(10)
+        reader, seen = read_stream(api, key, execution_id)
 
         # When the hub's connection is killed, new connections to the database are refused
         # for a while, and meanwhile the execution completes (announced to nobody)
@@ -374,20 +381,6 @@ def test_a_change_written_before_the_stream_registered_and_committed_after_still
     key = make_key("acme")
     conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
     execution_id, _ = held(conveyor_service)
-    seen: list[str] = []
-    opened = threading.Event()
-
-    def listen(api: str) -> None:
-        with (
-            httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
-                         timeout=30) as http,
-            http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
-        ):  # fmt: skip
-            for line in stream.iter_lines():
-                if line.startswith("data: "):
-                    seen.append(line)
-                    opened.set()
-
     with (
         api_server(conveyor_service) as (api, _server),
         psycopg.connect(TEST_CONNINFO) as writer,
@@ -398,9 +391,7 @@ def test_a_change_written_before_the_stream_registered_and_committed_after_still
         writer.execute("UPDATE executions SET status = 'completed' WHERE id = %s", (execution_id,))
 
         # When a stream opens (registers, reads: still running) and then the writer commits
-        reader = threading.Thread(target=listen, args=(api,))
-        reader.start()
-        assert opened.wait(10)
+        reader, seen = read_stream(api, key, execution_id)
         writer.commit()
 
         # Then the stream learns of the completion all the same, and ends
@@ -455,24 +446,8 @@ def test_a_registration_the_retention_sweep_deleted_is_written_back_and_the_stre
     key = make_key("acme")
     conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
     execution_id, _ = held(conveyor_service)
-    seen: list[str] = []
-    opened = threading.Event()
-
-    def listen(api: str) -> None:
-        with (
-            httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
-                         timeout=30) as http,
-            http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
-        ):  # fmt: skip
-            for line in stream.iter_lines():
-                if line.startswith("data: "):
-                    seen.append(line)
-                    opened.set()
-
     with api_server(conveyor_service) as (api, _server):
-        reader = threading.Thread(target=listen, args=(api,))
-        reader.start()
-        assert opened.wait(10)
+        reader, seen = read_stream(api, key, execution_id)
         time.sleep(hub.SETTLE + 0.2)  # past the re-read that follows a first registration
 
         # When its registration is deleted (as a sweep with a short cutoff does) together
@@ -500,24 +475,8 @@ def test_stray_notices_on_an_execution_channel_are_ignored_and_the_stream_goes_o
     key = make_key("acme")
     conveyor_service.apply(parse_workflow(ONE_NODE), "acme")
     execution_id, dispatches = held(conveyor_service)
-    seen: list[str] = []
-    opened = threading.Event()
-
-    def listen(api: str) -> None:
-        with (
-            httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"},
-                         timeout=30) as http,
-            http.stream("GET", f"/v1/executions/{execution_id}/events") as stream,
-        ):  # fmt: skip
-            for line in stream.iter_lines():
-                if line.startswith("data: "):
-                    seen.append(line)
-                    opened.set()
-
     with api_server(conveyor_service) as (api, _server):
-        reader = threading.Thread(target=listen, args=(api,))
-        reader.start()
-        assert opened.wait(10)
+        reader, seen = read_stream(api, key, execution_id)
 
         hub_pid = database(HUB_PID, APPLICATION_NAME)
 
