@@ -362,8 +362,10 @@ def test_a_late_outcome_of_a_reclaimed_try_leaves_the_job_to_the_try_that_runs_i
     made, late = claimed(conveyor_service, "a")
     service = conveyor_service
     service.db.run(lambda s: runner.reclaim(s, late.job, utcnow()))
-    age(service, next_run_at=utcnow() - timedelta(seconds=1))
-    [due] = service.db.run(lambda s: s.promote_due(utcnow(), 10))
+    with service.db.transaction() as store:  # due and promoted at once: the worker's own
+        # maintenance thread (every 0.05 s here) cannot promote and run it in between
+        store.session.execute(update(Job).values(next_run_at=utcnow() - timedelta(seconds=1)))
+        [due] = store.promote_due(utcnow(), 10)
     now_run = service.db.run(lambda s: runner.claim_node(s, due.id, utcnow(), "b"))
     assert now_run is not None and now_run.job.try_number == late.job.try_number + 1
 
