@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import Priority, TriggerSource
-from conveyor.store import DEFAULT_TENANT, SqlStore
+from conveyor.store import DEFAULT_TENANT, store_on
 
 log = logging.getLogger("conveyor.enqueue")
 
@@ -43,8 +43,8 @@ def enqueue(
 ) -> uuid.UUID:
     """Create an execution in the caller's transaction; its id. With ``dedupe_key``, a
     pending or running execution with that key is returned instead of a new one."""
-    result = runner.trigger(
-        SqlStore(session),
+    result = triggering.trigger(
+        store_on(session),
         workflow_name=workflow,
         tenant=tenant,
         input=input,

@@ -18,7 +18,19 @@ from sqlalchemy.exc import DataError
 
 from conveyor import logs, nodes
 from conveyor.batches import Durations, Member, run_batch
-from conveyor.engine import credentials, dead_letters, runner, subscriptions
+from conveyor.engine import (
+    cancellation,
+    claiming,
+    credentials,
+    dead_letters,
+    due,
+    failure,
+    ready,
+    subscriptions,
+    success,
+    triggering,
+    workflows,
+)
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
@@ -46,10 +58,10 @@ events = logs.get("conveyor.jobs")
 
 
 def _log_failure(
-    job_log: Any, failed: runner.Failed, error: BaseException, duration: float
+    job_log: Any, failed: failure.Failed, error: BaseException, duration: float
 ) -> None:
     """A failed try, at the level its outcome deserves."""
-    fields = {"duration": round(duration, 3), "error": logs.short(runner.describe(error))}
+    fields = {"duration": round(duration, 3), "error": logs.short(failure.describe(error))}
     if failed.outcome is JobStatus.RETRY_WAIT:
         job_log.warning("retry scheduled", retry_in=round(failed.retry_in or 0.0, 3), **fields)
     elif failed.outcome is JobStatus.DEAD_LETTER:
@@ -141,7 +153,7 @@ class Conveyor:
         """Store the definition if it changed, and make its declared schedules match it."""
 
         def work(store: SqlStore) -> tuple[WorkflowRecord, bool]:
-            applied = runner.apply_workflow(store, tenant, workflow, utcnow())
+            applied = workflows.apply_workflow(store, tenant, workflow, utcnow())
             schedules.sync_definition(store, tenant, workflow, utcnow())
             subscriptions.sync(store, tenant, workflow)
             return applied
@@ -175,7 +187,7 @@ class Conveyor:
         execution it made is returned instead. (execution id, whether it was made before)."""
         # Its writes are one statement each (PostgreSQL): no transaction round trips.
         result = self.db.autocommit(
-            lambda s: runner.trigger(
+            lambda s: triggering.trigger(
                 s,
                 workflow_name=workflow,
                 tenant=tenant,
@@ -245,7 +257,7 @@ class Conveyor:
         self._publish([d for t in started for d in t.dispatches])
 
     def cancel(self, execution_id: uuid.UUID) -> None:
-        cancelled = self.db.run(lambda s: runner.cancel_execution(s, execution_id, utcnow()))
+        cancelled = self.db.run(lambda s: cancellation.cancel_execution(s, execution_id, utcnow()))
         if self.gate is not None and cancelled:
             try:
                 self.gate.forget(cancelled)
@@ -256,7 +268,7 @@ class Conveyor:
 
     def start_execution(self, job_id: uuid.UUID) -> None:
         self._publish(
-            self.db.run(lambda s: runner.start_execution(s, job_id, utcnow(), self.worker))
+            self.db.run(lambda s: triggering.start_execution(s, job_id, utcnow(), self.worker))
         )
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
@@ -288,7 +300,7 @@ class Conveyor:
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
         run = self.db.autocommit(
-            lambda s: runner.claim_node(s, job_id, utcnow(), self.worker, hints)
+            lambda s: claiming.claim_node(s, job_id, utcnow(), self.worker, hints)
         )
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
@@ -329,16 +341,16 @@ class Conveyor:
         self._publish(dispatches)
 
     def _record_success(
-        self, run: runner.NodeRun, output: Any, duration: float, job_log: Any
+        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any
     ) -> list[Dispatch]:
         try:
             if self.db.autocommit(
-                lambda s: runner.complete_alone(s, run, output, utcnow(), duration)
+                lambda s: success.complete_alone(s, run, output, utcnow(), duration)
             ):
                 dispatches = []  # done in one statement: it made no successor ready
             else:
                 dispatches = self.db.run(
-                    lambda s: runner.complete_node(s, run, output, utcnow(), duration)
+                    lambda s: success.complete_node(s, run, output, utcnow(), duration)
                 )
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log)
@@ -346,7 +358,7 @@ class Conveyor:
         return dispatches
 
     def _record_stopped(
-        self, run: runner.NodeRun, output: Any, duration: float, job_log: Any
+        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any
     ) -> list[Dispatch]:
         stopped = NodeCancelled(
             f"node {run.node.id!r} returned after it was told to stop, and its execution was "
@@ -354,7 +366,7 @@ class Conveyor:
         )
         try:
             failed = self.db.run(
-                lambda s: runner.complete_stopped(s, run, output, stopped, utcnow(), duration)
+                lambda s: failure.complete_stopped(s, run, output, stopped, utcnow(), duration)
             )
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log)
@@ -365,7 +377,7 @@ class Conveyor:
         return failed.dispatches
 
     def _output_refused(
-        self, run: runner.NodeRun, exc: DataError, duration: float, job_log: Any
+        self, run: claiming.NodeRun, exc: DataError, duration: float, job_log: Any
     ) -> list[Dispatch]:
         """The database refused the node's output: trying again cannot help."""
         error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
@@ -374,21 +386,21 @@ class Conveyor:
         return failed.dispatches
 
     def _record_failure(
-        self, run: runner.NodeRun, error: BaseException, duration: float
-    ) -> runner.Failed:
-        return self.db.run(lambda s: runner.fail_node(s, run, error, utcnow(), duration, self._rng))
+        self, run: claiming.NodeRun, error: BaseException, duration: float
+    ) -> failure.Failed:
+        return self.db.run(
+            lambda s: failure.fail_node(s, run, error, utcnow(), duration, self._rng)
+        )
 
     def promote_due(self, limit: int = 500) -> int:
         """Publish the retry and delay jobs whose time has come; how many were published."""
-        dispatches = self.db.run(lambda s: runner.promote_due(s, utcnow(), limit))
+        dispatches = self.db.run(lambda s: due.promote_due(s, utcnow(), limit))
         self._publish(dispatches)
         return len(dispatches)
 
     def age_queued(self, limit: int = 500) -> int:
         """Re-publish at normal priority the low jobs that waited past the ageing limit."""
-        dispatches = self.db.run(
-            lambda s: runner.age_queued(s, utcnow(), self.age_low_after, limit)
-        )
+        dispatches = self.db.run(lambda s: due.age_queued(s, utcnow(), self.age_low_after, limit))
         self._publish(dispatches)
         if dispatches:
             log.info(
@@ -467,9 +479,9 @@ class Conveyor:
         """
         now = utcnow()
 
-        def reclaim(store: SqlStore) -> list[runner.Failed]:
+        def reclaim(store: SqlStore) -> list[failure.Failed]:
             stale = store.stale_processing(now - timedelta(seconds=heartbeat_timeout), batch)
-            failed = [runner.reclaim(store, job, now, self._rng) for job in stale]
+            failed = [failure.reclaim(store, job, now, self._rng) for job in stale]
             store.count_recovered("reclaimed", len(failed))
             return failed
 
@@ -479,7 +491,7 @@ class Conveyor:
         with self.db.transaction() as store:
             stale = store.stale_queued(now - timedelta(seconds=lost_after), batch)
             waiting = store.stale_deliveries(now - timedelta(seconds=lost_after), batch)
-        messages = [runner.dispatch_of(job) for job in stale]
+        messages = [ready.dispatch_of(job) for job in stale]
         messages += [subscriptions.delivery_dispatch(d) for d in waiting]
         by_queue: dict[str, list[Dispatch]] = {}
         for message in messages:

@@ -15,7 +15,7 @@ from conveyor.engine.records import WorkflowRecord
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
-    from conveyor.store.sql import SqlStore
+    from conveyor.store.sql_store import SqlStore
 
 
 class AttemptJson(TypedDict):

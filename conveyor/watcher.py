@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from conveyor.engine.states import ExecutionStatus
 from conveyor.nodes import NodeContext
-from conveyor.store.database import Database
+from conveyor.store.unit_of_work import Database
 
 log = logging.getLogger(__name__)
 IDLE_EXIT = 30.0  # seconds with nothing to watch before the thread ends

@@ -1,5 +1,5 @@
-"""Operator repairs of dead-lettered node jobs: one transaction each, like
-:mod:`conveyor.engine.runner`; the caller publishes the returned dispatches after commit.
+"""Operator repairs of dead-lettered node jobs: one transaction each, like every transition
+of the engine; the caller publishes the returned dispatches after commit.
 
 Requeue resumes the failed execution from the dead node: the execution runs again, the dead
 job and every node job the failure stopped are queued with a fresh set of tries (their
@@ -16,20 +16,18 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from conveyor.engine import planning
+from conveyor.engine.ports import Store
+from conveyor.engine.ready import dispatch_of, enqueue_ready
 from conveyor.engine.records import Dispatch, JobRecord
-from conveyor.engine.runner import dispatch_of, enqueue_ready, load_workflow
 from conveyor.engine.states import JobStatus, NodeStatus
+from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import InvalidTransition, NotFound
-
-if TYPE_CHECKING:
-    from conveyor.store.sql import SqlStore
 
 
 def requeue(
-    store: SqlStore, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime
+    store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime
 ) -> list[Dispatch]:
     """Resume the dead letter's execution from it; the jobs to publish."""
     job = _dead(store, job_id, tenant_id)
@@ -75,13 +73,13 @@ def requeue(
     ]
 
 
-def discard(store: SqlStore, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:
+def discard(store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:
     """Move a dead letter to the archive; its execution stays failed."""
     job = _dead(store, job_id, tenant_id)
     store.discard_dead_letter(job.id, now)
 
 
-def _dead(store: SqlStore, job_id: uuid.UUID, tenant_id: uuid.UUID | None) -> JobRecord:
+def _dead(store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None) -> JobRecord:
     job = store.dead_letter(job_id, tenant_id)
     if job is None:
         raise NotFound(

@@ -1,15 +1,40 @@
-"""The narrow ports the engine talks through. Real adapters: :mod:`conveyor.store.sql`
-(the store), :mod:`conveyor.tasks.dispatch` (the dispatcher) and :mod:`conveyor.limiter` (the
-limiter)."""
+"""The narrow ports the engine talks through: the :class:`Store` (PostgreSQL and SQLite in
+:mod:`conveyor.store`), the :class:`Dispatcher` (:mod:`conveyor.tasks.dispatch`) and the
+:class:`Limiter` (:mod:`conveyor.limiter`). Nothing under :mod:`conveyor.engine` imports an
+adapter: the engine's decisions call these and nothing else."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from conveyor.engine.limits import Acquired, KeyUsage, Permit, PermitRequest, SweepReport, Wake
-from conveyor.engine.records import Dispatch
+from conveyor.engine.records import (
+    Advance,
+    Created,
+    DeliveryRecord,
+    Dispatch,
+    EndpointRecord,
+    ExecutionRecord,
+    Finish,
+    Fire,
+    JobRecord,
+    NewJob,
+    NodeRow,
+    ScheduleRecord,
+    WorkflowRecord,
+)
+from conveyor.engine.states import (
+    AttemptStatus,
+    DeliveryStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+    SubscriptionKind,
+)
 
 
 class Dispatcher(Protocol):
@@ -55,3 +80,345 @@ class Limiter(Protocol):
     def snapshot(self) -> list[KeyUsage]:
         """Every key with its permits in use, its limit and the jobs waiting under it."""
         ...
+
+
+# -- the store ---------------------------------------------------------------------------------
+#
+# Every method runs in the caller's unit of work (the store never commits) and changes state
+# only from the status it expects, so a message delivered twice, or two workers racing,
+# change nothing twice. The adapters (conveyor.store: PostgresStore, SqliteStore) implement
+# each method once; the contract tests (tests/contract) hold both to the same cases.
+
+
+class Catalog(Protocol):
+    """Tenants and the stored versions of their workflows."""
+
+    def tenant_id(self, name: str) -> uuid.UUID:
+        """The tenant's id; :class:`TenantNotFound` when it has none."""
+        ...
+
+    def trigger_target(self, tenant: str, workflow: str) -> tuple[uuid.UUID, uuid.UUID | None]:
+        """The tenant's id and its latest version of ``workflow`` (None: none), in one read."""
+        ...
+
+    def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord: ...
+
+    def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None: ...
+
+    def latest_workflows(
+        self, keys: Collection[tuple[uuid.UUID, str]]
+    ) -> dict[tuple[uuid.UUID, str], WorkflowRecord]:
+        """The latest version of each (tenant, workflow name) that has one."""
+        ...
+
+    def add_workflow_version(
+        self,
+        tenant_id: uuid.UUID,
+        name: str,
+        digest: str,
+        definition: dict[str, Any],
+        now: datetime,
+    ) -> WorkflowRecord: ...
+
+
+class Executions(Protocol):
+    """Executions: made by a trigger, started by a plan, settled node by node, finished."""
+
+    def create_execution(
+        self,
+        execution: ExecutionRecord,
+        *,
+        names: tuple[str, str],
+        trigger: str,
+        now: datetime,
+        idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
+        waiting_on: Mapping[str, int] | None = None,
+        queued: Collection[str] = (),
+        jobs: Sequence[NewJob] = (),
+        start_job: uuid.UUID | None = None,
+    ) -> Created:
+        """The trigger: the execution, and when it is planned at once (``waiting_on``: each
+        node's count of needs) its node states (``queued`` queued, the rest pending) and first
+        ``jobs``, or else its ``start_job``. Nothing is stored when ``names`` (tenant,
+        workflow) no longer name the execution's version as the latest (STALE), or when its
+        idempotency key, or the deduplication key of an active execution, is taken
+        (KEY_TAKEN). Needs no transaction around it."""
+        ...
+
+    def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
+        """The execution; :class:`ExecutionNotFound` when there is none."""
+        ...
+
+    def execution_status(
+        self, execution_id: uuid.UUID, *, lock: bool = False
+    ) -> ExecutionStatus | None:
+        """The status (None: no such execution); with ``lock``, read under the row lock."""
+        ...
+
+    def execution_by_key(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
+        """The execution an idempotency key made, with its workflow's name."""
+        ...
+
+    def active_by_dedupe(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
+        """The pending or running execution with this deduplication key, and its workflow."""
+        ...
+
+    def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
+        """The plan: pending -> running with ``node_count`` nodes to settle."""
+        ...
+
+    def settle_nodes(
+        self, execution_id: uuid.UUID, count: int, finish: Finish | None = None
+    ) -> int | None:
+        """``count`` more nodes settled; how many are left (None: not running any more).
+        With ``finish``, completes the execution when none is left. Locks the row: last."""
+        ...
+
+    def finish_execution(
+        self,
+        execution_id: uuid.UUID,
+        status: ExecutionStatus,
+        now: datetime,
+        *,
+        output: Any = None,
+        error: str | None = None,
+    ) -> bool:
+        """pending or running -> ``status``; False when it had finished already."""
+        ...
+
+    def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
+        """Cancel the jobs and nodes that have not started; the node jobs that were queued
+        or parked (the limiter may know them)."""
+        ...
+
+
+class NodeStates(Protocol):
+    """A node's state in an execution: its status, output and count of needs unsettled."""
+
+    def add_node_states(
+        self,
+        execution_id: uuid.UUID,
+        waiting_on: Mapping[str, int],
+        queued: Collection[str] = (),
+    ) -> None: ...
+
+    def set_node(
+        self, execution_id: uuid.UUID, node_id: str, status: NodeStatus, **values: Any
+    ) -> None:
+        """Set a node's status, and ``values`` among output, branch, error, finished_at."""
+        ...
+
+    def decrement_waiting(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> dict[str, int]:
+        """One more need of each node settled (rows locked in the given order: callers
+        sort); how many each still waits on. Makes a join start exactly once."""
+        ...
+
+    def queue_nodes(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> None:
+        """pending -> queued, for nodes whose jobs were just added."""
+        ...
+
+    def node_rows(
+        self, execution_id: uuid.UUID, node_ids: Iterable[str], *, outputs: bool = True
+    ) -> dict[str, NodeRow]:
+        """The states of some nodes; without ``outputs``, their outputs left out."""
+        ...
+
+
+class Jobs(Protocol):
+    """Jobs and their tries: claimed, recorded, retried, promoted when due."""
+
+    def add_node_jobs(
+        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
+    ) -> None:
+        """Node jobs, queued (or held until their ``next_run_at``)."""
+        ...
+
+    def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
+        """queued or parked -> processing; None when it is not a runnable job of that kind."""
+        ...
+
+    def claim_node_job(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        needs: Sequence[str] = (),
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
+        """The claim of a node: the job (queued or parked -> processing) with its execution
+        and, unless the execution has finished, its try started (an attempt row) and its
+        node running; with ``needs``, their outputs (the third item; None when not read).
+        None when the job is not a runnable node job. Needs no transaction around it."""
+        ...
+
+    def complete_running(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        successors: Sequence[str] | None = None,
+        finish: Finish | None = None,
+    ) -> bool:
+        """A node's success while its job is processing in this try and its execution
+        runs: job completed, attempt succeeded, node completed with ``output``. False, and
+        nothing changed, otherwise.
+
+        With ``successors`` (those of the node), the node's whole success, only when it
+        makes none of them ready (else False, nothing changed): each one need fewer, the
+        node settled and, with ``finish``, the execution completed if it was the last.
+        Needs no transaction around it."""
+        ...
+
+    def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
+        """The row of the try a claim of ``job`` starts."""
+        ...
+
+    def finish_attempt(
+        self,
+        job_id: uuid.UUID,
+        number: int,
+        status: AttemptStatus,
+        now: datetime,
+        duration: float,
+        *,
+        error: str | None = None,
+        timed_out: bool = False,
+    ) -> None: ...
+
+    def transition_job(
+        self,
+        job_id: uuid.UUID,
+        expected: JobStatus,
+        new: JobStatus,
+        *,
+        try_number: int | None = None,
+        **values: Any,
+    ) -> bool:
+        """``expected`` -> ``new`` (with ``try_number``: only while that try is current)."""
+        ...
+
+    def schedule_retry(
+        self, job_id: uuid.UUID, next_run_at: datetime, error: str, *, try_number: int
+    ) -> bool:
+        """processing -> retry_wait while try ``try_number`` is current."""
+        ...
+
+    def promote_due(self, now: datetime, limit: int) -> list[JobRecord]:
+        """Waiting jobs whose time has come -> queued (rows another promoter holds skipped)."""
+        ...
+
+    def age_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
+        """Low jobs queued since before ``cutoff`` -> normal."""
+        ...
+
+
+class DeadLetters(Protocol):
+    """Node jobs that exhausted their tries: requeued (the execution resumes) or discarded."""
+
+    def dead_letter(self, job_id: uuid.UUID, tenant_id: uuid.UUID | None) -> JobRecord | None:
+        """A dead-lettered or discarded node job, locked; None when none (of that tenant)."""
+        ...
+
+    def has_discarded(self, execution_id: uuid.UUID) -> bool: ...
+
+    def revive_execution(self, execution_id: uuid.UUID) -> bool:
+        """failed -> running; False when it is not failed."""
+        ...
+
+    def revive_jobs(
+        self, execution_id: uuid.UUID, now: datetime, keep: Collection[str]
+    ) -> list[JobRecord]:
+        """The jobs the failure stopped get fresh tries (not those of nodes in ``keep``)."""
+        ...
+
+    def revive_nodes(
+        self, execution_id: uuid.UUID, queued: Collection[str], keep: Collection[str]
+    ) -> None: ...
+
+    def recount(self, execution_id: uuid.UUID, waiting_on: dict[str, int], remaining: int) -> None:
+        """The counters a resumed execution goes on with."""
+        ...
+
+    def discard_dead_letter(self, job_id: uuid.UUID, now: datetime) -> bool: ...
+
+
+class Deliveries(Protocol):
+    """Webhook endpoints, their verified deliveries, and the subscriptions they start."""
+
+    def endpoints(self, tenant_id: uuid.UUID) -> list[EndpointRecord]: ...
+
+    def note_signature(
+        self, endpoint_id: uuid.UUID, digest: str, now: datetime, window: timedelta
+    ) -> bool:
+        """False when the endpoint received this signature less than ``window`` ago."""
+        ...
+
+    def add_delivery(
+        self,
+        endpoint: EndpointRecord,
+        delivery_id: str,
+        event: str | None,
+        payload: Any,
+        now: datetime,
+    ) -> uuid.UUID | None:
+        """A verified delivery stored; None when the endpoint has one with that id."""
+        ...
+
+    def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
+        """Lock a delivery still waiting; None once it was handled."""
+        ...
+
+    def finish_delivery(
+        self, delivery_id: uuid.UUID, status: DeliveryStatus, executions: int, now: datetime
+    ) -> None: ...
+
+    def replace_subscriptions(
+        self,
+        tenant_id: uuid.UUID,
+        workflow_name: str,
+        rows: Sequence[tuple[SubscriptionKind, str, list[str]]],
+    ) -> None: ...
+
+    def subscribers(
+        self, tenant_id: uuid.UUID, kind: SubscriptionKind, source: str
+    ) -> list[tuple[str, list[str]]]:
+        """(workflow name, event filter) of every subscription to ``source``."""
+        ...
+
+
+class Schedules(Protocol):
+    """Cron schedules and the runs they fire."""
+
+    def add_schedule(self, **values: Any) -> ScheduleRecord:
+        """:class:`ScheduleError` when the tenant already has the name."""
+        ...
+
+    def schedule(self, tenant_id: uuid.UUID, name: str) -> ScheduleRecord | None: ...
+
+    def schedules(
+        self, tenant_id: uuid.UUID | None, *, workflow: str | None = None
+    ) -> list[ScheduleRecord]: ...
+
+    def update_schedule(self, schedule_id: uuid.UUID, now: datetime, **values: Any) -> None: ...
+
+    def delete_schedules(self, ids: Collection[uuid.UUID]) -> None: ...
+
+    def claim_due_schedules(self, now: datetime, limit: int) -> list[ScheduleRecord]:
+        """Lock enabled schedules whose slot has come (those another check holds skipped)."""
+        ...
+
+    def add_fired_executions(
+        self, fires: Sequence[Fire], now: datetime
+    ) -> list[tuple[Fire, uuid.UUID]]:
+        """Each new fire's execution and start job (a fire stored already is left alone)."""
+        ...
+
+    def advance_schedules(self, advances: Sequence[Advance], now: datetime) -> None: ...
+
+
+class Store(Catalog, Executions, NodeStates, Jobs, DeadLetters, Deliveries, Schedules, Protocol):
+    """Everything the engine and the scheduler ask of the database, one unit of work."""

@@ -13,6 +13,7 @@ from conveyor.engine.states import (
     ExecutionStatus,
     JobKind,
     JobStatus,
+    NodeStatus,
     Priority,
     ScheduleOrigin,
     SignatureScheme,
@@ -160,6 +161,37 @@ class ScheduleRecord:
     next_run_at: datetime
     last_run_at: datetime | None
     run_count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fire:
+    """One run a schedule starts: the execution and its start job, for one slot."""
+
+    schedule: ScheduleRecord
+    workflow_id: uuid.UUID
+    slot: datetime
+    priority: Priority
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advance:
+    """A checked schedule's new state: its next slot, and the runs it started just now."""
+
+    schedule_id: uuid.UUID
+    next_run_at: datetime
+    started: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeRow:
+    """A node's state in one execution, as the engine reads it (``output`` is None when the
+    read left outputs out)."""
+
+    node_id: str
+    status: NodeStatus
+    branch: str | None = None
+    output: Any = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,5 @@
 """Application events and webhook deliveries that start workflows: one transaction each, like
-:mod:`conveyor.engine.runner`. The caller publishes the returned dispatches after commit.
+:mod:`conveyor.engine.triggering`. The caller publishes the returned dispatches after commit.
 
 A workflow subscribes in its definition (``events:`` and ``webhooks:``); applying it rewrites
 its rows in ``subscriptions``, so finding the workflows an event starts is one indexed read.
@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import Workflow
+from conveyor.engine.ports import Store
 from conveyor.engine.queues import QUEUE_FOR_KIND
 from conveyor.engine.records import Dispatch, EndpointRecord
 from conveyor.engine.states import (
@@ -26,13 +27,10 @@ from conveyor.engine.states import (
 )
 from conveyor.exceptions import ConveyorError, DuplicateDelivery, ReplayedDelivery
 
-if TYPE_CHECKING:
-    from conveyor.store.sql import SqlStore
-
 log = logging.getLogger("conveyor.subscriptions")
 
 
-def sync(store: SqlStore, tenant: str, workflow: Workflow) -> None:
+def sync(store: Store, tenant: str, workflow: Workflow) -> None:
     """Make the workflow's subscriptions those its definition declares."""
     tenant_id = store.tenant_id(tenant)
     known = {e.name for e in store.endpoints(tenant_id)}
@@ -51,13 +49,13 @@ def sync(store: SqlStore, tenant: str, workflow: Workflow) -> None:
 
 
 def emit_event(
-    store: SqlStore, tenant: str, event_type: str, payload: Any, now: datetime
-) -> list[runner.Triggered]:
+    store: Store, tenant: str, event_type: str, payload: Any, now: datetime
+) -> list[triggering.Triggered]:
     """Start every workflow of the tenant that subscribes to the event type."""
     rows = store.subscribers(store.tenant_id(tenant), SubscriptionKind.EVENT, event_type)
     # once a workflow, even if two applies racing left its subscription twice
     return [
-        runner.trigger(
+        triggering.trigger(
             store,
             workflow_name=name,
             tenant=tenant,
@@ -70,7 +68,7 @@ def emit_event(
 
 
 def store_delivery(
-    store: SqlStore,
+    store: Store,
     endpoint: EndpointRecord,
     verified: Verified,
     now: datetime,
@@ -107,8 +105,8 @@ def delivery_dispatch(delivery_id: uuid.UUID) -> Dispatch:
 
 
 def deliver_webhook(
-    store: SqlStore, delivery_id: uuid.UUID, now: datetime
-) -> list[runner.Triggered]:
+    store: Store, delivery_id: uuid.UUID, now: datetime
+) -> list[triggering.Triggered]:
     """Start the workflows a stored delivery matches, once: the delivery row is locked and
     marked handled in the same transaction."""
     delivery = store.claim_delivery(delivery_id)
@@ -124,7 +122,7 @@ def deliver_webhook(
         }
     )
     started = [
-        runner.trigger(
+        triggering.trigger(
             store,
             workflow_name=name,
             tenant=delivery.tenant_name,

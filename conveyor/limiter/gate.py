@@ -16,18 +16,19 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from conveyor import logs
-from conveyor.engine import limits, runner
+from conveyor.engine import limits
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.limits import Permit, PermitRequest, Wake
 from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import NODE_QUEUE, may_hold
 from conveyor.engine.records import Admission, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
+from conveyor.engine.workflows import cached_workflow, load_workflow
 from conveyor.limiter.heartbeat import LeaseKeeper
 from conveyor.store import Database
 
 if TYPE_CHECKING:
-    from conveyor.store.sql import SqlStore
+    from conveyor.store.sql_store import SqlStore
 
 log = logging.getLogger("conveyor.limits")
 
@@ -181,7 +182,7 @@ class Gate:
         if admission is None:
             return None
         self._tenant_limits.put(admission.tenant_id, admission.tenant_concurrency)
-        workflow, _ = runner.load_workflow(store, admission.workflow_id)
+        workflow, _ = load_workflow(store, admission.workflow_id)
         request = self._permit_request(
             job_id,
             NodeHints(
@@ -198,14 +199,14 @@ class Gate:
     def _hinted(self, job_id: uuid.UUID, hints: NodeHints) -> PermitRequest:
         """The request from a message's hints: the workflow from the process's cache of
         definitions, the tenant's own limit from a cache of a few seconds."""
-        cached = runner.cached_workflow(hints.workflow_id)
+        cached = cached_workflow(hints.workflow_id)
         workflow = cached[0] if cached is not None else None
         found = self._tenant_limits.get(hints.tenant_id)
         if workflow is None or found is None:
 
             def read(store: SqlStore) -> tuple[Workflow, int | None]:
                 return (
-                    runner.load_workflow(store, hints.workflow_id)[0],
+                    load_workflow(store, hints.workflow_id)[0],
                     store.tenant_concurrency(hints.tenant_id),
                 )
 

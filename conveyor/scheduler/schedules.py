@@ -1,4 +1,4 @@
-"""Cron schedules: one transaction's worth of work each, like :mod:`conveyor.engine.runner`.
+"""Cron schedules: one transaction's worth of work each, like :mod:`conveyor.engine.triggering`.
 
 The caller owns the transaction and publishes the returned dispatches after it commits. The
 decisions (is it valid, when does it fire next, what does a late check start) come from the
@@ -16,20 +16,17 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from conveyor.engine import runner
 from conveyor.engine.definitions import ScheduleSpec, Workflow
+from conveyor.engine.ports import Store
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE
-from conveyor.engine.records import Dispatch, ScheduleRecord
+from conveyor.engine.records import Advance, Dispatch, Fire, ScheduleRecord
 from conveyor.engine.states import JobKind, ScheduleOrigin, TriggerSource
+from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import ScheduleError, ScheduleNotFound, WorkflowNotFound
 from conveyor.scheduler.cron import FirePlan, parse_cron, plan_fires
-from conveyor.store.schedules import Advance, Fire
-
-if TYPE_CHECKING:
-    from conveyor.store.sql import SqlStore
 
 log = logging.getLogger("conveyor.schedules")
 
@@ -47,7 +44,7 @@ class Checked:
 
 
 def add(
-    store: SqlStore, *, tenant: str, workflow: str, spec: ScheduleSpec, now: datetime
+    store: Store, *, tenant: str, workflow: str, spec: ScheduleSpec, now: datetime
 ) -> ScheduleRecord:
     """Add a schedule of an applied workflow (an operator's, not a definition's)."""
     tenant_id = store.tenant_id(tenant)
@@ -69,7 +66,7 @@ def add(
     )
 
 
-def sync_definition(store: SqlStore, tenant: str, workflow: Workflow, now: datetime) -> None:
+def sync_definition(store: Store, tenant: str, workflow: Workflow, now: datetime) -> None:
     """Make the tenant's schedules match those the definition declares: add new ones, update
     changed ones (keeping whether an operator paused them), remove those it dropped."""
     tenant_id = store.tenant_id(tenant)
@@ -108,14 +105,14 @@ def sync_definition(store: SqlStore, tenant: str, workflow: Workflow, now: datet
     )
 
 
-def pause(store: SqlStore, tenant: str, name: str, now: datetime) -> ScheduleRecord:
+def pause(store: Store, tenant: str, name: str, now: datetime) -> ScheduleRecord:
     """Stop starting runs; the slots that pass while paused are never run."""
     found = _find(store, tenant, name)
     store.update_schedule(found.id, now, enabled=False)
     return _find(store, tenant, name)
 
 
-def resume(store: SqlStore, tenant: str, name: str, now: datetime) -> ScheduleRecord:
+def resume(store: Store, tenant: str, name: str, now: datetime) -> ScheduleRecord:
     """Start runs again from the first slot after now."""
     found = _find(store, tenant, name)
     if not found.enabled:
@@ -124,7 +121,7 @@ def resume(store: SqlStore, tenant: str, name: str, now: datetime) -> ScheduleRe
     return _find(store, tenant, name)
 
 
-def remove(store: SqlStore, tenant: str, name: str) -> None:
+def remove(store: Store, tenant: str, name: str) -> None:
     """Delete an operator's schedule; its past runs stay (their schedule becomes empty)."""
     found = _find(store, tenant, name)
     if found.origin is ScheduleOrigin.DEFINITION:
@@ -136,7 +133,7 @@ def remove(store: SqlStore, tenant: str, name: str) -> None:
     store.delete_schedules([found.id])
 
 
-def _find(store: SqlStore, tenant: str, name: str) -> ScheduleRecord:
+def _find(store: Store, tenant: str, name: str) -> ScheduleRecord:
     found = store.schedule(store.tenant_id(tenant), name)
     if found is None:
         raise ScheduleNotFound(
@@ -173,7 +170,7 @@ def _changed(existing: ScheduleRecord, spec: ScheduleSpec) -> bool:
 # -- the due check -------------------------------------------------------------------------
 
 
-def check_due(store: SqlStore, now: datetime, *, limit: int, grace: float) -> Checked:
+def check_due(store: Store, now: datetime, *, limit: int, grace: float) -> Checked:
     """Take up to ``limit`` due schedules, start their runs, advance each to its next slot."""
     due = store.claim_due_schedules(now, limit)
     if not due:
@@ -214,7 +211,7 @@ def check_due(store: SqlStore, now: datetime, *, limit: int, grace: float) -> Ch
             )
             missed += len(plan.fire_at)
             continue
-        workflow, _ = runner.load_workflow(store, record.id)
+        workflow, _ = load_workflow(store, record.id)
         priority = choose_priority(schedule.priority, workflow.priority, TriggerSource.SCHEDULE)
         fires += [
             Fire(schedule=schedule, workflow_id=record.id, slot=slot, priority=priority)

@@ -26,8 +26,8 @@ from conveyor.models import (
     WebhookSignature,
     WorkflowVersion,
 )
-from conveyor.store.core import upsert
 from conveyor.store.rows import endpoint_record
+from conveyor.store.session import upsert
 
 
 class AccessQueries:

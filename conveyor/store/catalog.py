@@ -1,4 +1,5 @@
-"""The SQL of tenants and workflow versions (part of :class:`~conveyor.store.sql.SqlStore`)."""
+"""The SQL of tenants and workflow versions (part of
+:class:`~conveyor.store.sql_store.SqlStore`)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from conveyor.engine.records import WorkflowRecord
 from conveyor.exceptions import StoreError, TenantNotFound, WorkflowNotFound
 from conveyor.models import Tenant, WorkflowVersion
-from conveyor.store.core import TENANTS, WORKFLOWS, StoreCore
 from conveyor.store.rows import workflow_record
+from conveyor.store.session import TENANTS, WORKFLOWS, StoreCore
 
 DEFAULT_TENANT = "default"
 
 
 class CatalogQueries(StoreCore):
-    """Tenants and workflow versions (part of :class:`~conveyor.store.sql.SqlStore`)."""
+    """Tenants and workflow versions (part of :class:`~conveyor.store.sql_store.SqlStore`)."""
 
     # -- tenants --------------------------------------------------------------------------
 

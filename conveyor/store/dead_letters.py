@@ -15,8 +15,8 @@ from conveyor.engine.records import JobRecord
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, NodeStatus
 from conveyor.models import Execution, Job, JobAttempt, Tenant, WorkflowVersion
 from conveyor.models.tables import NodeState
-from conveyor.store.core import JOBS, unindexed
 from conveyor.store.rows import job_record
+from conveyor.store.session import JOBS, unindexed
 
 
 @dataclass(frozen=True, kw_only=True)

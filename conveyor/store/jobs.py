@@ -1,12 +1,11 @@
 """The SQL of jobs and their tries, one job at a time: claims, transitions, retries, the
-promotion of due jobs, what the limiter reads (part of :class:`~conveyor.store.sql.SqlStore`;
+promotion of due jobs, what the limiter reads (part of :class:`~conveyor.store.sql_store.SqlStore`;
 a node job's claim and success, which touch its node state and execution too, are in
-:mod:`conveyor.store.sql`)."""
+:mod:`conveyor.store.postgres` and :mod:`conveyor.store.sqlite`)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -16,35 +15,16 @@ from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
 from conveyor.engine.states import WAITING_JOB, AttemptStatus, JobKind, JobStatus, Priority
 from conveyor.models import Job
-from conveyor.store import hot
-from conveyor.store.core import ATTEMPTS, JOBS, TENANTS, StoreCore, unindexed
 from conveyor.store.rows import job_record
+from conveyor.store.session import ATTEMPTS, JOBS, TENANTS, StoreCore, unindexed
 
 RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 class JobQueries(StoreCore):
-    """Jobs and tries (part of :class:`~conveyor.store.sql.SqlStore`)."""
+    """Jobs and tries (part of :class:`~conveyor.store.sql_store.SqlStore`)."""
 
     # -- jobs -----------------------------------------------------------------------------
-
-    def add_node_jobs(
-        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
-    ) -> None:
-        """Insert node jobs, queued (or scheduled, with a ``next_run_at``), in one statement."""
-        rows = [node_job_row(execution, j, now) for j in jobs]
-        if not self._postgres:
-            self._core(insert(JOBS), [{**r, "execution_id": execution.id} for r in rows])
-            return
-        self._hot(hot.ADD_NODE_JOBS, {
-            "queue": NODE_QUEUE, "priority": execution.priority.value,
-            "tenant_id": execution.tenant_id, "workflow_id": execution.workflow_id,
-            "execution_id": execution.id, "now": now,
-            "job_ids": [r["id"] for r in rows], "job_statuses": [r["status"].value for r in rows],
-            "job_nodes": [r["node_id"] for r in rows],
-            "job_retries": [r["max_retries"] for r in rows],
-            "job_next": [r["next_run_at"] for r in rows],
-        })  # fmt: skip
 
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
         """queued (or parked) -> processing; None when the job is not a runnable job of that
@@ -71,13 +51,13 @@ class JobQueries(StoreCore):
         **values: Any,
     ) -> bool:
         """``expected`` -> ``new``; with ``try_number``, only while that try is the job's
-        current one (see :func:`_current_try`)."""
+        current one (see :func:`current_try`)."""
         result = self._core(
             update(JOBS)
             .where(
                 JOBS.c.id == job_id,
                 unindexed(JOBS.c.status) == expected,
-                *_current_try(try_number),
+                *current_try(try_number),
             )
             .values(status=new, **values)
         )
@@ -92,7 +72,7 @@ class JobQueries(StoreCore):
             .where(
                 JOBS.c.id == job_id,
                 unindexed(JOBS.c.status) == JobStatus.PROCESSING,
-                *_current_try(try_number),
+                *current_try(try_number),
             )
             .values(
                 status=JobStatus.RETRY_WAIT,
@@ -252,7 +232,7 @@ _ADMISSION = (
 _TENANT_LIMIT = select(TENANTS.c.max_concurrency).where(TENANTS.c.id == bindparam("tenant_id"))
 
 
-def _current_try(try_number: int | None) -> list[ColumnElement[bool]]:
+def current_try(try_number: int | None) -> list[ColumnElement[bool]]:
     """The job's current try is ``try_number``: a try's outcome settles its job only while no
     later try began. A worker that missed its heartbeats may end after its job was reclaimed
     and claimed again by another worker; its outcome is then not the job's."""

@@ -1,5 +1,5 @@
 """Reads for people: executions listed and shown whole, with their nodes, jobs and tries, as
-the API and the CLI show them (part of :class:`~conveyor.store.sql.SqlStore`)."""
+the API and the CLI show them (part of :class:`~conveyor.store.sql_store.SqlStore`)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 from conveyor.engine.records import JobRecord
 from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind, JobStatus
 from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
-from conveyor.store.core import JOBS, unindexed, upsert
 from conveyor.store.rows import job_record
+from conveyor.store.session import JOBS, unindexed, upsert
 from conveyor.store.stats import add_to_tallies, tally_of
 
 _ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)

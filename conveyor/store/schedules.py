@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
@@ -19,38 +18,18 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from conveyor.engine.queues import EXECUTION_QUEUE
-from conveyor.engine.records import ScheduleRecord, WorkflowRecord
+from conveyor.engine.records import Advance, Fire, ScheduleRecord, WorkflowRecord
 from conveyor.engine.states import (
     ExecutionStatus,
     JobKind,
     JobStatus,
-    Priority,
     TriggerSource,
 )
 from conveyor.exceptions import ScheduleError
 from conveyor.ids import new_id
 from conveyor.models import Execution, Job, Schedule, WorkflowVersion
-from conveyor.store.core import upsert
 from conveyor.store.rows import schedule_record, workflow_record
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fire:
-    """One run a schedule starts: the execution and its start job, for one slot."""
-
-    schedule: ScheduleRecord
-    workflow_id: uuid.UUID
-    slot: datetime
-    priority: Priority
-
-
-@dataclass(frozen=True, kw_only=True)
-class Advance:
-    """A checked schedule's new state: its next slot, and the runs it started just now."""
-
-    schedule_id: uuid.UUID
-    next_run_at: datetime
-    started: int
+from conveyor.store.session import upsert
 
 
 class ScheduleQueries:

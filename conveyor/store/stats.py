@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.engine.states import AttemptStatus
 from conveyor.models import AlertState, Execution, Job, JobAttempt, PrunedTally, Schedule
-from conveyor.store.core import upsert
+from conveyor.store.session import upsert
 
 # The bounds (seconds) of the histograms of how long tries waited and ran: the metrics'
 # buckets, and those the retention sweep adds up the tries it deletes at.

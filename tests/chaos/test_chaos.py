@@ -21,7 +21,7 @@ import redis
 from kombu import Connection
 from sqlalchemy import create_engine, text
 
-from conveyor.engine.runner import dispatch_of
+from conveyor.engine.ready import dispatch_of
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.limiter import RedisLimiter

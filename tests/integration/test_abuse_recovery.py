@@ -15,7 +15,7 @@ import pytest
 import redis
 from sqlalchemy import update
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.limits import Limits
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import JobStatus, TriggerSource
@@ -77,7 +77,7 @@ def waiting_jobs(db: Database, status: JobStatus, width: int = WIDTH) -> list[uu
     service = Conveyor(db, Recorded())
     service.apply(parse_workflow({"name": "wide", "nodes": nodes}))
     made = db.run(
-        lambda s: runner.trigger(s, workflow_name="wide", tenant="default", input={},
+        lambda s: triggering.trigger(s, workflow_name="wide", tenant="default", input={},
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
     job_ids = [d.job_id for d in made.dispatches]

@@ -27,7 +27,7 @@ from conveyor.api.hub import APPLICATION_NAME
 from conveyor.api.server import ApiServer
 from conveyor.api.stream import Admission, Streams, channel, refused
 from conveyor.config import Settings, get_settings
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.records import Dispatch, TenantRef
 from conveyor.engine.states import TriggerSource
 from conveyor.engine.validation import parse_workflow
@@ -75,7 +75,7 @@ def api_server(service: Conveyor, **settings: str) -> Iterator[tuple[str, ApiSer
 def held(service: Conveyor, tenant: str = "acme") -> tuple[uuid.UUID, list[Dispatch]]:
     """An execution planned and running, its root node's message not yet published."""
     made = service.db.run(
-        lambda s: runner.trigger(s, workflow_name="sum", tenant=tenant, input={}, now=utcnow(),
+        lambda s: triggering.trigger(s, workflow_name="sum", tenant=tenant, input={}, now=utcnow(),
                                  source=TriggerSource.API)
     )  # fmt: skip
     return made.execution_id, list(made.dispatches)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.credentials import new_webhook_secret
 from conveyor.engine.states import ExecutionStatus, SignatureScheme, TriggerSource
 from conveyor.engine.validation import parse_workflow
@@ -334,7 +334,7 @@ def test_the_status_stream_shows_an_execution_go_from_running_to_completed(
     key = make_key("acme")
     conveyor_service.apply(parse_workflow(add_node()), "acme")
     made = conveyor_service.db.run(
-        lambda s: runner.trigger(s, workflow_name="sum", tenant="acme", input={}, now=utcnow(),
+        lambda s: triggering.trigger(s, workflow_name="sum", tenant="acme", input={}, now=utcnow(),
                                  source=TriggerSource.API)
     )  # fmt: skip
     seen: list[tuple[str, dict[str, Any]]] = []

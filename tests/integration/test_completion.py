@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from conveyor.engine import runner
+from conveyor.engine import cancellation, claiming, success, triggering
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
@@ -27,13 +27,13 @@ def triggered(service: Conveyor, name: str, nodes: list[dict[str, Any]], **extra
     claims and records its nodes itself."""
     service.apply(parse_workflow({"name": name, "nodes": nodes, **extra}))
     return service.db.run(
-        lambda s: runner.trigger(s, workflow_name=name, tenant="default", input={"x": 7},
+        lambda s: triggering.trigger(s, workflow_name=name, tenant="default", input={"x": 7},
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
 
 
-def claim(service: Conveyor, job_id: uuid.UUID, hints: NodeHints | None = None) -> runner.NodeRun:
-    run = service.db.autocommit(lambda s: runner.claim_node(s, job_id, utcnow(), "tester", hints))
+def claim(service: Conveyor, job_id: uuid.UUID, hints: NodeHints | None = None) -> claiming.NodeRun:
+    run = service.db.autocommit(lambda s: claiming.claim_node(s, job_id, utcnow(), "tester", hints))
     assert run is not None
     return run
 
@@ -45,12 +45,12 @@ def queued_job(service: Conveyor, execution_id: uuid.UUID, node_id: str) -> uuid
     return job_id
 
 
-def alone(service: Conveyor, run: runner.NodeRun, output: Any) -> bool:
-    return service.db.autocommit(lambda s: runner.complete_alone(s, run, output, utcnow(), 0.01))
+def alone(service: Conveyor, run: claiming.NodeRun, output: Any) -> bool:
+    return service.db.autocommit(lambda s: success.complete_alone(s, run, output, utcnow(), 0.01))
 
 
-def complete(service: Conveyor, run: runner.NodeRun, output: Any) -> list[Dispatch]:
-    return service.db.run(lambda s: runner.complete_node(s, run, output, utcnow(), 0.01))
+def complete(service: Conveyor, run: claiming.NodeRun, output: Any) -> list[Dispatch]:
+    return service.db.run(lambda s: success.complete_node(s, run, output, utcnow(), 0.01))
 
 
 def execution(service: Conveyor, execution_id: uuid.UUID) -> Execution:
@@ -141,7 +141,7 @@ def test_a_sink_of_a_cancelled_execution_changes_nothing_in_one_statement(
 ) -> None:
     made = triggered(conveyor_service, "cancelled", [add("only")])
     run = claim(conveyor_service, made.dispatches[0].job_id)
-    conveyor_service.db.run(lambda s: runner.cancel_execution(s, made.execution_id, utcnow()))
+    conveyor_service.db.run(lambda s: cancellation.cancel_execution(s, made.execution_id, utcnow()))
 
     assert not alone(conveyor_service, run, {"sum": 3})
     with conveyor_service.db.transaction() as store:

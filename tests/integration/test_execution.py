@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import (
     AttemptStatus,
@@ -85,7 +85,7 @@ def test_a_workflow_too_large_to_plan_at_trigger_is_planned_by_an_execution_work
     conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a limit under the diamond's five nodes
-    monkeypatch.setattr(runner, "INLINE_PLAN_NODES", 4)
+    monkeypatch.setattr(triggering, "INLINE_PLAN_NODES", 4)
     apply(conveyor_service, "diamond", DIAMOND)
 
     execution_id = conveyor_service.trigger("diamond", {"x": 4})

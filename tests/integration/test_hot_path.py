@@ -1,7 +1,7 @@
-"""The hot path's statements on the driver's connection (store.hot), against real PostgreSQL:
-errors come out as SQLAlchemy's with the parameters hidden, a connection lost under them is
-replaced and the work run again, the connection is kept between uses and goes back to
-transactions when handed back, and the statements keep to indexes as the tables grow."""
+"""The hot path's statements on the driver's connection (store.postgres_statements), against
+real PostgreSQL: errors come out as SQLAlchemy's with the parameters hidden, a connection lost
+under them is replaced and the work run again, the connection is kept between uses and goes
+back to transactions when handed back, and the statements keep to indexes as the tables grow."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DataError, DBAPIError
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor, utcnow
-from conveyor.store import Database, hot
+from conveyor.store import Database
+from conveyor.store import postgres_statements as hot
 from tests.conftest import PG_ADMIN_URL, TEST_DB
 from tests.support import services
 
@@ -81,7 +82,7 @@ def test_a_connection_lost_under_the_hot_path_is_replaced_and_the_work_run_again
     admin.dispose()
     assert killed and killed >= 1
 
-    with caplog.at_level(logging.WARNING, logger="conveyor.store.database"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.store.unit_of_work"):
         execution_id = own.trigger("one")  # its statement fails once, then runs again
         run_all(own)
 
@@ -114,7 +115,7 @@ def test_a_database_error_is_sqlalchemy_s_and_does_not_show_the_parameters(
 def test_the_pooled_connection_goes_back_to_transactions(own: Conveyor) -> None:
     own.trigger("one")  # the process knows the workflow: the next trigger is one statement
     own.db.dispose()
-    own.db.autocommit(lambda s: runner.trigger(s, workflow_name="one", tenant="default",
+    own.db.autocommit(lambda s: triggering.trigger(s, workflow_name="one", tenant="default",
                                                input={}, now=utcnow()))  # fmt: skip
     assert own.db.engine.pool.checkedin() == 0  # type: ignore[attr-defined]  # kept
     own.db.put_back_kept()
@@ -268,14 +269,14 @@ def test_a_kept_connection_whose_server_went_away_while_idle_is_replaced_at_once
     own: Conveyor, database_url: str, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    monkeypatch.setattr("conveyor.store.database.PING_IDLE_AFTER", 0.0)  # always pinged
+    monkeypatch.setattr("conveyor.store.unit_of_work.PING_IDLE_AFTER", 0.0)  # always pinged
     gone = backend_of_hot_path(own)
     admin = create_engine(database_url)
     with admin.begin() as conn:
         conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": gone})
     admin.dispose()
 
-    with caplog.at_level(logging.WARNING, logger="conveyor.store.database"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.store.unit_of_work"):
         replaced = backend_of_hot_path(own)
 
     assert replaced != gone
@@ -287,13 +288,13 @@ def test_a_forked_child_takes_a_connection_of_its_own(
 ) -> None:
     parents = backend_of_hot_path(own)  # kept by this process
     real = os.getpid()
-    monkeypatch.setattr("conveyor.store.database.os.getpid", lambda: real + 1)  # a child
+    monkeypatch.setattr("conveyor.store.unit_of_work.os.getpid", lambda: real + 1)  # a child
 
     childs = backend_of_hot_path(own)
 
     assert childs != parents  # the parent's socket is never used by the child
     own.db.put_back_kept()  # the child's own, as its dispose would
-    monkeypatch.setattr("conveyor.store.database.os.getpid", lambda: real)
+    monkeypatch.setattr("conveyor.store.unit_of_work.os.getpid", lambda: real)
     assert backend_of_hot_path(own) == parents  # still the parent's, untouched
 
 
@@ -305,7 +306,7 @@ def test_a_wide_fan_out_reads_each_node_s_state_not_all_of_them_for_each_node(
     for the prepared statement took all the execution's rows and filtered them by name, so
     a fan-out of N read N x N rows."""
     service, url = alone
-    width = 90  # planned by the trigger (runner.INLINE_PLAN_NODES)
+    width = 90  # planned by the trigger (triggering.INLINE_PLAN_NODES)
     members = [f"m{i}" for i in range(width)]
     add = {"function": "test.add"}
     service.apply(parse_workflow({"name": "wide", "nodes": [

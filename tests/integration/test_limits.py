@@ -7,7 +7,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from conveyor.engine import runner
+from conveyor.engine import claiming, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, Priority
 from conveyor.engine.validation import parse_workflow
 from conveyor.limiter.gate import Gate
@@ -96,7 +96,7 @@ def test_a_low_job_queued_past_the_ageing_limit_is_republished_as_normal(
     conveyor_service.apply(parse_workflow(fan_out("old-low", 1, 0.0)))
     ten_minutes_ago = datetime.now(UTC) - timedelta(minutes=10)
     triggered = conveyor_service.db.run(
-        lambda s: runner.trigger(
+        lambda s: triggering.trigger(
             s,
             workflow_name="old-low",
             tenant="default",
@@ -123,12 +123,12 @@ def test_a_low_job_queued_past_the_ageing_limit_is_republished_as_normal(
 # -- admission from the message's hints ---------------------------------------------------------
 
 
-def planned(service: Conveyor, name: str, width: int) -> runner.Triggered:
+def planned(service: Conveyor, name: str, width: int) -> triggering.Triggered:
     """An execution of ``width`` root nodes under a workflow limit of one, stored and planned
     but not published: the test hands its messages to the gate itself."""
     service.apply(parse_workflow(fan_out(name, width, 0.0, concurrency=1)))
     return service.db.run(
-        lambda s: runner.trigger(s, workflow_name=name, tenant="default", input=None,
+        lambda s: triggering.trigger(s, workflow_name=name, tenant="default", input=None,
                                  now=datetime.now(UTC))
     )  # fmt: skip
 
@@ -176,7 +176,7 @@ def test_a_duplicate_hinted_message_gives_back_the_permits_it_took(
 ) -> None:
     (dispatch,) = planned(conveyor_service, "duplicate", 1).dispatches
     conveyor_service.db.autocommit(
-        lambda s: runner.claim_node(s, dispatch.job_id, datetime.now(UTC), "elsewhere")
+        lambda s: claiming.claim_node(s, dispatch.job_id, datetime.now(UTC), "elsewhere")
     )
 
     conveyor_service.run_node(dispatch.job_id, dispatch.hints)
@@ -193,7 +193,7 @@ def test_a_refused_hinted_message_of_a_job_not_runnable_leaves_no_trace_in_the_l
     permit = gate.admit(first.job_id, first.hints)
     assert permit is not None
     conveyor_service.db.autocommit(
-        lambda s: runner.claim_node(s, second.job_id, datetime.now(UTC), "elsewhere")
+        lambda s: claiming.claim_node(s, second.job_id, datetime.now(UTC), "elsewhere")
     )
 
     assert gate.admit(second.job_id, second.hints) is None

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 import conveyor
 from conveyor import metrics
-from conveyor.engine import runner
+from conveyor.engine import claiming, failure, success, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import NodeCancelled
@@ -37,15 +37,15 @@ def executions(service: Conveyor) -> int:
         return int(store.session.scalar(select(func.count()).select_from(Execution)) or 0)
 
 
-def claimed(service: Conveyor, worker: str) -> tuple[runner.Triggered, runner.NodeRun]:
+def claimed(service: Conveyor, worker: str) -> tuple[triggering.Triggered, claiming.NodeRun]:
     """An adder execution whose one node job ``worker`` has claimed, not published."""
     add_flow(service)
     made = service.db.run(
-        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+        lambda s: triggering.trigger(s, workflow_name="adder", tenant="default", input={},
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
     (job_id,) = [d.job_id for d in made.dispatches]  # planned by the trigger: one root
-    run = service.db.run(lambda s: runner.claim_node(s, job_id, utcnow(), worker))
+    run = service.db.run(lambda s: claiming.claim_node(s, job_id, utcnow(), worker))
     assert run is not None
     return made, run
 
@@ -160,7 +160,7 @@ def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
     # Given a committed execution whose root node's message never reached the broker
     add_flow(conveyor_service)
     made = conveyor_service.db.run(
-        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+        lambda s: triggering.trigger(s, workflow_name="adder", tenant="default", input={},
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
     age(conveyor_service, enqueued_at=utcnow() - timedelta(minutes=5))
@@ -201,7 +201,7 @@ def test_the_broker_may_hold_as_many_node_jobs_as_its_batch_messages_name() -> N
 def test_a_duplicate_message_changes_nothing(conveyor_service: Conveyor) -> None:
     add_flow(conveyor_service)
     made = conveyor_service.db.run(
-        lambda s: runner.trigger(s, workflow_name="adder", tenant="default", input={},
+        lambda s: triggering.trigger(s, workflow_name="adder", tenant="default", input={},
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
 
@@ -346,7 +346,7 @@ def test_a_node_stopped_by_a_cancel_that_was_undone_runs_again_not_dead_lettered
 
     # When its try ends with NodeCancelled
     stopped = NodeCancelled("node 'add' was stopped: its execution was cancelled")
-    failed = conveyor_service.db.run(lambda s: runner.fail_node(s, run, stopped, utcnow(), 0.1))
+    failed = conveyor_service.db.run(lambda s: failure.fail_node(s, run, stopped, utcnow(), 0.1))
 
     # Then it waits a moment and runs again, as the promoter publishes it: not a failure
     assert failed.outcome is JobStatus.RETRY_WAIT and (failed.retry_in or 1) < 0.1
@@ -361,24 +361,24 @@ def test_a_late_outcome_of_a_reclaimed_try_leaves_the_job_to_the_try_that_runs_i
     # another worker (nothing published: each step by hand)
     made, late = claimed(conveyor_service, "a")
     service = conveyor_service
-    service.db.run(lambda s: runner.reclaim(s, late.job, utcnow()))
+    service.db.run(lambda s: failure.reclaim(s, late.job, utcnow()))
     with service.db.transaction() as store:  # due and promoted at once: the worker's own
         # maintenance thread (every 0.05 s here) cannot promote and run it in between
         store.session.execute(update(Job).values(next_run_at=utcnow() - timedelta(seconds=1)))
         [due] = store.promote_due(utcnow(), 10)
-    now_run = service.db.run(lambda s: runner.claim_node(s, due.id, utcnow(), "b"))
+    now_run = service.db.run(lambda s: claiming.claim_node(s, due.id, utcnow(), "b"))
     assert now_run is not None and now_run.job.try_number == late.job.try_number + 1
 
     # When the first worker's try ends after all, by a success or by a failure
     output = {"sum": -1}
-    alone = service.db.autocommit(lambda s: runner.complete_alone(s, late, output, utcnow(), 0.1))
-    completed = service.db.run(lambda s: runner.complete_node(s, late, output, utcnow(), 0.1))
-    failed = service.db.run(lambda s: runner.fail_node(s, late, RuntimeError(), utcnow(), 0.1))
+    alone = service.db.autocommit(lambda s: success.complete_alone(s, late, output, utcnow(), 0.1))
+    completed = service.db.run(lambda s: success.complete_node(s, late, output, utcnow(), 0.1))
+    failed = service.db.run(lambda s: failure.fail_node(s, late, RuntimeError(), utcnow(), 0.1))
 
     # Then none of them settles the job: the second try still runs it, and its outcome is
     # the node's
     assert (alone, completed, failed.outcome) == (False, [], None)
-    service.db.run(lambda s: runner.complete_node(s, now_run, {"sum": 3}, utcnow(), 0.1))
+    service.db.run(lambda s: success.complete_node(s, now_run, {"sum": 3}, utcnow(), 0.1))
     done = wait_for(service, made.execution_id)
     assert (done.status, done.output) == (ExecutionStatus.COMPLETED, {"add": {"sum": 3}})
     with service.db.transaction() as store:
@@ -398,7 +398,7 @@ def test_a_node_that_returned_after_a_stop_since_undone_runs_again_its_output_dr
 
     # When its try returns what it had when it stopped
     failed = conveyor_service.db.run(
-        lambda s: runner.complete_stopped(s, run, {"sum": -1}, STOPPED, utcnow(), 0.1)
+        lambda s: failure.complete_stopped(s, run, {"sum": -1}, STOPPED, utcnow(), 0.1)
     )
 
     # Then the try counts as stopped and the node runs again to its end: the early output
@@ -419,7 +419,7 @@ def test_a_node_that_returned_after_a_stop_is_cancelled_its_output_kept_if_still
     conveyor_service.cancel(made.execution_id)
 
     failed = conveyor_service.db.run(
-        lambda s: runner.complete_stopped(s, run, {"sum": -1}, STOPPED, utcnow(), 0.1)
+        lambda s: failure.complete_stopped(s, run, {"sum": -1}, STOPPED, utcnow(), 0.1)
     )
 
     assert failed is None

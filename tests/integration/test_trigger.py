@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from conveyor.engine import runner
+from conveyor.engine import triggering
 from conveyor.engine.records import Created, ExecutionRecord, NewJob
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.engine.validation import parse_workflow
@@ -29,9 +29,9 @@ CHAIN = {
 }  # fmt: skip
 
 
-def trigger(service: Conveyor, **keys: Any) -> runner.Triggered:
+def trigger(service: Conveyor, **keys: Any) -> triggering.Triggered:
     return service.db.autocommit(
-        lambda s: runner.trigger(s, workflow_name="chain", tenant="default", input={"x": 1},
+        lambda s: triggering.trigger(s, workflow_name="chain", tenant="default", input={"x": 1},
                                  now=utcnow(), **keys)
     )  # fmt: skip
 

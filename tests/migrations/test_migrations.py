@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from conveyor.models import Base
-from conveyor.store.db import make_engine
+from conveyor.store.engines import make_engine
 from tests.conftest import PG_ADMIN_URL, RUN_ID
 from tests.support.services import alembic_config, create_database, drop_database
 

@@ -190,7 +190,7 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
 @contextmanager
 def statements(service: Conveyor) -> Iterator[list[str]]:
     """The SQL statements this thread sends to the database inside the block, through the
-    engine or on the driver's connection (store.hot); the worker's threads share the
+    engine or on the driver's connection (store.postgres_statements); the worker's threads share the
     process: theirs are not counted."""
     assert service.db.engine.dialect.name == "postgresql"
     sent: list[str] = []

@@ -8,7 +8,8 @@ compiled once for psycopg; their parameters are plain values and their rows are 
 position. Errors come out as SQLAlchemy's (``DBAPIError`` and its subclasses, a lost
 connection invalidated), as they would through the engine: callers retry them unchanged.
 
-Only for PostgreSQL: SQLite takes :class:`~conveyor.store.sql.SqlStore`'s general path.
+Only for PostgreSQL: SQLite runs the same transitions as a few statements each
+(:mod:`conveyor.store.sqlite`).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Driver:
             return cursor.fetchall() if result is not None and result.nfields else []
 
     def ping(self) -> None:
-        """The dialect's ping, as the pool's (store.db) does it: fails as :meth:`rows` does
+        """The dialect's ping, as the pool's (store.engines) does it: fails as :meth:`rows` does
         if the server is gone."""
         with self._translated("-- ping", None):
             self._dialect.do_ping(cast(Any, self._connection))
@@ -160,7 +161,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 # executions are small), 7.5 million row reads for one fan-out.
 
 # A job found by its key has its status compared as ``status || ''``, an expression no index
-# holds (store.core.unindexed). Compared as the column, the generic plan took the job by a
+# holds (store.session.unindexed). Compared as the column, the generic plan took the job by a
 # status index and filtered by id whenever the statistics said few jobs had that status:
 # planned while nothing was queued, each claim of a later backlog of 400 read 202 jobs (the
 # plain status index), each success every processing job (the heartbeat's partial index).

@@ -1,6 +1,7 @@
-"""All SQL lives in this package, one module a domain noun; this one holds executions, their
-node states, and a node's claim and success, which touch all three tables at once. The store
-never commits: the caller owns the unit of work.
+"""Executions and their node states (part of :class:`~conveyor.store.sql_store.SqlStore`): the
+statements both databases run alike. A node's claim and success, and an execution's creation,
+which each database runs its own way, are the adapters' (:mod:`conveyor.store.postgres`,
+:mod:`conveyor.store.sqlite`). The store never commits: the caller owns the unit of work.
 
 Every state change of a job or an execution is a guarded UPDATE that only succeeds from the
 expected status, so a message delivered twice, or two workers racing, change nothing twice.
@@ -14,11 +15,6 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
-    ARRAY,
-    ColumnElement,
-    Row,
-    String,
-    any_,
     bindparam,
     case,
     func,
@@ -28,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
+from conveyor.engine.records import ExecutionRecord, Finish, NodeRow
 from conveyor.engine.states import (
     WAITING_JOB,
     ExecutionStatus,
@@ -41,36 +37,16 @@ from conveyor.exceptions import DuplicateExecution, ExecutionNotFound, StoreErro
 from conveyor.ids import new_id
 from conveyor.models import Execution, Job, NodeState
 from conveyor.models.base import UTCDateTime
-from conveyor.store import hot
-from conveyor.store.access import AccessQueries
-from conveyor.store.catalog import DEFAULT_TENANT, CatalogQueries
-from conveyor.store.core import EXECUTIONS, JOBS, NODE_STATES
-from conveyor.store.dead_letters import DeadLetterQueries
-from conveyor.store.jobs import RUNNABLE, JobQueries, node_job_row, start_job_row
-from conveyor.store.listing import ListingQueries
-from conveyor.store.recovery import RecoveryQueries
+from conveyor.store.jobs import RUNNABLE
 from conveyor.store.rows import execution_record
-from conveyor.store.schedules import ScheduleQueries
-from conveyor.store.stats import StatsQueries
-
-__all__ = ["DEFAULT_TENANT", "SqlStore"]
+from conveyor.store.session import EXECUTIONS, NODE_STATES, StoreCore
 
 _ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
 
 
-class SqlStore(
-    CatalogQueries,
-    JobQueries,
-    ScheduleQueries,
-    AccessQueries,
-    DeadLetterQueries,
-    StatsQueries,
-    RecoveryQueries,
-    ListingQueries,
-):
-    """The store port over one SQLAlchemy session (PostgreSQL or SQLite), its SQL in the
-    modules it is made of (store.core says how statements run)."""
+class ExecutionQueries(StoreCore):
+    """Executions and node states (part of :class:`~conveyor.store.sql_store.SqlStore`)."""
 
     # -- executions -----------------------------------------------------------------------
 
@@ -115,79 +91,6 @@ class SqlStore(
         except IntegrityError as exc:
             raise DuplicateExecution("its idempotency or deduplication key is taken") from exc
         return execution_id
-
-    def create_execution(
-        self,
-        execution: ExecutionRecord,
-        *,
-        names: tuple[str, str],
-        trigger: str,
-        now: datetime,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        waiting_on: Mapping[str, int] | None = None,
-        queued: Collection[str] = (),
-        jobs: Sequence[NewJob] = (),
-        start_job: uuid.UUID | None = None,
-    ) -> Created:
-        """Insert an execution as :meth:`add_execution` does, with, when it is planned at
-        once (``waiting_on``: a state row per node), its node states and first jobs, or its
-        start job (``start_job``): on PostgreSQL in one statement, so it needs no transaction
-        of its own. ``names``: the tenant's and the workflow's, of which the execution's
-        version must still be the latest. Nothing is inserted when it is not (STALE), or
-        when the tenant has an execution with this idempotency key, or an active one with
-        this deduplication key (KEY_TAKEN)."""
-        planned = waiting_on is not None
-        if not self._postgres:
-            if self.trigger_target(*names) != (execution.tenant_id, execution.workflow_id):
-                return Created.STALE
-            try:
-                self.add_execution(
-                    tenant_id=execution.tenant_id, workflow_id=execution.workflow_id,
-                    input=execution.input, priority=execution.priority, trigger=trigger,
-                    now=now, idempotency_key=idempotency_key, dedupe_key=dedupe_key,
-                    planned_nodes=len(waiting_on) if waiting_on is not None else None,
-                    execution_id=execution.id,
-                )  # fmt: skip
-            except DuplicateExecution:
-                return Created.KEY_TAKEN
-            if waiting_on is not None:
-                self.add_node_states(execution.id, waiting_on, queued)
-            if jobs:
-                self.add_node_jobs(execution, jobs, now)
-            if start_job is not None:
-                self._core(insert(JOBS).values(start_job_row(execution, start_job, now)))
-            return Created.CREATED
-        jobs_ = [node_job_row(execution, j, now) for j in jobs]
-        if start_job is not None:
-            jobs_.append(start_job_row(execution, start_job, now))
-        states = list((waiting_on or {}).items())
-        params = {
-            "id": execution.id, "tenant_id": execution.tenant_id,
-            "workflow_id": execution.workflow_id,
-            "status": (ExecutionStatus.RUNNING if planned else ExecutionStatus.PENDING).value,
-            "priority": execution.priority.value, "trigger": trigger, "input": execution.input,
-            "remaining_nodes": len(states), "started_at": now if planned else None, "now": now,
-            "idempotency_key": idempotency_key, "dedupe_key": dedupe_key,
-            "state_nodes": [node_id for node_id, _ in states],
-            "state_statuses": [
-                (NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING).value
-                for node_id, _ in states
-            ],
-            "state_waiting": [count for _, count in states],
-            "job_ids": [j["id"] for j in jobs_],
-            "job_kinds": [j["kind"].value for j in jobs_],
-            "job_queues": [j["queue"] for j in jobs_],
-            "job_statuses": [j["status"].value for j in jobs_],
-            "job_nodes": [j["node_id"] for j in jobs_],
-            "job_retries": [j["max_retries"] for j in jobs_],
-            "job_next": [j["next_run_at"] for j in jobs_],
-            "tenant_name": names[0], "workflow_name": names[1],
-        }  # fmt: skip
-        ((latest, made),) = self._hot(hot.CREATE_EXECUTION, params)
-        if not latest:
-            return Created.STALE
-        return Created.CREATED if made else Created.KEY_TAKEN
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
         row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
@@ -310,20 +213,6 @@ class SqlStore(
             )
         )
 
-    def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
-        """``node_id IN (...)``; on PostgreSQL ``node_id = ANY(array)``: one parameter, however
-        many nodes (a fan-out's thousands as an IN list were a new statement text each time,
-        which psycopg parses again: ~30 ms for 2,000). One node is ``node_id = :id``: the plan
-        psycopg prepares for ``= ANY`` reads all the execution's rows and filters them by name
-        (see the note above store.hot.CLAIM_NODE), a fan-out's thousands for each node."""
-        wanted = list(node_ids)
-        if len(wanted) == 1:
-            return NODE_STATES.c.node_id == wanted[0]
-        if self._postgres:
-            ids = bindparam(None, wanted, type_=ARRAY(String()))
-            return NODE_STATES.c.node_id == any_(ids)
-        return NODE_STATES.c.node_id.in_(wanted)
-
     def decrement_waiting(self, execution_id: uuid.UUID, node_ids: Sequence[str]) -> dict[str, int]:
         """One more need of each of ``node_ids`` settled; how many each still waits on.
 
@@ -363,9 +252,9 @@ class SqlStore(
 
     def node_rows(
         self, execution_id: uuid.UUID, node_ids: Iterable[str], *, outputs: bool = True
-    ) -> dict[str, Row[Any]]:
-        """The state rows of some nodes of an execution (status, branch, output...); without
-        ``outputs``, only their status and branch (a wide join's readiness reads no outputs)."""
+    ) -> dict[str, NodeRow]:
+        """The states of some nodes of an execution; without ``outputs``, only their status
+        and branch (a wide join's readiness reads no outputs)."""
         wanted = list(node_ids)
         if not wanted:
             return {}
@@ -375,86 +264,17 @@ class SqlStore(
                 NODE_STATES.c.execution_id == execution_id, self._nodes_among(wanted)
             )
         )
-        return {r.node_id: r for r in rows}
-
-    # -- a node's claim and success ------------------------------------------------------
-
-    def claim_node_job(
-        self,
-        job_id: uuid.UUID,
-        now: datetime,
-        worker: str | None,
-        needs: Sequence[str] = (),
-    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
-        """Claim a node job (queued or parked -> processing) with its execution; unless the
-        execution has finished, also start its try (an attempt row) and its node (running).
-        None when the job is not a runnable node job. On PostgreSQL this is one statement,
-        which also reads the outputs of ``needs`` (the nodes the job's node is expected to
-        need): the third item, None when they were not read."""
-        if self._postgres:
-            params = {"id": job_id, "now": now, "worker": worker}
-            # (no array parameter for none or one: planned once, see store.hot)
-            if not needs:
-                rows = self._hot(hot.CLAIM_NODE_ALONE, params)
-            elif len(needs) == 1:
-                rows = self._hot(hot.CLAIM_NODE_AFTER_ONE, params | {"need": needs[0]})
-            else:
-                rows = self._hot(hot.CLAIM_NODE, params | {"needs": list(needs)})
-            if not rows:
-                return None
-            claimed, execution, outputs = hot.claimed(rows[0])
-            return claimed, execution, (outputs if needs else None)
-        job = self.claim_job(job_id, JobKind.NODE, now)
-        if job is None or job.node_id is None:
-            return None
-        execution = self.execution(job.execution_id)
-        if not execution.status.finished:
-            self.add_attempt(job, worker, now)
-            self.start_node(execution.id, job.node_id, now)
-        return job, execution, None
-
-    def complete_running(
-        self,
-        job: JobRecord,
-        node_id: str,
-        *,
-        output: Any,
-        branch: str | None,
-        now: datetime,
-        duration: float,
-        successors: Sequence[str] | None = None,
-        finish: Finish | None = None,
-    ) -> bool:
-        """Record a node's success in one statement, if the database can and the case is the
-        common one: the job still processing, its execution still running. True when done
-        (job completed, attempt succeeded, node completed with its output); False when the
-        caller must take the general path (nothing was changed).
-
-        With ``successors`` the statement is the node's whole success, when it makes none of
-        them ready (False, nothing changed, when it would): each one need fewer, the node
-        settled and, with ``finish`` (for a node nothing waits on), the execution completed
-        if it was the last. Run alone, it commits without a lock held across round trips."""
-        if not self._postgres:
-            return False
-        params = {
-            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
-            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
-            "duration": duration,
-        }  # fmt: skip
-        if successors is None:
-            return bool(self._hot(hot.COMPLETE_NODE, params)[0][0])
-        params |= {
-            "finishes": finish is not None,
-            "execution_output": finish.output if finish is not None else None,
+        if not outputs:
+            return {
+                r.node_id: NodeRow(node_id=r.node_id, status=r.status, branch=r.branch)
+                for r in rows
+            }
+        return {
+            r.node_id: NodeRow(
+                node_id=r.node_id, status=r.status, branch=r.branch, output=r.output, error=r.error
+            )
+            for r in rows
         }
-        # (no array parameter for none or one: planned once, see store.hot)
-        if not successors:
-            return bool(self._hot(hot.COMPLETE_LAST, params)[0][0])
-        if len(successors) == 1:
-            params["successor"] = successors[0]
-            return bool(self._hot(hot.COMPLETE_BEFORE_ONE, params)[0][0])
-        params["successors"] = list(successors)
-        return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
 
 
 # Statements of the hot path built once (their construction cost more than their execution).

@@ -1,9 +1,10 @@
-"""What every part of :class:`~conveyor.store.sql.SqlStore` stands on: the session, Core
-statements on its connection, the hot path's driver, and the tables they address."""
+"""What every part of :class:`~conveyor.store.sql_store.SqlStore` stands on: the session, Core
+statements on its connection, and the tables they address."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sqlalchemy import ColumnElement, CursorResult, Executable, Table, literal_column
@@ -12,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from conveyor.exceptions import StoreError
 from conveyor.models import Execution, Job, JobAttempt, NodeState, Tenant, WorkflowVersion
-from conveyor.store import hot
 
 # The tables, for the Core statements of the hot path (see StoreCore._core).
 JOBS = cast(Table, Job.__table__)
@@ -38,27 +38,19 @@ def unindexed(column: ColumnElement[Any]) -> ColumnElement[Any]:
     partial one whose condition the comparison implies) and filter them by key. PostgreSQL
     prefers that whenever its statistics say few jobs have the status, and keeps a prepared
     statement's plan: a claim planned while nothing was queued read the whole backlog for
-    every job of a later one (see the note above store.hot's claim)."""
+    every job of a later one (see the note above store.postgres_statements's claim)."""
     return column.op("||", return_type=column.type)(literal_column("''"))
 
 
-class StoreCore:
-    """One SQLAlchemy session (PostgreSQL or SQLite); on PostgreSQL the hot path's
-    statements (store.hot) run on the session's driver connection, or on the autocommit
-    unit's own."""
+class StoreCore(ABC):
+    """One SQLAlchemy session, opened on first use when the store was made without one (an
+    autocommit unit, whose hot statements run on a connection of their own)."""
 
     def __init__(
-        self,
-        session: Session | None = None,
-        driver: hot.Driver | None = None,
-        *,
-        opens: Callable[[], Session] | None = None,
+        self, session: Session | None = None, *, opens: Callable[[], Session] | None = None
     ) -> None:
-        """Over ``session``; or, in an autocommit unit, over ``driver`` (the connection of
-        the hot statements) and a session that ``opens`` makes when another statement runs."""
         self._session = session
         self._opens = opens
-        self._driver = driver
 
     @property
     def session(self) -> Session:
@@ -75,16 +67,10 @@ class StoreCore:
     def _core(self, statement: Executable, params: Any = None) -> CursorResult[Any]:
         """Run a Core statement on the transaction's connection: statements that read
         records, never ORM objects, so the ORM's bookkeeping per statement (identity map,
-        session synchronisation) buys nothing. The hottest go further (:meth:`_hot`)."""
+        session synchronisation) buys nothing. The hottest go further (the PostgreSQL
+        adapter's driver statements)."""
         return self.session.connection().execute(statement, params)
 
-    @property
-    def _postgres(self) -> bool:
-        return self._driver is not None or self.session.get_bind().dialect.name == "postgresql"
-
-    def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """Run a statement of the hot path on the driver's connection (PostgreSQL only): the
-        autocommit unit's, or the transaction's."""
-        if self._driver is None:
-            self._driver = hot.Driver.of(self.session.connection())
-        return self._driver.rows(statement, params)
+    @abstractmethod
+    def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
+        """``node_id`` is one of ``node_ids``, as the database plans it best."""

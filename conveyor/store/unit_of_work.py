@@ -15,15 +15,25 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
 
 from conveyor.exceptions import StoreError
-from conveyor.store.db import PING_IDLE_AFTER, make_engine, make_sessionmaker
-from conveyor.store.hot import Driver, invalidate_pool
-from conveyor.store.sql import SqlStore
+from conveyor.store.engines import PING_IDLE_AFTER, make_engine, make_sessionmaker
+from conveyor.store.postgres import PostgresStore
+from conveyor.store.postgres_statements import Driver, invalidate_pool
+from conveyor.store.sql_store import SqlStore
+from conveyor.store.sqlite import SqliteStore
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # PostgreSQL: deadlock detected, serialization failure. SQLite: a writer waited too long.
 _RETRY_SQLSTATES = {"40P01", "40001"}
+
+
+def store_on(session: Session) -> SqlStore:
+    """The adapter of the store port for the session's database, over the session (an
+    application's own, to trigger inside its transaction): the one place that asks which."""
+    if session.get_bind().dialect.name == "postgresql":
+        return PostgresStore(session)
+    return SqliteStore(session)
 
 
 class Database:
@@ -36,12 +46,13 @@ class Database:
         autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self._autocommits = make_sessionmaker(autocommit)
         self._kept = _KeptConnections()
+        self.postgres = self.engine.dialect.name == "postgresql"
 
     @contextmanager
     def transaction(self) -> Iterator[SqlStore]:
         """A store whose work commits when the block exits, or rolls back on an error."""
         with self._sessions() as session, session.begin():
-            yield SqlStore(session)
+            yield store_on(session)
 
     @contextmanager
     def snapshot(self) -> Iterator[SqlStore]:
@@ -50,14 +61,14 @@ class Database:
         REPEATABLE READ transaction. SQLite: a transaction as any other (BEGIN IMMEDIATE),
         which sees one moment already."""
         with self._sessions() as session, session.begin():
-            if self.engine.dialect.name == "postgresql":
+            if self.postgres:
                 session.connection(
                     execution_options={
                         "isolation_level": "REPEATABLE READ",
                         "postgresql_readonly": True,
                     }
                 )
-            yield SqlStore(session)
+            yield store_on(session)
 
     def run(self, work: Callable[[SqlStore], T], *, attempts: int = 5) -> T:
         """Run ``work`` in a transaction, again from the start on a deadlock, a lock timeout
@@ -77,7 +88,7 @@ class Database:
         """Run ``work`` with each statement committing on its own: no BEGIN and COMMIT round
         trips. Only for work whose writes are each one guarded statement, correct whatever
         happens between them (a read, the claim of a job). On SQLite: one transaction."""
-        if self.engine.dialect.name != "postgresql":  # SQLite: BEGIN IMMEDIATE regardless
+        if not self.postgres:  # SQLite: BEGIN IMMEDIATE regardless
             return self.run(work)
         for attempt in range(1, attempts + 1):
             try:
@@ -88,7 +99,7 @@ class Database:
                         opened.enter_context(made.begin())  # no BEGIN sent: autocommit
                         return made
 
-                    return work(SqlStore(driver=driver, opens=session))
+                    return work(PostgresStore(driver=driver, opens=session))
             except DBAPIError as exc:
                 if attempt == attempts or not _retryable(exc):
                     raise
@@ -97,8 +108,8 @@ class Database:
 
     @contextmanager
     def _driver(self) -> Iterator[Driver]:
-        """A connection in autocommit for the hot path's statements (store.hot): one this
-        process kept from its last use, or one from the pool."""
+        """A connection in autocommit for the hot path's statements (postgres_statements):
+        one this process kept from its last use, or one from the pool."""
         kept = self._kept.take()
         if kept is None:
             pooled = self.engine.raw_connection()  # pinged first if it sat idle

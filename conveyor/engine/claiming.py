@@ -1,0 +1,84 @@
+"""A node job's claim: queued -> processing, its try started, and what the node reads."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from conveyor.engine.definitions import Node, Workflow
+from conveyor.engine.ports import Store
+from conveyor.engine.ready import context_of
+from conveyor.engine.records import (
+    ExecutionRecord,
+    JobRecord,
+    NodeHints,
+)
+from conveyor.engine.states import (
+    JobStatus,
+    NodeStatus,
+)
+from conveyor.engine.workflows import cached_workflow, load_workflow
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeRun:
+    """A claimed node job with everything needed to run it outside any transaction."""
+
+    job: JobRecord
+    execution: ExecutionRecord
+    workflow: Workflow
+    node: Node
+    context: dict[str, Any]
+
+    @property
+    def attempt(self) -> int:
+        return self.job.attempt
+
+    @property
+    def timeout(self) -> float | None:
+        return self.workflow.timeout_for(self.node)
+
+
+def claim_node(
+    store: Store,
+    job_id: uuid.UUID,
+    now: datetime,
+    worker: str | None = None,
+    hints: NodeHints | None = None,
+) -> NodeRun | None:
+    """queued -> processing, a new attempt row, and the inputs the node will read (read by
+    the claim itself when the message's hints name the node)."""
+    hinted = _hinted_needs(hints)
+    # with its attempt and node started, and the outputs of the hinted needs
+    claimed = store.claim_node_job(job_id, now, worker, needs=hinted[1] if hinted else ())
+    if claimed is None:
+        return None
+    job, execution, outputs = claimed
+    assert job.node_id is not None
+    if execution.status.finished:  # the claim started nothing: cancel the job
+        store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
+        store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
+        return None
+    workflow, _ = load_workflow(store, execution.workflow_id)
+    node = workflow.node(job.node_id)
+    if outputs is None or hinted is None or hinted[0] != job.node_id:
+        rows = store.node_rows(execution.id, node.needs)
+        outputs = {need: row.output for need, row in rows.items()}
+    context = context_of(execution, outputs)
+    return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
+
+
+def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
+    """The hinted node and its needs, when its definition is in this process's cache."""
+    if hints is None or hints.node_id is None:
+        return None
+    cached = cached_workflow(hints.workflow_id)
+    if cached is None:
+        return None
+    try:
+        node = cached[0].node(hints.node_id)
+    except KeyError:  # a hint naming no node of that version: the claim reads the job's
+        return None
+    return node.id, sorted(set(node.needs))

@@ -1,0 +1,156 @@
+"""A node's failed (or stopped, or lost) try recorded: retry, dead-letter, or cancel, as the
+retry policy and the execution's status decide."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from conveyor.engine import retry
+from conveyor.engine.claiming import NodeRun
+from conveyor.engine.ports import Store
+from conveyor.engine.records import (
+    Dispatch,
+    JobRecord,
+)
+from conveyor.engine.settling import outcome_status, settle
+from conveyor.engine.states import (
+    AttemptStatus,
+    ExecutionStatus,
+    JobStatus,
+    NodeStatus,
+)
+from conveyor.engine.success import complete_node
+from conveyor.engine.workflows import load_workflow
+from conveyor.exceptions import (
+    ConveyorError,
+    NodeCancelled,
+    NodeError,
+    NodeTimeout,
+    TemplateError,
+    WorkerLost,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed:
+    """What a failed try led to."""
+
+    dispatches: list[Dispatch]
+    outcome: JobStatus | None  # retry_wait, dead_letter or cancelled; None: taken meanwhile
+    retry_in: float | None = None
+
+
+def complete_stopped(
+    store: Store, run: NodeRun, output: Any, error: NodeCancelled, now: datetime,
+    duration: float,
+) -> Failed | None:  # fmt: skip
+    """Record a try that returned after it was told to stop (``ctx.cancelled``): it may have
+    stopped early, so what it returned may be partial. While its execution is still finished,
+    the node is cancelled with that output kept (:func:`~conveyor.engine.success.complete_node`;
+    None). If the execution runs again, the stop was undone while the node ended (a dead
+    letter requeued meanwhile): the try counts as stopped, as one that ended with ``error``,
+    and the node runs again; its output is not taken for a successor's input."""
+    status = outcome_status(store, run.execution.id)
+    if status is None or status.finished:
+        complete_node(store, run, output, now, duration)
+        return None
+    return fail_node(store, run, error, now, duration)
+
+
+def fail_node(
+    store: Store,
+    run: NodeRun,
+    error: BaseException,
+    now: datetime,
+    duration: float,
+    rng: random.Random | None = None,
+) -> Failed:
+    """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
+    job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    message = describe(error)
+    retryable = is_retryable(error)
+    store.finish_attempt(
+        job.id,
+        job.try_number,
+        AttemptStatus.FAILED,
+        now,
+        duration,
+        error=message,
+        timed_out=isinstance(error, NodeTimeout),
+    )
+    status = outcome_status(store, execution_id)
+    if status is not None and status.finished:  # stopped because it was cancelled or failed
+        if not store.transition_job(
+            job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,
+            completed_at=now, last_error=message,
+        ):  # fmt: skip
+            return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
+        store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
+        return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
+    # The execution runs: a NodeCancelled means a cancel that was undone since.
+    decision = (
+        retry.decide_stopped(job.attempt)
+        if isinstance(error, NodeCancelled)
+        else retry.decide_failure(
+            run.workflow.retry_for(run.node), attempt=job.attempt, retryable=retryable, rng=rng
+        )
+    )
+    if decision.retry_in is not None:
+        due = now + timedelta(seconds=decision.retry_in)
+        if not store.schedule_retry(job.id, due, message, try_number=job.try_number):
+            return Failed(dispatches=[], outcome=None)
+        store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
+        return Failed(dispatches=[], outcome=JobStatus.RETRY_WAIT, retry_in=decision.retry_in)
+    if not store.transition_job(
+        job.id,
+        JobStatus.PROCESSING,
+        JobStatus.DEAD_LETTER,
+        try_number=job.try_number,
+        completed_at=now,
+        last_error=f"{message} ({decision.reason})",
+    ):
+        return Failed(dispatches=[], outcome=None)
+    store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
+    if run.node.continue_on_failure:
+        return Failed(dispatches=settle(store, run, now), outcome=JobStatus.DEAD_LETTER)
+    store.cancel_unstarted(execution_id, now)
+    store.finish_execution(
+        execution_id,
+        ExecutionStatus.FAILED,
+        now,
+        error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
+    )
+    return Failed(dispatches=[], outcome=JobStatus.DEAD_LETTER)
+
+
+def reclaim(
+    store: Store, job: JobRecord, now: datetime, rng: random.Random | None = None
+) -> Failed:
+    """A node job whose worker stopped sending heartbeats: its try failed (the worker may
+    have died of the node itself), and the retry policy decides what comes next."""
+    execution = store.execution(job.execution_id)
+    workflow, _ = load_workflow(store, job.workflow_id)
+    assert job.node_id is not None
+    run = NodeRun(
+        job=job, execution=execution, workflow=workflow, node=workflow.node(job.node_id),
+        context={},
+    )  # fmt: skip
+    error = WorkerLost("the worker running it stopped sending heartbeats")
+    return fail_node(store, run, error, now, 0.0, rng)
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Node errors say so themselves; a template error fails the same way every time."""
+    if isinstance(error, NodeError):
+        return error.retryable
+    return not isinstance(error, TemplateError)
+
+
+def describe(error: BaseException) -> str:
+    text = (str(error) or error.__class__.__name__).replace("\x00", "")
+    if isinstance(error, ConveyorError):
+        return text
+    return f"{error.__class__.__name__}: {text}"

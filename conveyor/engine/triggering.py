@@ -1,0 +1,259 @@
+"""Trigger and plan: an execution made in the caller's transaction, planned at once when small
+(its root jobs queued), else by an execution worker from its start job."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from conveyor.engine import planning
+from conveyor.engine.definitions import Workflow
+from conveyor.engine.ports import Store
+from conveyor.engine.priority import choose as choose_priority
+from conveyor.engine.queues import EXECUTION_QUEUE
+from conveyor.engine.ready import context_of, enqueue_nodes, new_jobs, node_dispatches
+from conveyor.engine.records import (
+    Created,
+    Dispatch,
+    ExecutionRecord,
+)
+from conveyor.engine.states import (
+    AttemptStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    Priority,
+    TriggerSource,
+)
+from conveyor.engine.workflows import load_workflow
+from conveyor.exceptions import (
+    DuplicateExecution,
+    IdempotencyConflict,
+    StoreError,
+    TemplateBudgetExceeded,
+    WorkflowNotFound,
+)
+from conveyor.ids import new_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class Triggered:
+    execution_id: uuid.UUID
+    dispatches: list[Dispatch]
+    replayed: bool = False  # an earlier trigger with the same idempotency key made it
+
+
+class _Targets:
+    """(tenant name, workflow name) -> (tenant id, id of the latest version), as last seen
+    by this process: a trigger then needs no read. The insert checks that the version is
+    still the latest (a version applied elsewhere since makes it plan again)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._seen: OrderedDict[tuple[str, str], tuple[uuid.UUID, uuid.UUID]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, names: tuple[str, str]) -> tuple[uuid.UUID, uuid.UUID | None] | None:
+        with self._lock:
+            return self._seen.get(names)
+
+    def put(self, names: tuple[str, str], target: tuple[uuid.UUID, uuid.UUID]) -> None:
+        with self._lock:
+            self._seen[names] = target
+            self._seen.move_to_end(names)
+            while len(self._seen) > self.size:
+                self._seen.popitem(last=False)
+
+    def forget(self, names: tuple[str, str]) -> None:
+        with self._lock:
+            self._seen.pop(names, None)
+
+
+_targets = _Targets()
+
+
+# Executions of at most this many nodes are planned by the transaction that triggers them;
+# planning a larger one is left to the execution workers, to keep a trigger short.
+INLINE_PLAN_NODES = 100
+
+
+def trigger(
+    store: Store,
+    *,
+    workflow_name: str,
+    tenant: str,
+    input: Any,
+    now: datetime,
+    priority: Priority | None = None,
+    source: TriggerSource = TriggerSource.API,
+    idempotency_key: str | None = None,
+    dedupe_key: str | None = None,
+) -> Triggered:
+    """Create the execution in the caller's transaction. A small one (at most
+    ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
+    every run. A larger one gets a start job, and an execution worker plans it. With an
+    idempotency key the tenant used before, the execution that key made is returned instead
+    (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
+    deduplication key, a pending or running execution with that key is returned instead."""
+    names = (tenant, workflow_name)
+    target = _targets.get(names)
+    for _ in range(3):
+        known = target is not None  # from this process's memory: its version may be old
+        if target is None:
+            target = store.trigger_target(tenant, workflow_name)
+        tenant_id, workflow_id = target
+        if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
+            return earlier
+        if workflow_id is None:
+            raise WorkflowNotFound(
+                f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
+                f"apply its definition first (conveyor workflow apply FILE)"
+            )
+        workflow, shape = load_workflow(store, workflow_id)
+        execution = ExecutionRecord(
+            id=new_id(), tenant_id=tenant_id, workflow_id=workflow_id,
+            status=ExecutionStatus.PENDING,
+            priority=choose_priority(priority, workflow.priority, source),
+            input=input if input is not None else {}, created_at=now,
+        )  # fmt: skip
+        try:
+            created, dispatches = _create(
+                store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
+            )
+        except TemplateBudgetExceeded:
+            if not known:
+                raise
+            # the remembered version's template, which a newer version may have mended
+            created = Created.STALE
+        if created is Created.STALE:  # a newer version, applied since the version was known
+            _targets.forget(names)
+            target = None
+            continue
+        _targets.put(names, (tenant_id, workflow_id))
+        if created is Created.KEY_TAKEN:  # a retry racing this one stored its execution first
+            raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
+            if raced is None:
+                raise DuplicateExecution("its idempotency or deduplication key is taken")
+            return raced
+        return Triggered(execution_id=execution.id, dispatches=dispatches)
+    raise StoreError(
+        f"workflow {workflow_name!r} of tenant {tenant!r} got new versions while it was "
+        f"being triggered; trigger it again"
+    )
+
+
+def _create(
+    store: Store,
+    execution: ExecutionRecord,
+    workflow: Workflow,
+    shape: planning.Plan,
+    names: tuple[str, str],
+    source: TriggerSource,
+    now: datetime,
+    idempotency_key: str | None,
+    dedupe_key: str | None,
+) -> tuple[Created, list[Dispatch]]:
+    """Insert the execution: planned at once (``running``, node states, root jobs) when
+    small, else ``pending`` with a start job; and the messages to publish."""
+    if len(workflow.nodes) <= INLINE_PLAN_NODES:
+        execution = replace(execution, status=ExecutionStatus.RUNNING)
+        context = context_of(execution, {})
+        roots = [(workflow.node(root), context) for root in shape.roots]
+        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS)
+        created = store.create_execution(
+            execution, names=names, trigger=source.value, now=now,
+            idempotency_key=idempotency_key, dedupe_key=dedupe_key,
+            waiting_on=shape.waiting_on, queued=shape.roots, jobs=jobs,
+        )  # fmt: skip
+        return created, node_dispatches(execution, jobs, now)
+    start_job = new_id()
+    created = store.create_execution(
+        execution, names=names, trigger=source.value, now=now,
+        idempotency_key=idempotency_key, dedupe_key=dedupe_key, start_job=start_job,
+    )  # fmt: skip
+    dispatch = Dispatch(
+        job_id=start_job, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE,
+        priority=execution.priority, label=f"execution={execution.id} workflow={workflow.name}",
+    )  # fmt: skip
+    return created, [dispatch]
+
+
+def _earlier(
+    store: Store,
+    tenant_id: uuid.UUID,
+    workflow_name: str,
+    idempotency_key: str | None,
+    dedupe_key: str | None,
+) -> Triggered | None:
+    """The execution an earlier trigger with the same key made (any status for an
+    idempotency key, pending or running for a deduplication key)."""
+    for key, found in (
+        (idempotency_key, idempotency_key and store.execution_by_key(tenant_id, idempotency_key)),
+        (dedupe_key, dedupe_key and store.active_by_dedupe(tenant_id, dedupe_key)),
+    ):
+        if not found:
+            continue
+        execution_id, made_for = found
+        if made_for != workflow_name:
+            raise IdempotencyConflict(
+                f"key {key!r} already started workflow {made_for!r} (execution "
+                f"{execution_id}); use another key for {workflow_name!r}"
+            )
+        return Triggered(execution_id=execution_id, dispatches=[], replayed=True)
+    return None
+
+
+def start_execution(
+    store: Store, job_id: uuid.UUID, now: datetime, worker: str | None = None
+) -> list[Dispatch]:
+    """Plan an execution: a state row per node and a job per root node."""
+    started = time.monotonic()
+    job = store.claim_job(job_id, JobKind.EXECUTION, now)
+    if job is None:
+        return []  # a duplicate or stale message: the job is not queued any more
+    store.add_attempt(job, worker, now)
+    execution = store.execution(job.execution_id)
+    if execution.status is not ExecutionStatus.PENDING:
+        store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
+        store.finish_attempt(
+            job.id,
+            job.try_number,
+            AttemptStatus.FAILED,
+            now,
+            0.0,
+            error=f"execution is {execution.status.value}",
+        )
+        return []
+    workflow, shape = load_workflow(store, execution.workflow_id)
+    store.start_execution(execution.id, len(workflow.nodes), now)
+    dispatches = _plan(store, execution, workflow, shape, now)
+    store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, completed_at=now)
+    store.finish_attempt(
+        job.id, job.try_number, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
+    )
+    return dispatches
+
+
+def _plan(
+    store: Store,
+    execution: ExecutionRecord,
+    workflow: Workflow,
+    shape: planning.Plan,
+    now: datetime,
+) -> list[Dispatch]:
+    """A state row per node, the roots' already queued, and a job per root node."""
+    store.add_node_states(execution.id, shape.waiting_on, queued=shape.roots)
+    context = context_of(execution, {})
+    roots = [(workflow.node(root), context) for root in shape.roots]
+    return enqueue_nodes(store, execution, workflow, roots, now, state_queued=True)
+
+
+# Who waits for a trigger's answer: a template over its budget is theirs to fix, told at once.
+# An event, a webhook delivery or a schedule starting the run is not: its node fails, recorded
+# (refusing would roll back every workflow the event starts, or a delivery retried forever).
+_CALLERS = frozenset({TriggerSource.API, TriggerSource.CLI})

@@ -1,0 +1,174 @@
+"""The PostgreSQL adapter of the store port: the hot transitions (an execution's creation, a
+node's claim and success, a batch of node jobs) as one statement each
+(:mod:`conveyor.store.postgres_statements`), run on the driver's connection; an autocommit
+unit runs them without a transaction around them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ARRAY, ColumnElement, String, any_, bindparam
+from sqlalchemy.orm import Session
+
+from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
+from conveyor.engine.states import ExecutionStatus, NodeStatus
+from conveyor.store import postgres_statements as hot
+from conveyor.store.jobs import node_job_row, start_job_row
+from conveyor.store.session import NODE_STATES
+from conveyor.store.sql_store import SqlStore
+
+
+class PostgresStore(SqlStore):
+    """The store on PostgreSQL, over a session, or (an autocommit unit) over ``driver``, the
+    connection of the hot statements, and a session that ``opens`` makes when another
+    statement runs."""
+
+    def __init__(
+        self,
+        session: Session | None = None,
+        driver: hot.Driver | None = None,
+        *,
+        opens: Callable[[], Session] | None = None,
+    ) -> None:
+        super().__init__(session, opens=opens)
+        self._driver = driver
+
+    def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Run a statement of the hot path on the driver's connection: the autocommit
+        unit's, or the transaction's."""
+        if self._driver is None:
+            self._driver = hot.Driver.of(self.session.connection())
+        return self._driver.rows(statement, params)
+
+    def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
+        """``node_id = ANY(array)``: one parameter, however many nodes (a fan-out's thousands
+        as an IN list would be a new statement text each time, which psycopg parses again).
+        One node is ``node_id = :id``: the plan psycopg prepares for ``= ANY`` reads all the
+        execution's rows and filters them by name (see the note above
+        postgres_statements.CLAIM_NODE), a fan-out's thousands for each node."""
+        wanted = list(node_ids)
+        if len(wanted) == 1:
+            return NODE_STATES.c.node_id == wanted[0]
+        ids = bindparam(None, wanted, type_=ARRAY(String()))
+        return NODE_STATES.c.node_id == any_(ids)
+
+    def create_execution(
+        self,
+        execution: ExecutionRecord,
+        *,
+        names: tuple[str, str],
+        trigger: str,
+        now: datetime,
+        idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
+        waiting_on: Mapping[str, int] | None = None,
+        queued: Collection[str] = (),
+        jobs: Sequence[NewJob] = (),
+        start_job: uuid.UUID | None = None,
+    ) -> Created:
+        """One statement (see :class:`~conveyor.engine.ports.Executions`)."""
+        planned = waiting_on is not None
+        jobs_ = [node_job_row(execution, j, now) for j in jobs]
+        if start_job is not None:
+            jobs_.append(start_job_row(execution, start_job, now))
+        states = list((waiting_on or {}).items())
+        params = {
+            "id": execution.id, "tenant_id": execution.tenant_id,
+            "workflow_id": execution.workflow_id,
+            "status": (ExecutionStatus.RUNNING if planned else ExecutionStatus.PENDING).value,
+            "priority": execution.priority.value, "trigger": trigger, "input": execution.input,
+            "remaining_nodes": len(states), "started_at": now if planned else None, "now": now,
+            "idempotency_key": idempotency_key, "dedupe_key": dedupe_key,
+            "state_nodes": [node_id for node_id, _ in states],
+            "state_statuses": [
+                (NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING).value
+                for node_id, _ in states
+            ],
+            "state_waiting": [count for _, count in states],
+            "job_ids": [j["id"] for j in jobs_],
+            "job_kinds": [j["kind"].value for j in jobs_],
+            "job_queues": [j["queue"] for j in jobs_],
+            "job_statuses": [j["status"].value for j in jobs_],
+            "job_nodes": [j["node_id"] for j in jobs_],
+            "job_retries": [j["max_retries"] for j in jobs_],
+            "job_next": [j["next_run_at"] for j in jobs_],
+            "tenant_name": names[0], "workflow_name": names[1],
+        }  # fmt: skip
+        ((latest, made),) = self._hot(hot.CREATE_EXECUTION, params)
+        if not latest:
+            return Created.STALE
+        return Created.CREATED if made else Created.KEY_TAKEN
+
+    def add_node_jobs(
+        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
+    ) -> None:
+        """One statement, the rows as a few arrays."""
+        rows = [node_job_row(execution, j, now) for j in jobs]
+        self._hot(hot.ADD_NODE_JOBS, {
+            "queue": NODE_QUEUE, "priority": execution.priority.value,
+            "tenant_id": execution.tenant_id, "workflow_id": execution.workflow_id,
+            "execution_id": execution.id, "now": now,
+            "job_ids": [r["id"] for r in rows], "job_statuses": [r["status"].value for r in rows],
+            "job_nodes": [r["node_id"] for r in rows],
+            "job_retries": [r["max_retries"] for r in rows],
+            "job_next": [r["next_run_at"] for r in rows],
+        })  # fmt: skip
+
+    def claim_node_job(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        needs: Sequence[str] = (),
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
+        """One statement, which also reads the outputs of ``needs``."""
+        params = {"id": job_id, "now": now, "worker": worker}
+        # (no array parameter for none or one: planned once, see postgres_statements)
+        if not needs:
+            rows = self._hot(hot.CLAIM_NODE_ALONE, params)
+        elif len(needs) == 1:
+            rows = self._hot(hot.CLAIM_NODE_AFTER_ONE, params | {"need": needs[0]})
+        else:
+            rows = self._hot(hot.CLAIM_NODE, params | {"needs": list(needs)})
+        if not rows:
+            return None
+        claimed, execution, outputs = hot.claimed(rows[0])
+        return claimed, execution, (outputs if needs else None)
+
+    def complete_running(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        successors: Sequence[str] | None = None,
+        finish: Finish | None = None,
+    ) -> bool:
+        """One statement; with ``successors``, run alone it commits without a lock held
+        across round trips."""
+        params = {
+            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
+            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
+            "duration": duration,
+        }  # fmt: skip
+        if successors is None:
+            return bool(self._hot(hot.COMPLETE_NODE, params)[0][0])
+        params |= {
+            "finishes": finish is not None,
+            "execution_output": finish.output if finish is not None else None,
+        }
+        # (no array parameter for none or one: planned once, see postgres_statements)
+        if not successors:
+            return bool(self._hot(hot.COMPLETE_LAST, params)[0][0])
+        if len(successors) == 1:
+            params["successor"] = successors[0]
+            return bool(self._hot(hot.COMPLETE_BEFORE_ONE, params)[0][0])
+        params["successors"] = list(successors)
+        return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])

@@ -1,0 +1,83 @@
+"""The store assembled: every query module over one session. What both databases run alike
+lives in the query modules; the few transitions each runs its own way (an execution's
+creation, a node's claim and success, a batch of node jobs) are abstract here and written
+once per database by its adapter: :class:`~conveyor.store.postgres.PostgresStore`,
+:class:`~conveyor.store.sqlite.SqliteStore`. No caller asks which database it has."""
+
+from __future__ import annotations
+
+import uuid
+from abc import abstractmethod
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
+from conveyor.store.access import AccessQueries
+from conveyor.store.catalog import CatalogQueries
+from conveyor.store.dead_letters import DeadLetterQueries
+from conveyor.store.executions import ExecutionQueries
+from conveyor.store.jobs import JobQueries
+from conveyor.store.listing import ListingQueries
+from conveyor.store.recovery import RecoveryQueries
+from conveyor.store.schedules import ScheduleQueries
+from conveyor.store.stats import StatsQueries
+
+
+class SqlStore(
+    CatalogQueries,
+    ExecutionQueries,
+    JobQueries,
+    ScheduleQueries,
+    AccessQueries,
+    DeadLetterQueries,
+    StatsQueries,
+    RecoveryQueries,
+    ListingQueries,
+):
+    """The :class:`~conveyor.engine.ports.Store` port over one SQLAlchemy session; the
+    transitions' contracts are the port's docstrings."""
+
+    @abstractmethod
+    def create_execution(
+        self,
+        execution: ExecutionRecord,
+        *,
+        names: tuple[str, str],
+        trigger: str,
+        now: datetime,
+        idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
+        waiting_on: Mapping[str, int] | None = None,
+        queued: Collection[str] = (),
+        jobs: Sequence[NewJob] = (),
+        start_job: uuid.UUID | None = None,
+    ) -> Created: ...
+
+    @abstractmethod
+    def add_node_jobs(
+        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
+    ) -> None: ...
+
+    @abstractmethod
+    def claim_node_job(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        needs: Sequence[str] = (),
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None: ...
+
+    @abstractmethod
+    def complete_running(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        successors: Sequence[str] | None = None,
+        finish: Finish | None = None,
+    ) -> bool: ...
