@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from alembic import context
-from conveyor.store.engines import make_engine
 from sqlalchemy import Connection
 
 from conveyor.config import get_settings
 from conveyor.models import Base
+from conveyor.store.engines import make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,0 +1,93 @@
+"""What every audience of the service stands on: the unit of work, the dispatcher, the limiter's
+gate, and publishing only after a commit."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from conveyor.batches import Durations
+from conveyor.engine.limits import Limits
+from conveyor.engine.ports import Dispatcher, Limiter
+from conveyor.engine.records import Dispatch
+from conveyor.limiter.gate import BrokerHolds, Gate
+from conveyor.store import Database
+from conveyor.watcher import Watcher
+
+log = logging.getLogger("conveyor")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ServiceBase:
+    """The state the audiences share; each audience (:mod:`~conveyor.service.clients`,
+    :mod:`~conveyor.service.workers`, :mod:`~conveyor.service.duties`,
+    :mod:`~conveyor.service.operators`) adds its methods, :class:`~conveyor.service.Conveyor`
+    all of them."""
+
+    def __init__(
+        self,
+        database: Database,
+        dispatcher: Dispatcher,
+        *,
+        worker: str = "",
+        limiter: Limiter | None = None,
+        limits: Limits | None = None,
+        lease: float = 30.0,
+        age_low_after: float = 300.0,
+        misfire_grace: float = 120.0,
+        resend_after: float = 60.0,
+        broker_holds: BrokerHolds = lambda: None,
+        replay_window: timedelta = timedelta(days=30),
+    ) -> None:
+        self.db = database
+        self.replay_window = replay_window  # a GitHub body received again in it is refused
+        self.dispatcher = dispatcher
+        self.worker = worker
+        self.age_low_after = age_low_after
+        self.misfire_grace = misfire_grace
+        self.watcher = Watcher(database)
+        self.durations = Durations()  # of the nodes this process ran (for batches)
+        self._rng = random.Random()
+        self.gate = (
+            Gate(
+                database,
+                limiter,
+                defaults=limits or Limits(global_=100, tenant=10, workflow=5),
+                lease=lease,
+                publish=self._publish,
+                resend_after=resend_after,
+                broker_holds=broker_holds,
+            )
+            if limiter is not None
+            else None
+        )
+
+    def _publish_now(self, dispatches: Sequence[Dispatch], what: str) -> None:
+        """Publish for a caller that answers at once (an API call, the CLI) once its rows are
+        committed. A failure is logged, never raised: the work is stored, the recovery sweep
+        publishes it when the broker is back (see :meth:`recover`), and an error answer would
+        invite a retry that starts it twice."""
+        try:
+            self.dispatcher.publish(dispatches)
+        except Exception as exc:
+            log.error(
+                "%s is stored but its message could not be published (%s); the recovery sweep "
+                "sends it once the broker is back: check CONVEYOR_BROKER_URL",
+                what,
+                exc,
+            )
+
+    def _publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
+        if not dispatches:
+            return
+        try:
+            self.dispatcher.publish(dispatches, batch=batch)
+        except Exception:
+            # The jobs stay committed as queued: the recovery sweep re-publishes them once
+            # they have waited past CONVEYOR_LOST_AFTER (see Duties.recover).
+            log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))

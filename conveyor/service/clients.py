@@ -1,0 +1,146 @@
+"""What applications call (through the API, the CLI or :func:`conveyor.enqueue`): apply a
+definition, trigger, emit an event, receive a webhook, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from conveyor.engine import (
+    cancellation,
+    credentials,
+    subscriptions,
+    triggering,
+    workflows,
+)
+from conveyor.engine.definitions import Workflow
+from conveyor.engine.records import TenantRef, WorkflowRecord
+from conveyor.engine.states import Priority, TriggerSource
+from conveyor.exceptions import (
+    AuthError,
+    LimitError,
+    NotFound,
+    ReplayedDelivery,
+    SignatureError,
+)
+from conveyor.scheduler import schedules
+from conveyor.service.base import ServiceBase, log, utcnow
+from conveyor.store import DEFAULT_TENANT, SqlStore
+
+
+class Clients(ServiceBase):
+    """Applying, triggering and cancelling, each one or two transactions, published after
+    commit."""
+
+    def apply(
+        self, workflow: Workflow, tenant: str = DEFAULT_TENANT
+    ) -> tuple[WorkflowRecord, bool]:
+        """Store the definition if it changed, and make its declared schedules match it."""
+
+        def work(store: SqlStore) -> tuple[WorkflowRecord, bool]:
+            applied = workflows.apply_workflow(store, tenant, workflow, utcnow())
+            schedules.sync_definition(store, tenant, workflow, utcnow())
+            subscriptions.sync(store, tenant, workflow)
+            return applied
+
+        return self.db.run(work)
+
+    def trigger(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        priority: Priority | None = None,
+        source: TriggerSource = TriggerSource.API,
+    ) -> uuid.UUID:
+        """Start an execution; its start job is published once the row is committed."""
+        return self.start(workflow, input, tenant=tenant, priority=priority, source=source)[0]
+
+    def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        priority: Priority | None = None,
+        source: TriggerSource = TriggerSource.API,
+        idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
+    ) -> tuple[uuid.UUID, bool]:
+        """Like :meth:`trigger`; with an idempotency key the tenant used before, the
+        execution it made is returned instead. (execution id, whether it was made before)."""
+        # Its writes are one statement each (PostgreSQL): no transaction round trips.
+        result = self.db.autocommit(
+            lambda s: triggering.trigger(
+                s,
+                workflow_name=workflow,
+                tenant=tenant,
+                input=input,
+                priority=priority,
+                source=source,
+                now=utcnow(),
+                idempotency_key=idempotency_key,
+                dedupe_key=dedupe_key,
+            )
+        )
+        self._publish_now(result.dispatches, f"execution {result.execution_id}")
+        return result.execution_id, result.replayed
+
+    def emit(self, tenant: str, event_type: str, payload: Any) -> list[uuid.UUID]:
+        """Start every workflow of the tenant that subscribes to the event type."""
+        started = self.db.run(
+            lambda s: subscriptions.emit_event(s, tenant, event_type, payload, utcnow())
+        )
+        self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
+        return [t.execution_id for t in started]
+
+    def authenticate(self, key: str) -> TenantRef:
+        """The tenant an API key acts for, or :class:`AuthError`."""
+        prefix = credentials.key_prefix(key)
+        with self.db.transaction() as store:
+            found = store.api_key(prefix)
+        if found is None or not credentials.key_matches(key, found[0]):
+            raise AuthError()
+        return found[1]
+
+    def receive_webhook(
+        self, endpoint_id: uuid.UUID, body: bytes, headers: Mapping[str, str]
+    ) -> uuid.UUID:
+        """Verify and store a delivery, then hand it to the webhook worker; its id.
+
+        A bad signature stores nothing but a count on the endpoint (and a log line without
+        the body); a delivery id the endpoint received before is a :class:`DuplicateDelivery`,
+        and a GitHub body it received within ``replay_window`` is a :class:`ReplayedDelivery`
+        whatever its delivery id.
+        """
+        with self.db.transaction() as store:
+            endpoint = store.endpoint(endpoint_id)
+        if endpoint is None:
+            raise NotFound(f"no webhook endpoint has id {endpoint_id}")
+        try:
+            verified = credentials.verify(endpoint.scheme, endpoint.secret, body, headers)
+        except SignatureError as exc:
+            self.db.run(lambda s: s.count_rejected(endpoint.id))
+            log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
+            raise
+        try:
+            stored = self.db.run(
+                lambda s: subscriptions.store_delivery(
+                    s, endpoint, verified, utcnow(), self.replay_window
+                )
+            )
+        except ReplayedDelivery as exc:
+            log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
+            raise
+        self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
+        return stored
+
+    def cancel(self, execution_id: uuid.UUID) -> None:
+        cancelled = self.db.run(lambda s: cancellation.cancel_execution(s, execution_id, utcnow()))
+        if self.gate is not None and cancelled:
+            try:
+                self.gate.forget(cancelled)
+            except LimitError:  # they are dropped when their turn comes instead
+                log.warning("could not tell the limiter about %d cancelled jobs", len(cancelled))

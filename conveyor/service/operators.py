@@ -1,0 +1,56 @@
+"""What operators call on dead letters: requeue (the execution resumes) or discard."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+
+from conveyor.engine import (
+    dead_letters,
+)
+from conveyor.engine.records import Dispatch
+from conveyor.exceptions import (
+    ConveyorError,
+)
+from conveyor.service.base import ServiceBase, utcnow
+from conveyor.store import SqlStore
+
+
+class Operators(ServiceBase):
+    """Repairs, one transaction a job."""
+
+    def requeue_dead_letters(
+        self, job_ids: Sequence[uuid.UUID], tenant_id: uuid.UUID | None = None
+    ) -> dict[uuid.UUID, str | None]:
+        """Resume each dead letter's execution from it (see :mod:`engine.dead_letters`), each
+        in its own transaction; for each id, None when done or why it was refused."""
+        return self._each(
+            job_ids, lambda s, job_id: dead_letters.requeue(s, job_id, tenant_id, utcnow())
+        )
+
+    def discard_dead_letters(
+        self, job_ids: Sequence[uuid.UUID], tenant_id: uuid.UUID | None = None
+    ) -> dict[uuid.UUID, str | None]:
+        """Move dead letters to the archive; for each id, None when done or why not."""
+
+        def discard(store: SqlStore, job_id: uuid.UUID) -> list[Dispatch]:
+            dead_letters.discard(store, job_id, tenant_id, utcnow())
+            return []
+
+        return self._each(job_ids, discard)
+
+    def _each(
+        self,
+        job_ids: Sequence[uuid.UUID],
+        work: Callable[[SqlStore, uuid.UUID], list[Dispatch]],
+    ) -> dict[uuid.UUID, str | None]:
+        outcomes: dict[uuid.UUID, str | None] = {}
+        for job_id in dict.fromkeys(job_ids):
+            try:
+                dispatches = self.db.run(lambda s, job_id=job_id: work(s, job_id))  # type: ignore[misc]
+            except ConveyorError as exc:
+                outcomes[job_id] = str(exc)
+                continue
+            self._publish(dispatches)
+            outcomes[job_id] = None
+        return outcomes

@@ -1,0 +1,210 @@
+"""What the Celery workers call: plan an execution, run a node (its permits, claim, run, outcome),
+run a batch of nodes, turn a webhook delivery into executions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.exc import DataError
+
+from conveyor import logs, nodes
+from conveyor.batches import Member, run_batch
+from conveyor.engine import (
+    claiming,
+    failure,
+    subscriptions,
+    success,
+    triggering,
+)
+from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.records import Dispatch, NodeHints
+from conveyor.engine.states import JobKind, JobStatus, Priority
+from conveyor.exceptions import (
+    NodeCancelled,
+    NonRetryableError,
+)
+from conveyor.nodes import NodeContext
+from conveyor.service.base import ServiceBase, log, utcnow
+
+events = logs.get("conveyor.jobs")
+
+
+def _log_failure(
+    job_log: Any, failed: failure.Failed, error: BaseException, duration: float
+) -> None:
+    """A failed try, at the level its outcome deserves."""
+    fields = {"duration": round(duration, 3), "error": logs.short(failure.describe(error))}
+    if failed.outcome is JobStatus.RETRY_WAIT:
+        job_log.warning("retry scheduled", retry_in=round(failed.retry_in or 0.0, 3), **fields)
+    elif failed.outcome is JobStatus.DEAD_LETTER:
+        job_log.error("dead-lettered", **fields)
+    else:
+        job_log.info("job stopped", outcome=failed.outcome and failed.outcome.value, **fields)
+
+
+def _alone(job_id: uuid.UUID, hints: NodeHints | None) -> Dispatch:
+    """A node job's message of its own (a batch's hand-back)."""
+    return Dispatch(
+        job_id=job_id,
+        kind=JobKind.NODE,
+        queue=NODE_QUEUE,
+        priority=hints.priority if hints else Priority.NORMAL,
+        label=f"node={hints.node_id}" if hints and hints.node_id else "",
+        hints=hints,
+    )
+
+
+class Workers(ServiceBase):
+    """A worker's side: each task's message becomes one of these calls."""
+
+    @property
+    def cancel_poll(self) -> float:
+        """Seconds between checks that a running node's execution is still running."""
+        return self.watcher.poll
+
+    @cancel_poll.setter
+    def cancel_poll(self, seconds: float) -> None:
+        self.watcher.poll = seconds
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between renewals of running jobs' heartbeats."""
+        return self.watcher.heartbeat_interval
+
+    @heartbeat_interval.setter
+    def heartbeat_interval(self, seconds: float) -> None:
+        self.watcher.heartbeat_interval = seconds
+
+    def start_execution(self, job_id: uuid.UUID) -> None:
+        self._publish(
+            self.db.run(lambda s: triggering.start_execution(s, job_id, utcnow(), self.worker))
+        )
+
+    def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
+        """The webhook worker: start the workflows a stored delivery matches."""
+        started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
+        self._publish([d for t in started for d in t.dispatches])
+
+    def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
+        """Take the job's permits (or park it), then claim, run and record it; the permits
+        go back once the outcome is committed. ``hints``: the message's (see NodeHints)."""
+        if self.gate is None:
+            self._run_node(job_id, hints)
+            return
+        permit = self.gate.admit(job_id, hints)
+        if permit is None:
+            return
+        try:
+            self._run_node(job_id, hints)
+        finally:
+            self.gate.release(permit)
+
+    def run_nodes(self, members: Sequence[Member], budget: float) -> None:
+        """Run a batch message's node jobs one after another, each as :meth:`run_node` runs
+        one; past ``budget`` seconds those not started are published again, one a message
+        (see :mod:`conveyor.batches`)."""
+        run_batch(members, budget, self._hand_back, self.run_node, self.durations.slow)
+
+    def _hand_back(self, members: list[Member]) -> None:
+        self._publish([_alone(job_id, hints) for job_id, hints in members], batch=False)
+        log.info("a batch ran past its budget: %d job(s) handed back", len(members))
+
+    def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
+        """Claim a node job, run the node outside any transaction, record the outcome."""
+        # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
+        # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
+        run = self.db.autocommit(
+            lambda s: claiming.claim_node(s, job_id, utcnow(), self.worker, hints)
+        )
+        if run is None:
+            logs.message_dropped(job_id, "job not queued any more")
+            return
+        job_log = events.bind(
+            job_id=str(run.job.id),
+            execution_id=str(run.execution.id),
+            node_id=run.node.id,
+            tenant_id=str(run.execution.tenant_id),
+            workflow=run.workflow.name,
+            queue=run.job.queue,
+            attempt=run.attempt,
+        )
+        job_log.info("job received")
+        ctx = NodeContext(
+            execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
+        )
+        self.watcher.watch(run.job.id, run.execution.id, ctx)
+        started = time.monotonic()
+        try:
+            output = nodes.execute(run.node, run.context, ctx, run.timeout)
+        except Exception as exc:
+            duration = time.monotonic() - started
+            failed = self._record_failure(run, exc, duration)
+            _log_failure(job_log, failed, exc, duration)
+            dispatches = failed.dispatches
+        else:
+            duration = time.monotonic() - started
+            if ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
+                dispatches = self._record_stopped(run, output, duration, job_log)
+            else:
+                dispatches = self._record_success(run, output, duration, job_log)
+        finally:
+            self.watcher.unwatch(run.job.id)
+            self.durations.record(
+                run.execution.workflow_id, run.node.id, time.monotonic() - started
+            )
+        self._publish(dispatches)
+
+    def _record_success(
+        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any
+    ) -> list[Dispatch]:
+        try:
+            if self.db.autocommit(
+                lambda s: success.complete_alone(s, run, output, utcnow(), duration)
+            ):
+                dispatches = []  # done in one statement: it made no successor ready
+            else:
+                dispatches = self.db.run(
+                    lambda s: success.complete_node(s, run, output, utcnow(), duration)
+                )
+        except DataError as exc:
+            return self._output_refused(run, exc, duration, job_log)
+        job_log.info("job completed", duration=round(duration, 3))
+        return dispatches
+
+    def _record_stopped(
+        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any
+    ) -> list[Dispatch]:
+        stopped = NodeCancelled(
+            f"node {run.node.id!r} returned after it was told to stop, and its execution was "
+            f"resumed meanwhile: it runs again"
+        )
+        try:
+            failed = self.db.run(
+                lambda s: failure.complete_stopped(s, run, output, stopped, utcnow(), duration)
+            )
+        except DataError as exc:
+            return self._output_refused(run, exc, duration, job_log)
+        if failed is None:  # its execution is still finished: cancelled, its output kept
+            job_log.info("job stopped", outcome="cancelled", duration=round(duration, 3))
+            return []
+        _log_failure(job_log, failed, stopped, duration)
+        return failed.dispatches
+
+    def _output_refused(
+        self, run: claiming.NodeRun, exc: DataError, duration: float, job_log: Any
+    ) -> list[Dispatch]:
+        """The database refused the node's output: trying again cannot help."""
+        error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
+        failed = self._record_failure(run, error, duration)
+        _log_failure(job_log, failed, error, duration)
+        return failed.dispatches
+
+    def _record_failure(
+        self, run: claiming.NodeRun, error: BaseException, duration: float
+    ) -> failure.Failed:
+        return self.db.run(
+            lambda s: failure.fail_node(s, run, error, utcnow(), duration, self._rng)
+        )
