@@ -35,6 +35,8 @@ class JobStatus(StrEnum):
 
 
 WAITING_JOB = frozenset({JobStatus.RETRY_WAIT, JobStatus.SCHEDULED})
+# A job a message may start: queued, or parked by the limiter until a permit frees.
+RUNNABLE_JOB = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 class NodeStatus(StrEnum):

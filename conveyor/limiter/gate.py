@@ -22,7 +22,7 @@ from conveyor.engine.limits import Permit, PermitRequest, Wake
 from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import NODE_QUEUE, may_hold
 from conveyor.engine.records import Admission, Dispatch, NodeHints
-from conveyor.engine.states import JobKind, JobStatus, Priority
+from conveyor.engine.states import RUNNABLE_JOB, JobKind, JobStatus, Priority
 from conveyor.engine.workflows import cached_workflow, load_workflow
 from conveyor.limiter.heartbeat import LeaseKeeper
 from conveyor.store import Database
@@ -48,7 +48,6 @@ def woken_dispatches(woken: Sequence[Wake]) -> list[Dispatch]:
 
 # How long a process trusts the tenant limit it read (``conveyor tenants`` changes it).
 TENANT_LIMIT_TTL = 5.0
-_RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 class TenantLimits:
@@ -242,7 +241,7 @@ def _runnable(store: SqlStore, job_id: uuid.UUID) -> Admission | None:
     if admission is None or admission.kind is not JobKind.NODE:
         log.error("dropping a message for job %s: no such node job", job_id)
         return None
-    if admission.status not in _RUNNABLE:
+    if admission.status not in RUNNABLE_JOB:
         logs.message_dropped(job_id, f"job {admission.status.value}")
         return None
     return admission

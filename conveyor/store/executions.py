@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from conveyor.engine.records import ExecutionRecord, Finish, NodeRow
 from conveyor.engine.states import (
+    RUNNABLE_JOB,
     WAITING_JOB,
     ExecutionStatus,
     JobKind,
@@ -37,7 +38,6 @@ from conveyor.exceptions import DuplicateExecution, ExecutionNotFound, StoreErro
 from conveyor.ids import new_id
 from conveyor.models import Execution, Job, NodeState
 from conveyor.models.base import UTCDateTime
-from conveyor.store.jobs import RUNNABLE
 from conveyor.store.rows import execution_record
 from conveyor.store.session import EXECUTIONS, NODE_STATES, StoreCore
 
@@ -152,7 +152,7 @@ class ExecutionQueries(StoreCore):
             update(Job)
             .where(
                 Job.execution_id == execution_id,
-                Job.status.in_([*RUNNABLE, *WAITING_JOB]),
+                Job.status.in_([*RUNNABLE_JOB, *WAITING_JOB]),
             )
             .values(status=JobStatus.CANCELLED, completed_at=now)
             .returning(Job.id, Job.kind)

@@ -13,12 +13,17 @@ from sqlalchemy import ColumnElement, Select, bindparam, insert, select, update
 
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
-from conveyor.engine.states import WAITING_JOB, AttemptStatus, JobKind, JobStatus, Priority
+from conveyor.engine.states import (
+    RUNNABLE_JOB,
+    WAITING_JOB,
+    AttemptStatus,
+    JobKind,
+    JobStatus,
+    Priority,
+)
 from conveyor.models import Job
 from conveyor.store.rows import job_record
 from conveyor.store.session import ATTEMPTS, JOBS, TENANTS, StoreCore, unindexed
-
-RUNNABLE = (JobStatus.QUEUED, JobStatus.PARKED)
 
 
 class JobQueries(StoreCore):
@@ -31,7 +36,9 @@ class JobQueries(StoreCore):
         kind (a duplicate or misrouted message)."""
         row = self._core(
             update(JOBS)
-            .where(JOBS.c.id == job_id, JOBS.c.kind == kind, unindexed(JOBS.c.status).in_(RUNNABLE))
+            .where(
+                JOBS.c.id == job_id, JOBS.c.kind == kind, unindexed(JOBS.c.status).in_(RUNNABLE_JOB)
+            )
             .values(status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now)
             .returning(*JOBS.c)
         ).one_or_none()

@@ -40,7 +40,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
 from conveyor.engine.records import ExecutionRecord, JobRecord
-from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, Priority
+from conveyor.engine.states import RUNNABLE_JOB, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.models.base import JsonType, UTCDateTime
 
 _DIALECT: Dialect = psycopg_dialect()  # type: ignore[no-untyped-call]
@@ -171,7 +171,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 _CLAIM = """
 WITH job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
-    WHERE id = :id AND kind = 'node' AND status || '' IN ('queued', 'parked')
+    WHERE id = :id AND kind = 'node' AND status || '' IN ({runnable})
       AND node_id IS NOT NULL
     RETURNING *
 ), ex AS (
@@ -200,6 +200,7 @@ _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
         CROSS JOIN LATERAL (SELECT s.output FROM node_states s
                             WHERE s.execution_id = job.execution_id AND s.node_id = w.node_id
                             LIMIT 1) AS n) AS x_needs"""
+_RUNNABLE = ", ".join(f"'{status.value}'" for status in RUNNABLE_JOB)
 _JOB_COLUMNS = ", ".join(f"job.{c}" for c in JOB_COLUMNS.split(", "))
 _CLAIM_PARAMS = (
     bindparam("id", type_=Uuid()),
@@ -207,7 +208,9 @@ _CLAIM_PARAMS = (
     bindparam("worker", type_=String()),
 )
 CLAIM_NODE = Statement(
-    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEEDS)).bindparams(*_CLAIM_PARAMS)
+    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEEDS, runnable=_RUNNABLE)).bindparams(
+        *_CLAIM_PARAMS
+    )
 )
 # The same claim reading no needs' outputs. A statement that unnests an array parameter is
 # planned again at every run: its generic plan counts on the function's hundred rows, a custom
@@ -216,15 +219,15 @@ CLAIM_NODE = Statement(
 # So the common cases, no name or one name to look up (a root, a chain's or a fan-out's
 # member), run statements without one, planned once.
 CLAIM_NODE_ALONE = Statement(
-    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs="NULL AS x_needs")).bindparams(
-        *_CLAIM_PARAMS
-    )
+    text(
+        _CLAIM.format(job_columns=_JOB_COLUMNS, needs="NULL AS x_needs", runnable=_RUNNABLE)
+    ).bindparams(*_CLAIM_PARAMS)
 )
 _NEED = """(SELECT jsonb_build_object(s.node_id, s.output) FROM node_states s
         WHERE s.execution_id = job.execution_id AND s.node_id = :need
         LIMIT 1) AS x_needs"""
 CLAIM_NODE_AFTER_ONE = Statement(
-    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEED)).bindparams(
+    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEED, runnable=_RUNNABLE)).bindparams(
         *_CLAIM_PARAMS, bindparam("need", type_=String())
     )
 )
