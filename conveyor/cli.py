@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from typer.core import TyperGroup
 
 from conveyor import cli_render as render
-from conveyor import db, runtime, views
+from conveyor import db, views, wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.definition_files import SUFFIXES, load_definition
 from conveyor.engine.definitions import Workflow
@@ -38,10 +38,8 @@ from conveyor.exceptions import (
     InvalidTransition,
     TenantNotFound,
 )
+from conveyor.service import Conveyor
 from conveyor.store import DEFAULT_TENANT
-
-if TYPE_CHECKING:  # imported lazily: only the commands that run or steer work need Celery
-    from conveyor.service import Conveyor
 
 POLL_SECONDS = 0.2
 EXAMPLES = db.ROOT / "examples"
@@ -118,14 +116,12 @@ def _root(
 
 
 def _service() -> Conveyor:
-    from conveyor.tasks import service
-
-    return service()
+    return wiring.service()
 
 
 def _load_imports() -> None:
     try:
-        runtime.load_imports()
+        wiring.load_imports()
     except ImportError as exc:
         raise ConfigurationError(
             f"CONVEYOR_IMPORTS names a module that cannot be imported: {exc}"
@@ -135,7 +131,7 @@ def _load_imports() -> None:
 def _known_functions() -> frozenset[str] | None:
     """The registered functions when CONVEYOR_IMPORTS names modules; else no check."""
     _load_imports()
-    return runtime.known_functions()
+    return wiring.known_functions()
 
 
 @contextmanager
@@ -181,7 +177,7 @@ def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path,
         errors = validate(
             data,
             known_functions=known,
-            http_allow=runtime.http_allow(),
+            http_allow=wiring.http_allow(),
             bounds=get_settings().bounds,
         )
         for error in errors:
@@ -263,7 +259,7 @@ def workflow_apply(files: Files, tenant: Tenant = DEFAULT_TENANT) -> None:
 @workflow_app.command("list")
 def workflow_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
     """The latest version of every workflow of a tenant."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         rows = [views.workflow_json(r) for r in store.list_workflows(store.tenant_id(tenant))]
     if as_json:
         render.print_json(rows)
@@ -287,7 +283,7 @@ def tenants_create(name: TenantName, concurrency: Concurrency = None) -> None:
     """Create a tenant (nothing happens if it exists)."""
     if not 0 < len(name) <= 100:
         usage_error("a tenant name has 1 to 100 characters")
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         tenant_id = store.create_tenant(name)
         if concurrency is not None:
             store.set_tenant_concurrency(name, concurrency)
@@ -302,7 +298,7 @@ def tenants_limit(
     ] = None,
 ) -> None:
     """Set a tenant's concurrency limit, or go back to the default without a number."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         if not store.set_tenant_concurrency(name, concurrency):
             raise TenantNotFound(
                 f"no tenant is named {name!r}; create it with `conveyor tenants create {name}`"
@@ -315,7 +311,7 @@ def tenants_limit(
 def tenants_list(as_json: JsonFlag = False) -> None:
     """Every tenant with its concurrency limit."""
     default = get_settings().limit_tenant
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         rows = [
             {"name": t.name, "id": str(t.id), "concurrency": t.max_concurrency}
             for t in store.tenants()
@@ -334,13 +330,13 @@ def tenants_list(as_json: JsonFlag = False) -> None:
 def limits_show(as_json: JsonFlag = False) -> None:
     """Permits in use against each limit, and the jobs waiting for one."""
     settings = get_settings()
-    limiter = runtime.limiter()
+    limiter = wiring.limiter()
     if limiter is None:
         why = "the embedded default" if settings.embedded else "CONVEYOR_LIMITS_ENABLED=false"
         render.out.print(f"concurrency limits are off ({why})", markup=False)
         return
     usages = limiter.snapshot()
-    with runtime.database().transaction() as store:
+    with wiring.database().transaction() as store:
         names = {str(t.id): t.name for t in store.tenants()}
     rows = [render.limit_json(u, names) for u in usages]
     if as_json:
@@ -376,7 +372,7 @@ def _parse_input(raw: str) -> Any:
 
 
 def _execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
-    with runtime.database().transaction() as store:
+    with wiring.database().transaction() as store:
         return views.execution_view(store, execution_id)
 
 
@@ -469,7 +465,7 @@ def executions_list(
     as_json: JsonFlag = False,
 ) -> None:
     """The most recent executions, newest first."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
         rows = [
             views.execution_summary(e, name, version)

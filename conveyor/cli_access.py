@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from conveyor import cli_render as render
-from conveyor import runtime, views
+from conveyor import views, wiring
 from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
 from conveyor.config import get_settings
 from conveyor.engine import credentials
@@ -55,7 +55,7 @@ def keys_create(tenant: Tenant = DEFAULT_TENANT, name: Name = "") -> None:
     """Make an API key for a tenant; it is shown this once (only its hash is kept)."""
     made = credentials.new_api_key()
     with _embedded_schema():
-        runtime.database().run(
+        wiring.database().run(
             lambda s: s.add_api_key(s.tenant_id(tenant), name, made.prefix, made.digest, _now())
         )
     render.out.print(made.key, markup=False)
@@ -70,7 +70,7 @@ def keys_create(tenant: Tenant = DEFAULT_TENANT, name: Name = "") -> None:
 @keys_app.command("list")
 def keys_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
     """A tenant's keys, by prefix (the keys themselves are not kept)."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         rows = [
             {
                 "prefix": k.prefix,
@@ -96,7 +96,7 @@ def keys_revoke(
 ) -> None:
     """Revoke a key at once: every call with it answers 401 from now on."""
     with _embedded_schema():
-        done = runtime.database().run(
+        done = wiring.database().run(
             lambda s: s.revoke_api_key(s.tenant_id(tenant), prefix, _now())
         )
     if not done:
@@ -124,7 +124,7 @@ def webhooks_create(
     if scheme is SignatureScheme.STANDARD:
         _check_standard_secret(chosen)
     with _embedded_schema():
-        endpoint = runtime.database().run(
+        endpoint = wiring.database().run(
             lambda s: s.add_endpoint(s.tenant_id(tenant), name, scheme, chosen, _now())
         )
     render.out.print(f"/webhooks/{endpoint.id}", markup=False)
@@ -148,7 +148,7 @@ def _check_standard_secret(secret: str) -> None:
 @webhooks_app.command("list")
 def webhooks_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
     """A tenant's endpoints with their URL paths and refused deliveries (no secrets)."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         rows = [
             {"name": e.name, "path": f"/webhooks/{e.id}", "scheme": e.scheme.value,
              "rejected": e.rejected}

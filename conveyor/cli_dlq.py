@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from conveyor import cli_render as render
-from conveyor import runtime, views
+from conveyor import views, wiring
 from conveyor.cli import (
     JsonFlag,
     _embedded_schema,
@@ -50,7 +50,7 @@ def _filter(
     older_than: float | None,
     archived: bool = False,
 ) -> DeadLetterFilter:
-    with runtime.database().transaction() as store:
+    with wiring.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
     before = datetime.now(UTC) - timedelta(hours=older_than) if older_than is not None else None
     return DeadLetterFilter(
@@ -60,7 +60,7 @@ def _filter(
 
 
 def _rows(where: DeadLetterFilter, limit: int) -> list[views.DeadLetterJson]:
-    with runtime.database().transaction() as store:
+    with wiring.database().transaction() as store:
         return [views.dead_letter_json(*row) for row in store.dead_letter_rows(where, limit)]
 
 
@@ -95,7 +95,7 @@ def dlq_show(
 ) -> None:
     """One dead letter with every try it made."""
     parsed = _parse_uuid(job_id)
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         if store.dead_letter(parsed, None) is None:
             raise NotFound(f"no dead letter has id {parsed}; list them with `conveyor dlq list`")
         view = views.dead_letter_view(store, parsed)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from conveyor import cli_render as render
-from conveyor import runtime, views
+from conveyor import views, wiring
 from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
@@ -142,7 +142,7 @@ def schedules_list(
     as_json: JsonFlag = False,
 ) -> None:
     """A tenant's schedules: when each runs next (in its timezone) and how often it ran."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with _embedded_schema(), wiring.database().transaction() as store:
         records = store.schedules(store.tenant_id(tenant), workflow=workflow)
     rows = [schedule_json(r) for r in records]
     if as_json:
@@ -182,7 +182,7 @@ def schedules_add(
         catch_up=catch_up,
     )
     with _embedded_schema():
-        record = runtime.database().run(
+        record = wiring.database().run(
             lambda s: schedules.add(s, tenant=tenant, workflow=workflow, spec=spec, now=_now())
         )
     _say(record, "added")
@@ -192,7 +192,7 @@ def schedules_add(
 def schedules_pause(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     """Start no more runs; slots passing while paused are never run."""
     with _embedded_schema():
-        record = runtime.database().run(lambda s: schedules.pause(s, tenant, name, _now()))
+        record = wiring.database().run(lambda s: schedules.pause(s, tenant, name, _now()))
     _say(record, "paused")
 
 
@@ -200,7 +200,7 @@ def schedules_pause(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
 def schedules_resume(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     """Start runs again, from the first slot after now."""
     with _embedded_schema():
-        record = runtime.database().run(lambda s: schedules.resume(s, tenant, name, _now()))
+        record = wiring.database().run(lambda s: schedules.resume(s, tenant, name, _now()))
     _say(record, "resumed")
 
 
@@ -208,5 +208,5 @@ def schedules_resume(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
 def schedules_remove(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     """Delete a schedule added with `schedules add` (its past runs stay)."""
     with _embedded_schema():
-        runtime.database().run(lambda s: schedules.remove(s, tenant, name))
+        wiring.database().run(lambda s: schedules.remove(s, tenant, name))
     render.out.print(f"schedule {name} removed", markup=False)

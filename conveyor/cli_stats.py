@@ -11,13 +11,13 @@ from rich.live import Live
 from rich.table import Table
 
 from conveyor import cli_render as render
-from conveyor import metrics, runtime
+from conveyor import metrics, wiring
 from conveyor.cli import JsonFlag, _embedded_schema
 from conveyor.config import get_settings
 
 
 def _take() -> metrics.Snapshot:
-    return metrics.take(runtime.database(), get_settings().resolved_broker_url, runtime.limiter())
+    return metrics.take(wiring.database(), get_settings().resolved_broker_url, wiring.limiter())
 
 
 def stats(
