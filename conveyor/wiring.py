@@ -133,7 +133,6 @@ def default_limits() -> Limits:
 
 def alerter(service: Conveyor) -> Alerter:
     """The alert duty, with the thresholds and webhook of the settings."""
-    from conveyor import metrics
     from conveyor.alerts import Thresholds
     from conveyor.scheduler.alerting import Alerter
 
