@@ -22,7 +22,7 @@ log = logging.getLogger("conveyor.embedded")
 @contextmanager
 def embedded_workers(concurrency: int | None = None) -> Iterator[Any]:
     """Start a Celery worker (threads pool) serving all four queues; stop it on exit."""
-    from conveyor.tasks import app
+    from conveyor.tasks import app  # the process's app, with the tasks registered on it
 
     settings = get_settings()
     worker = app.WorkController(

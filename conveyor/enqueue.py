@@ -83,7 +83,6 @@ def _send(session: Session, dispatcher: Dispatcher) -> None:
 
 
 def _process_dispatcher() -> Dispatcher:
-    from conveyor.tasks import app
-    from conveyor.tasks.dispatch import CeleryDispatcher
+    from conveyor.wiring import dispatcher
 
-    return CeleryDispatcher(app)
+    return dispatcher()

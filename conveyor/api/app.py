@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException
 
-from conveyor import metrics, runtime
+from conveyor import metrics, wiring
 from conveyor.api import dead_letters, metrics_http, rest, stream, webhooks
 from conveyor.api.bodies import BodyBounds
 from conveyor.api.links import add_links
@@ -73,12 +73,10 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
         async with AsyncExitStack() as stack:
             if service is None:
                 stack.enter_context(_embedded_workers())
-                from conveyor.tasks import service as process_service
-
-                app.state.service = process_service()
+                app.state.service = wiring.service()
             else:
                 app.state.service = service
-            runtime.load_imports()
+            wiring.load_imports()
             app.state.streams = await stack.enter_async_context(
                 stream.serving(app.state.service, settings)
             )

@@ -37,8 +37,8 @@ from conveyor.exceptions import (
     TooManyStreams,
     WorkflowNotFound,
 )
-from conveyor.runtime import http_allow, known_functions
 from conveyor.service import Conveyor
+from conveyor.wiring import http_allow, known_functions
 
 router = APIRouter(
     prefix="/v1",

@@ -1,7 +1,8 @@
 """Celery entry points. ``celery -A conveyor.tasks worker -Q workflow-execution,workflow-node``.
 
 Each task decodes its message (a job id), calls the service, and returns. Logic lives in
-:mod:`conveyor.engine`; a malformed message is logged and dropped.
+:mod:`conveyor.engine`; a malformed message is logged and dropped. The app and the service
+come from the composition root, :mod:`conveyor.wiring`.
 """
 
 from __future__ import annotations
@@ -9,50 +10,22 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any
 
 from celery import bootsteps
 from celery.signals import setup_logging, worker_init, worker_process_init
 from sqlalchemy.orm import configure_mappers
 
-from conveyor import logs, metrics, runtime
+from conveyor import logs, metrics, wiring
 from conveyor.config import archive_retention, get_settings
-from conveyor.engine import template_budget
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
 from conveyor.scheduler.maintenance import Duty, Maintenance
-from conveyor.service import Conveyor
-from conveyor.tasks.app import create_app
-from conveyor.tasks.dispatch import CeleryDispatcher, decode_hints
+from conveyor.tasks.dispatch import decode_hints
 
 log = logging.getLogger("conveyor.tasks")
 
-app = create_app(get_settings())
-
-
-@lru_cache(maxsize=1)
-def service() -> Conveyor:
-    settings = get_settings()
-    template_budget.configure(runtime.template_budget())  # every process that renders builds this
-    made = Conveyor(
-        runtime.database(),
-        CeleryDispatcher(app),
-        worker=runtime.worker_name(),
-        limiter=runtime.limiter(),
-        limits=runtime.default_limits(),
-        lease=settings.permit_lease,
-        age_low_after=settings.age_low_after,
-        resend_after=settings.lost_after,
-        broker_holds=lambda: metrics.broker_holds(
-            settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
-        ),
-        # a slot checked by the next regular check is never a misfire
-        misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
-        replay_window=timedelta(days=settings.webhook_replay_window_days),
-    )
-    made.heartbeat_interval = settings.heartbeat_interval
-    return made
+app = wiring.celery_app()
 
 
 def _job_id(raw: Any) -> uuid.UUID | None:
@@ -67,7 +40,7 @@ def _job_id(raw: Any) -> uuid.UUID | None:
 def start_execution(job_id: str) -> None:
     """Plan an execution and enqueue its root nodes."""
     if (parsed := _job_id(job_id)) is not None:
-        service().start_execution(parsed)
+        wiring.service().start_execution(parsed)
 
 
 # A node task's message is retried with backoff while the limiter (Redis) is unreachable.
@@ -85,7 +58,7 @@ def run_node(job_id: str, hints: Any = None) -> None:
     """Run one node and enqueue the successors it makes ready. While the limiter (Redis) is
     unreachable the message is retried with backoff, the job untouched."""
     if (parsed := _job_id(job_id)) is not None:
-        service().run_node(parsed, decode_hints(hints))
+        wiring.service().run_node(parsed, decode_hints(hints))
 
 
 @app.task(name="conveyor.node.run_many", **_NODE_TASK)
@@ -101,26 +74,26 @@ def run_many(job_ids: Any, hints: Any = None) -> None:
         for i, raw in enumerate(job_ids)
         if (parsed := _job_id(raw)) is not None
     ]
-    service().run_nodes(members, get_settings().batch_budget)
+    wiring.service().run_nodes(members, get_settings().batch_budget)
 
 
 @app.task(name="conveyor.webhook.deliver", ignore_result=True)
 def deliver_webhook(delivery_id: str) -> None:
     """Start the workflows a stored webhook delivery matches."""
     if (parsed := _job_id(delivery_id)) is not None:
-        service().deliver_webhook(parsed)
+        wiring.service().deliver_webhook(parsed)
 
 
 @app.task(name="conveyor.scheduled.promote", ignore_result=True)
 def promote_due() -> int:
     """Publish retry and delay jobs whose time has come (also done by every worker)."""
-    return service().promote_due()
+    return wiring.service().promote_due()
 
 
 @app.task(name="conveyor.scheduled.check", ignore_result=True)
 def check_schedules() -> int:
     """Start the runs of the cron schedules whose time has come (sent by celery beat)."""
-    return service().check_schedules()
+    return wiring.service().check_schedules()
 
 
 @app.task(name="conveyor.scheduled.recover", ignore_result=True)
@@ -128,15 +101,15 @@ def recover() -> dict[str, int]:
     """The recovery sweep (sent by beat): reclaim jobs of dead workers, re-publish lost
     messages; then promote due retries and sweep the limiter, as every worker does too."""
     settings = get_settings()
-    done = service().recover(
+    done = wiring.service().recover(
         heartbeat_timeout=settings.heartbeat_timeout,
         lost_after=settings.lost_after,
         broker_holds=lambda: metrics.broker_holds(
             settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
         ),
     )
-    service().promote_due()
-    service().sweep_limits()
+    wiring.service().promote_due()
+    wiring.service().sweep_limits()
     return done
 
 
@@ -146,7 +119,7 @@ def prune() -> int:
     settings = get_settings()
     if not settings.retention_days:
         return 0
-    return service().prune(
+    return wiring.service().prune(
         timedelta(days=settings.retention_days),
         archive_older_than=archive_retention(settings.archive_retention_days),
     )
@@ -159,7 +132,7 @@ class MaintenanceStep(bootsteps.StartStopStep):
     requires = ("celery.worker.components:Pool",)
 
     def create(self, parent: Any) -> Maintenance:  # type: ignore[override]
-        settings, svc = get_settings(), service()
+        settings, svc = get_settings(), wiring.service()
         duties = [
             Duty(name="promote", run=svc.promote_due, interval=settings.promote_interval),
             Duty(name="age", run=svc.age_queued, interval=min(10.0, settings.age_low_after / 4)),
@@ -168,7 +141,7 @@ class MaintenanceStep(bootsteps.StartStopStep):
             duties.append(
                 Duty(name="limits", run=svc.sweep_limits, interval=settings.limits_sweep_interval)
             )
-        alerter = runtime.alerter(svc)
+        alerter = wiring.alerter(svc)
         duties.append(
             Duty(name="alerts", run=alerter.run, interval=min(10.0, settings.alert_interval))
         )
@@ -186,7 +159,7 @@ def _on_setup_logging(loglevel: Any = logging.INFO, **_: Any) -> None:
 
 @worker_init.connect
 def _on_worker_init(**_: Any) -> None:
-    runtime.load_imports()
+    wiring.load_imports()
     # Configure the ORM mappers now, in one thread, before any fork: configuring takes a
     # global lock that a child forked mid-way would inherit held.
     configure_mappers()
@@ -195,5 +168,5 @@ def _on_worker_init(**_: Any) -> None:
 @worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
     # A forked pool process must not share the parent's database connections.
-    runtime.database().engine.dispose(close=False)
-    runtime.load_imports()
+    wiring.database().engine.dispose(close=False)
+    wiring.load_imports()

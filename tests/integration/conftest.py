@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conveyor import runtime
+from conveyor import wiring
 from conveyor.config import Settings
 from conveyor.engine.credentials import new_api_key
 from conveyor.engine.queues import ALL_QUEUES
@@ -29,7 +29,7 @@ def database_url() -> Iterator[str]:
     services.prepare_schema(TEST_DB_URL)
     services.flush_redis(REDIS_URL)
     yield TEST_DB_URL
-    runtime.database().dispose()
+    wiring.database().dispose()
     services.drop_database(PG_ADMIN_URL, TEST_DB)
     services.flush_redis(REDIS_URL)
 
@@ -38,7 +38,7 @@ def database_url() -> Iterator[str]:
 def celery_session_app(database_url: str) -> Any:
     import conveyor.tasks
 
-    runtime.load_imports()
+    wiring.load_imports()
     return conveyor.tasks.app
 
 
@@ -55,11 +55,9 @@ def celery_worker_parameters() -> dict[str, Any]:
 @pytest.fixture
 def conveyor_service(celery_session_worker: Any, database_url: str) -> Iterator[Conveyor]:
     """The service the worker uses, on a clean database."""
-    import conveyor.tasks
-
     services.truncate(database_url)
     services.clear_limits(REDIS_URL)
-    yield conveyor.tasks.service()
+    yield wiring.service()
 
 
 @contextmanager
@@ -88,10 +86,9 @@ def served(app: Any) -> Iterator[str]:
 def api_url(celery_session_worker: Any, database_url: str) -> Iterator[str]:
     """The API served over real HTTP (uvicorn on a free port) by the service the in-process
     worker uses."""
-    import conveyor.tasks
     from conveyor.api import create_app
 
-    with served(create_app(conveyor.tasks.service(), Settings(metrics_token=METRICS_TOKEN))) as url:
+    with served(create_app(wiring.service(), Settings(metrics_token=METRICS_TOKEN))) as url:
         yield url
 
 

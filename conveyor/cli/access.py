@@ -10,17 +10,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from conveyor import cli_render as render
-from conveyor import runtime, views
-from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
+from conveyor import views, wiring
+from conveyor.cli import render
+from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group, usage_error
 from conveyor.config import get_settings
 from conveyor.engine import credentials
 from conveyor.engine.states import SignatureScheme
 from conveyor.exceptions import ConveyorError
 from conveyor.store import DEFAULT_TENANT
 
-keys_app = _typer("API keys: each acts for one tenant.")
-webhooks_app = _typer("Webhook endpoints: where third parties post signed deliveries.")
+keys_app = group("API keys: each acts for one tenant.")
+webhooks_app = group("Webhook endpoints: where third parties post signed deliveries.")
 Name = Annotated[str, typer.Option("--name", help="A label to recognise it by.")]
 
 
@@ -54,8 +54,8 @@ def serve(
 def keys_create(tenant: Tenant = DEFAULT_TENANT, name: Name = "") -> None:
     """Make an API key for a tenant; it is shown this once (only its hash is kept)."""
     made = credentials.new_api_key()
-    with _embedded_schema():
-        runtime.database().run(
+    with embedded_schema():
+        wiring.database().run(
             lambda s: s.add_api_key(s.tenant_id(tenant), name, made.prefix, made.digest, _now())
         )
     render.out.print(made.key, markup=False)
@@ -70,7 +70,7 @@ def keys_create(tenant: Tenant = DEFAULT_TENANT, name: Name = "") -> None:
 @keys_app.command("list")
 def keys_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
     """A tenant's keys, by prefix (the keys themselves are not kept)."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with embedded_schema(), wiring.database().transaction() as store:
         rows = [
             {
                 "prefix": k.prefix,
@@ -95,8 +95,8 @@ def keys_revoke(
     tenant: Tenant = DEFAULT_TENANT,
 ) -> None:
     """Revoke a key at once: every call with it answers 401 from now on."""
-    with _embedded_schema():
-        done = runtime.database().run(
+    with embedded_schema():
+        done = wiring.database().run(
             lambda s: s.revoke_api_key(s.tenant_id(tenant), prefix, _now())
         )
     if not done:
@@ -123,8 +123,8 @@ def webhooks_create(
     chosen = secret or credentials.new_webhook_secret(scheme)
     if scheme is SignatureScheme.STANDARD:
         _check_standard_secret(chosen)
-    with _embedded_schema():
-        endpoint = runtime.database().run(
+    with embedded_schema():
+        endpoint = wiring.database().run(
             lambda s: s.add_endpoint(s.tenant_id(tenant), name, scheme, chosen, _now())
         )
     render.out.print(f"/webhooks/{endpoint.id}", markup=False)
@@ -148,7 +148,7 @@ def _check_standard_secret(secret: str) -> None:
 @webhooks_app.command("list")
 def webhooks_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> None:
     """A tenant's endpoints with their URL paths and refused deliveries (no secrets)."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with embedded_schema(), wiring.database().transaction() as store:
         rows = [
             {"name": e.name, "path": f"/webhooks/{e.id}", "scheme": e.scheme.value,
              "rejected": e.rejected}

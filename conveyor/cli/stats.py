@@ -10,14 +10,14 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from conveyor import cli_render as render
-from conveyor import metrics, runtime
-from conveyor.cli import JsonFlag, _embedded_schema
+from conveyor import metrics, wiring
+from conveyor.cli import render
+from conveyor.cli.common import JsonFlag, embedded_schema
 from conveyor.config import get_settings
 
 
 def _take() -> metrics.Snapshot:
-    return metrics.take(runtime.database(), get_settings().resolved_broker_url, runtime.limiter())
+    return metrics.take(wiring.database(), get_settings().resolved_broker_url, wiring.limiter())
 
 
 def stats(
@@ -28,7 +28,7 @@ def stats(
     as_json: JsonFlag = False,
 ) -> None:
     """Queue depth, jobs, latency, throughput, errors, dead letters, permits, schedule lag."""
-    with _embedded_schema():
+    with embedded_schema():
         if as_json:
             render.print_json(snapshot_json(_take()))
             return

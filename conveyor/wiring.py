@@ -1,27 +1,104 @@
-"""Process-wide wiring: settings -> database, Celery app, service. Built once, lazily."""
+"""The composition root: settings -> database, limiter, Celery app and THE service of this
+process, each built once, lazily. The CLI, the API and the Celery tasks all take their wiring
+from here.
+
+Building the service imports no Celery: its dispatcher builds the Celery app at its first
+publish, so a process that only reads or migrates (``conveyor workflow validate``,
+``conveyor executions list``, the API answering reads) never loads it.
+"""
 
 from __future__ import annotations
 
 import importlib
 import socket
 import threading
+from collections.abc import Sequence
+from datetime import timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from conveyor import metrics
 from conveyor.config import get_settings
+from conveyor.engine import template_budget as budgets
 from conveyor.engine.addresses import AllowList
 from conveyor.engine.limits import Limits
+from conveyor.engine.ports import Dispatcher
+from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.records import Dispatch
 from conveyor.engine.template_budget import Budget
 from conveyor.exceptions import ConfigurationError
 from conveyor.limiter import RedisLimiter
+from conveyor.service import Conveyor
 from conveyor.store import Database
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from conveyor.scheduler.alerting import Alerter
-    from conveyor.service import Conveyor
 
 _imported: set[str] = set()
 _lock = threading.Lock()
+_app_lock = threading.Lock()
+_celery_app: Celery | None = None
+
+
+@lru_cache(maxsize=1)
+def service() -> Conveyor:
+    """The service of this process: the one the tasks, the API and the CLI call."""
+    settings = get_settings()
+    budgets.configure(template_budget())  # every process that renders builds this
+    made = Conveyor(
+        database(),
+        dispatcher(),
+        worker=worker_name(),
+        limiter=limiter(),
+        limits=default_limits(),
+        lease=settings.permit_lease,
+        age_low_after=settings.age_low_after,
+        resend_after=settings.lost_after,
+        broker_holds=lambda: metrics.broker_holds(
+            settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
+        ),
+        # a slot checked by the next regular check is never a misfire
+        misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
+        replay_window=timedelta(days=settings.webhook_replay_window_days),
+    )
+    made.heartbeat_interval = settings.heartbeat_interval
+    return made
+
+
+def celery_app() -> Celery:
+    """The Celery app of this process, built at the first call: the one the worker serves
+    (``conveyor.tasks`` registers its tasks on it) and the dispatcher publishes with."""
+    global _celery_app
+    with _app_lock:  # two threads' first publishes must not build two apps
+        if _celery_app is None:
+            from conveyor.tasks.app import create_app
+
+            _celery_app = create_app(get_settings())
+        return _celery_app
+
+
+class LazyDispatcher:
+    """The Celery dispatcher, made at the first publish: a process that never publishes does
+    not import Celery."""
+
+    def __init__(self) -> None:
+        self._made: Dispatcher | None = None
+
+    def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
+        if self._made is None:
+            from conveyor.tasks.dispatch import CeleryDispatcher
+
+            self._made = CeleryDispatcher(celery_app())
+        self._made.publish(dispatches, batch=batch)
+
+
+@lru_cache(maxsize=1)
+def dispatcher() -> Dispatcher:
+    """The dispatcher of this process (the service's; :func:`conveyor.enqueue` sends with it
+    too)."""
+    return LazyDispatcher()
 
 
 @lru_cache(maxsize=1)
@@ -56,7 +133,6 @@ def default_limits() -> Limits:
 
 def alerter(service: Conveyor) -> Alerter:
     """The alert duty, with the thresholds and webhook of the settings."""
-    from conveyor import metrics
     from conveyor.alerts import Thresholds
     from conveyor.scheduler.alerting import Alerter
 

@@ -7,7 +7,6 @@ commands add an operator's own, and pause or resume either kind. The runs start 
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypedDict
 from zoneinfo import ZoneInfo
@@ -16,9 +15,9 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from conveyor import cli_render as render
-from conveyor import runtime, views
-from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
+from conveyor import views, wiring
+from conveyor.cli import render
+from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group, parse_input
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
 from conveyor.engine.states import Priority
@@ -27,7 +26,7 @@ from conveyor.scheduler import schedules
 from conveyor.scheduler.cron import MisfirePolicy, parse_cron
 from conveyor.store import DEFAULT_TENANT
 
-schedules_app = _typer("Cron schedules: list, add, pause, resume, remove.")
+schedules_app = group("Cron schedules: list, add, pause, resume, remove.")
 Name = Annotated[str, typer.Argument(metavar="NAME", help="The schedule's name.")]
 
 
@@ -142,7 +141,7 @@ def schedules_list(
     as_json: JsonFlag = False,
 ) -> None:
     """A tenant's schedules: when each runs next (in its timezone) and how often it ran."""
-    with _embedded_schema(), runtime.database().transaction() as store:
+    with embedded_schema(), wiring.database().transaction() as store:
         records = store.schedules(store.tenant_id(tenant), workflow=workflow)
     rows = [schedule_json(r) for r in records]
     if as_json:
@@ -168,21 +167,17 @@ def schedules_add(
     tenant: Tenant = DEFAULT_TENANT,
 ) -> None:
     """Run WORKFLOW on a cron schedule."""
-    try:
-        payload = json.loads(input)
-    except json.JSONDecodeError as exc:
-        usage_error(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): {input}")
     spec = _spec(
         name=name,
         cron=cron,
         timezone=timezone,
-        input=payload,
+        input=parse_input(input),
         priority=priority,
         misfire=misfire,
         catch_up=catch_up,
     )
-    with _embedded_schema():
-        record = runtime.database().run(
+    with embedded_schema():
+        record = wiring.database().run(
             lambda s: schedules.add(s, tenant=tenant, workflow=workflow, spec=spec, now=_now())
         )
     _say(record, "added")
@@ -191,22 +186,22 @@ def schedules_add(
 @schedules_app.command("pause")
 def schedules_pause(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     """Start no more runs; slots passing while paused are never run."""
-    with _embedded_schema():
-        record = runtime.database().run(lambda s: schedules.pause(s, tenant, name, _now()))
+    with embedded_schema():
+        record = wiring.database().run(lambda s: schedules.pause(s, tenant, name, _now()))
     _say(record, "paused")
 
 
 @schedules_app.command("resume")
 def schedules_resume(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     """Start runs again, from the first slot after now."""
-    with _embedded_schema():
-        record = runtime.database().run(lambda s: schedules.resume(s, tenant, name, _now()))
+    with embedded_schema():
+        record = wiring.database().run(lambda s: schedules.resume(s, tenant, name, _now()))
     _say(record, "resumed")
 
 
 @schedules_app.command("remove")
 def schedules_remove(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     """Delete a schedule added with `schedules add` (its past runs stay)."""
-    with _embedded_schema():
-        runtime.database().run(lambda s: schedules.remove(s, tenant, name))
+    with embedded_schema():
+        wiring.database().run(lambda s: schedules.remove(s, tenant, name))
     render.out.print(f"schedule {name} removed", markup=False)

@@ -13,21 +13,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from conveyor import cli_render as render
-from conveyor import runtime, views
-from conveyor.cli import (
-    JsonFlag,
-    _embedded_schema,
-    _parse_uuid,
-    _service,
-    _typer,
-    fail,
-    usage_error,
-)
+from conveyor import views, wiring
+from conveyor.cli import render
+from conveyor.cli.common import JsonFlag, embedded_schema, fail, group, parse_uuid, usage_error
 from conveyor.exceptions import NotFound
 from conveyor.store.dead_letters import DeadLetterFilter
 
-dlq_app = _typer("Dead letters: list, show, requeue, discard.")
+dlq_app = group("Dead letters: list, show, requeue, discard.")
 TenantOpt = Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant's.")]
 WorkflowOpt = Annotated[str | None, typer.Option(help="Only this workflow's.")]
 NodeOpt = Annotated[str | None, typer.Option(help="Only this node's.")]
@@ -50,7 +42,7 @@ def _filter(
     older_than: float | None,
     archived: bool = False,
 ) -> DeadLetterFilter:
-    with runtime.database().transaction() as store:
+    with wiring.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
     before = datetime.now(UTC) - timedelta(hours=older_than) if older_than is not None else None
     return DeadLetterFilter(
@@ -60,7 +52,7 @@ def _filter(
 
 
 def _rows(where: DeadLetterFilter, limit: int) -> list[views.DeadLetterJson]:
-    with runtime.database().transaction() as store:
+    with wiring.database().transaction() as store:
         return [views.dead_letter_json(*row) for row in store.dead_letter_rows(where, limit)]
 
 
@@ -76,7 +68,7 @@ def dlq_list(
     as_json: JsonFlag = False,
 ) -> None:
     """Dead-lettered node jobs, the most recent first."""
-    with _embedded_schema():
+    with embedded_schema():
         rows = _rows(_filter(tenant, workflow, node, error, older_than, archived), limit)
     if as_json:
         render.print_json(rows)
@@ -94,8 +86,8 @@ def dlq_show(
     job_id: Annotated[str, typer.Argument(metavar="JOB_ID")], as_json: JsonFlag = False
 ) -> None:
     """One dead letter with every try it made."""
-    parsed = _parse_uuid(job_id)
-    with _embedded_schema(), runtime.database().transaction() as store:
+    parsed = parse_uuid(job_id)
+    with embedded_schema(), wiring.database().transaction() as store:
         if store.dead_letter(parsed, None) is None:
             raise NotFound(f"no dead letter has id {parsed}; list them with `conveyor dlq list`")
         view = views.dead_letter_view(store, parsed)
@@ -121,7 +113,7 @@ def _chosen(
     if ids and every:
         usage_error("give job ids or --all with filters, not both")
     if ids:
-        return [_parse_uuid(i) for i in ids]
+        return [parse_uuid(i) for i in ids]
     if not every:
         usage_error(
             "give the dead letters' job ids, or --all to act on every one the filters match"
@@ -151,9 +143,9 @@ def dlq_requeue(
     limit: Limit = 1000,
 ) -> None:
     """Resume each dead letter's execution from it, with a fresh set of tries."""
-    with _embedded_schema():
+    with embedded_schema():
         chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
-        _report(_service().requeue_dead_letters(chosen), "requeued")
+        _report(wiring.service().requeue_dead_letters(chosen), "requeued")
 
 
 @dlq_app.command("discard")
@@ -168,6 +160,6 @@ def dlq_discard(
     limit: Limit = 1000,
 ) -> None:
     """Move dead letters to the archive (`dlq list --archived`); their executions stay failed."""
-    with _embedded_schema():
+    with embedded_schema():
         chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
-        _report(_service().discard_dead_letters(chosen), "discarded")
+        _report(wiring.service().discard_dead_letters(chosen), "discarded")

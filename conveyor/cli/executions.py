@@ -1,0 +1,213 @@
+"""``conveyor run``, ``conveyor executions`` and ``conveyor demo``: start executions, follow
+them to their end, inspect and cancel them. With no broker configured (the embedded default)
+``run`` and ``demo`` migrate the SQLite database and run Celery worker threads in this
+process."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from conveyor import db, views, wiring
+from conveyor.cli import render
+from conveyor.cli.common import (
+    JsonFlag,
+    Tenant,
+    embedded_schema,
+    fail,
+    group,
+    load_imports,
+    parse_input,
+    parse_uuid,
+)
+from conveyor.cli.definitions import apply_files
+from conveyor.config import get_settings
+from conveyor.definition_files import SUFFIXES
+from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
+from conveyor.exceptions import InvalidTransition
+from conveyor.store import DEFAULT_TENANT
+
+POLL_SECONDS = 0.2
+EXAMPLES = db.ROOT / "examples"
+
+executions_app = group("Executions: list, show, cancel.")
+
+
+@contextmanager
+def _workers_if_embedded() -> Iterator[bool]:
+    """With no broker, migrate and run worker threads here; yield whether we did."""
+    if not get_settings().embedded:
+        yield False
+        return
+    from conveyor.embedded import embedded_workers
+
+    load_imports()
+    db.upgrade()
+    with embedded_workers():
+        yield True
+
+
+def _execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
+    with wiring.database().transaction() as store:
+        return views.execution_view(store, execution_id)
+
+
+def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> views.ExecutionJson:
+    """Poll the execution until it finishes or ``timeout`` seconds pass; the last view."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with render.live_progress(live) as show:
+        while True:
+            view = _execution_view(execution_id)
+            show(view)
+            if ExecutionStatus(view["status"]).finished:
+                return view
+            if deadline is not None and time.monotonic() >= deadline:
+                return view
+            time.sleep(POLL_SECONDS)
+
+
+def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
+    if as_json:
+        render.print_json(
+            {k: view[k] for k in ("status", "output", "error")} | {"execution_id": view["id"]}
+        )
+    else:
+        render.print_outcome(view)
+    raise typer.Exit(0 if view["status"] == ExecutionStatus.COMPLETED else 1)
+
+
+def run(
+    target: Annotated[str, typer.Argument(metavar="NAME_OR_FILE", help="Workflow or file.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Input as JSON.")] = "{}",
+    tenant: Tenant = DEFAULT_TENANT,
+    priority: Annotated[Priority | None, typer.Option(help="Override the priority.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the execution to its end.")] = False,
+    as_json: JsonFlag = False,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="Stop waiting after this many seconds.")
+    ] = None,
+) -> None:
+    """Start an execution (applying NAME_OR_FILE first if it is a file).
+
+    Exit status: 0 started (or completed, with --wait), 1 failed or cancelled, 2 usage error.
+    With no broker configured the workers run in this process, so --wait is implied.
+    """
+    payload = parse_input(input)
+    path = Path(target)
+    known_file = path.is_file() and path.suffix.lower() in SUFFIXES
+    with _workers_if_embedded() as embedded:
+        # stdout carries only the id (or the JSON): the apply notice goes to stderr
+        name = apply_files([path], tenant, render.err)[0] if known_file else target
+        execution_id = wiring.service().trigger(
+            name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI
+        )
+        if not (wait or embedded):
+            _print_started(execution_id, as_json)
+            return
+        try:
+            view = wait_for(execution_id, timeout, live=not as_json)
+        finally:
+            if embedded:
+                view = _abandon(execution_id)
+    _finish(view, as_json)
+
+
+def _print_started(execution_id: uuid.UUID, as_json: bool) -> None:
+    if as_json:
+        render.print_json({"execution_id": str(execution_id)})
+    else:
+        render.out.print(str(execution_id))
+
+
+def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
+    """Cancel an execution that is still running when the embedded workers are about to stop:
+    nothing else would ever finish it."""
+    if not ExecutionStatus(_execution_view(execution_id)["status"]).finished:
+        with suppress(InvalidTransition):  # it finished meanwhile
+            wiring.service().cancel(execution_id)
+            render.err.print("stopped waiting; the execution is cancelled", style="yellow")
+    return _execution_view(execution_id)
+
+
+@executions_app.command("list")
+def executions_list(
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant.")] = None,
+    status: Annotated[ExecutionStatus | None, typer.Option(help="Only this status.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 20,
+    as_json: JsonFlag = False,
+) -> None:
+    """The most recent executions, newest first."""
+    with embedded_schema(), wiring.database().transaction() as store:
+        tenant_id = store.tenant_id(tenant) if tenant is not None else None
+        rows = [
+            views.execution_summary(e, name, version)
+            for e, name, version in store.list_executions(tenant_id, status=status, limit=limit)
+        ]
+    if as_json:
+        render.print_json(rows)
+    else:
+        render.out.print(render.executions_table(rows) if rows else "no executions")
+
+
+@executions_app.command("show")
+def executions_show(
+    execution_id: Annotated[str, typer.Argument(metavar="ID", help="Execution id.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """One execution: its nodes with outputs and errors, its jobs with every attempt."""
+    parsed = parse_uuid(execution_id)
+    with embedded_schema():
+        view = _execution_view(parsed)
+    if as_json:
+        render.print_json(view)
+    else:
+        render.print_execution(view)
+
+
+@executions_app.command("cancel")
+def executions_cancel(
+    execution_id: Annotated[str, typer.Argument(metavar="ID", help="Execution id.")],
+) -> None:
+    """Cancel a pending or running execution; running nodes are asked to stop."""
+    parsed = parse_uuid(execution_id)
+    with embedded_schema():
+        wiring.service().cancel(parsed)
+    render.out.print(f"execution {parsed} cancelled", markup=False)
+
+
+def demo() -> None:
+    """Apply the examples and run two of them here, with live progress (no setup needed)."""
+    if not get_settings().embedded:
+        fail(
+            "conveyor demo runs its own workers in this process and needs the embedded "
+            "default; unset CONVEYOR_BROKER_URL, or apply examples/ and run them on your "
+            "workers (CONVEYOR_IMPORTS=conveyor.demo)"
+        )
+    from conveyor import demo as demo_nodes  # registers the examples' node functions
+
+    files = sorted(p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES)
+    with _workers_if_embedded():
+        apply_files(files, DEFAULT_TENANT)
+        ok = [_demo_run(name, payload) for name, payload in demo_nodes.RUNS]
+        render.out.print(
+            "\nSee them again with `conveyor executions list`; run the examples yourself with "
+            "`CONVEYOR_IMPORTS=conveyor.demo conveyor run branching --input '{\"amount\": 250}'`.",
+            markup=False,
+            soft_wrap=True,
+        )
+    raise typer.Exit(0 if all(ok) else 1)
+
+
+def _demo_run(name: str, payload: Any) -> bool:
+    render.out.print(f"\n[bold]▶ conveyor run {name} --input '{json.dumps(payload)}'[/bold]")
+    execution_id = wiring.service().trigger(name, payload, source=TriggerSource.CLI)
+    view = wait_for(execution_id, timeout=60, live=True)
+    render.print_outcome(view)
+    return view["status"] == ExecutionStatus.COMPLETED
