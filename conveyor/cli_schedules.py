@@ -19,12 +19,12 @@ from rich.table import Table
 from conveyor import cli_render as render
 from conveyor import runtime, views
 from conveyor.cli import JsonFlag, Tenant, _embedded_schema, _typer, usage_error
+from conveyor.engine.cron import MisfirePolicy, parse_cron
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
 from conveyor.engine.states import Priority
 from conveyor.exceptions import ScheduleError
 from conveyor.scheduler import schedules
-from conveyor.scheduler.cron import MisfirePolicy, parse_cron
 from conveyor.store import DEFAULT_TENANT
 
 schedules_app = _typer("Cron schedules: list, add, pause, resume, remove.")

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conveyor.engine.cron import MisfirePolicy, expression_problem, timezone_problem
 from conveyor.engine.states import Priority
-from conveyor.scheduler.cron import MisfirePolicy, expression_problem, timezone_problem
 
 NODE_TYPES = ("python", "http", "delay", "condition")
 NodeType = Literal["python", "http", "delay", "condition"]

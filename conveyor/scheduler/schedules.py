@@ -2,7 +2,7 @@
 
 The caller owns the transaction and publishes the returned dispatches after it commits. The
 decisions (is it valid, when does it fire next, what does a late check start) come from the
-pure :mod:`conveyor.scheduler.cron`.
+pure :mod:`conveyor.engine.cron`.
 
 The due check is safe to run from any number of workers and beats at once: it locks the
 schedules it takes (``FOR UPDATE SKIP LOCKED``), starts their runs and advances
@@ -19,13 +19,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from conveyor.engine import runner
+from conveyor.engine.cron import FirePlan, parse_cron, plan_fires
 from conveyor.engine.definitions import ScheduleSpec, Workflow
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE
 from conveyor.engine.records import Dispatch, ScheduleRecord
 from conveyor.engine.states import JobKind, ScheduleOrigin, TriggerSource
 from conveyor.exceptions import ScheduleError, ScheduleNotFound, WorkflowNotFound
-from conveyor.scheduler.cron import FirePlan, parse_cron, plan_fires
 from conveyor.store.schedules import Advance, Fire
 
 if TYPE_CHECKING:
