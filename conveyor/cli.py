@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from typer.core import TyperGroup
 
 from conveyor import cli_render as render
-from conveyor import db, runtime, views
+from conveyor import migrations, runtime, views
 from conveyor.config import archive_retention, get_settings
 from conveyor.definition_files import SUFFIXES, load_definition
 from conveyor.engine.definitions import Workflow
@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # imported lazily: only the commands that run or steer work n
     from conveyor.service import Conveyor
 
 POLL_SECONDS = 0.2
-EXAMPLES = db.ROOT / "examples"
+EXAMPLES = migrations.ROOT / "examples"
 
 
 class _Group(TyperGroup):
@@ -60,8 +60,8 @@ class _Group(TyperGroup):
         except SQLAlchemyError as exc:
             cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
             fail(
-                f"database error on {db.display_url()}: {cause}; check that it is reachable "
-                f"and migrated (`conveyor db upgrade`)"
+                f"database error on {migrations.display_url()}: {cause}; check that it is "
+                f"reachable and migrated (`conveyor db upgrade`)"
             )
 
 
@@ -147,7 +147,7 @@ def _workers_if_embedded() -> Iterator[bool]:
     from conveyor.embedded import embedded_workers
 
     _load_imports()
-    db.upgrade()
+    migrations.upgrade()
     with embedded_workers():
         yield True
 
@@ -216,8 +216,8 @@ def apply_files(paths: Sequence[Path], tenant: str, console: Console = render.ou
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Apply every pending migration (alembic upgrade head) to CONVEYOR_DATABASE_URL."""
-    db.upgrade()
-    render.out.print(f"database {db.display_url()} is up to date", markup=False)
+    migrations.upgrade()
+    render.out.print(f"database {migrations.display_url()} is up to date", markup=False)
 
 
 @db_app.command("prune")
@@ -361,7 +361,7 @@ def limits_show(as_json: JsonFlag = False) -> None:
 def _embedded_schema() -> Iterator[None]:
     """The embedded database is migrated on first use; production runs `conveyor db upgrade`."""
     if get_settings().embedded:
-        db.upgrade()
+        migrations.upgrade()
     yield
 
 
