@@ -21,7 +21,7 @@ from conveyor.config import archive_retention, get_settings
 from conveyor.engine import template_budget
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
-from conveyor.scheduler.maintenance import Duty, Maintenance
+from conveyor.scheduler.duty_thread import Duty, Maintenance
 from conveyor.service import Conveyor
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher, decode_hints

@@ -1,4 +1,4 @@
-"""Periodic maintenance inside every worker's main process.
+"""The duty thread of every worker's main process: periodic maintenance, one duty at a time.
 
 Duties: promote retry and delay jobs whose time has come (this is why delays never sit in
 broker ETAs), age low-priority jobs, and sweep the limiter for lapsed leases and lost
