@@ -17,7 +17,7 @@ from conveyor.limiter import RedisLimiter
 from conveyor.store import Database
 
 if TYPE_CHECKING:
-    from conveyor.scheduler.alerting import Alerter
+    from conveyor.alerts.duty import Alerter
     from conveyor.service import Conveyor
 
 _imported: set[str] = set()
@@ -57,8 +57,8 @@ def default_limits() -> Limits:
 def alerter(service: Conveyor) -> Alerter:
     """The alert duty, with the thresholds and webhook of the settings."""
     from conveyor import metrics
-    from conveyor.alerts import Thresholds
-    from conveyor.scheduler.alerting import Alerter
+    from conveyor.alerts.duty import Alerter
+    from conveyor.alerts.rules import Thresholds
 
     settings = get_settings()
     limiter = service.gate.limiter if service.gate is not None else None
