@@ -1,4 +1,4 @@
-"""Sibling batching: node jobs published together travel in few messages (pure).
+"""Packing: which node jobs published together share a message, and so travel in few (pure).
 
 A broker message costs a worker more than a small node does: the consumer's receive, the
 hand-over to a pool process, task events and the ack came to about as much CPU as the claim,
@@ -10,7 +10,8 @@ how many of them one message names.
 
 Packing must not cost a slow node's siblings their parallelism: the worker hands back the
 jobs of its message that it has not started once the message has run for its budget (see
-:class:`conveyor.batches.BatchRun`), each then published on its own.
+:class:`conveyor.batches.BatchRun`, which runs a batch on the worker), each then published
+on its own.
 """
 
 from __future__ import annotations
