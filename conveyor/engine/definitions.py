@@ -17,15 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conveyor.engine.cron import MisfirePolicy, expression_problem, timezone_problem
 from conveyor.engine.states import Priority
-
-NODE_TYPES = ("python", "http", "delay", "condition")
-NodeType = Literal["python", "http", "delay", "condition"]
 
 
 class RetryPolicy(BaseModel):
@@ -59,7 +56,7 @@ class Node(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
-    type: str
+    type: str  # the name of a registered type (conveyor.engine.node_types)
     needs: list[str] = Field(default_factory=list)
     inputs: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)

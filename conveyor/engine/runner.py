@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from conveyor.engine import planning, retry
+from conveyor.engine import node_types, planning, retry
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
@@ -402,7 +402,7 @@ def _new_jobs(
     jobs: list[NewJob] = []
     for node, context in ready:
         next_run_at = None
-        if node.type == "delay":
+        if node_types.waits(node):
             try:
                 next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
             except TemplateBudgetExceeded:
@@ -507,7 +507,7 @@ def complete_alone(
         finish = _known_finish(run, shape, now, {run.node.id: output})
         if finish is None:
             return False  # it may be the last: the execution's output must be read
-    branch = output.get("branch") if run.node.type == "condition" else None
+    branch = output.get("branch") if node_types.branches(run.node) else None
     return store.complete_running(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,
         successors=sorted(successors), finish=finish,
@@ -519,7 +519,7 @@ def complete_node(
 ) -> list[Dispatch]:
     """Record a successful try and start every successor that became ready."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
-    branch = output.get("branch") if run.node.type == "condition" else None
+    branch = output.get("branch") if node_types.branches(run.node) else None
     if store.complete_running(
         job, node_id, output=output, branch=branch, now=now, duration=duration
     ):  # the common case, in one statement where the database can
@@ -695,7 +695,7 @@ def _settle(store: SqlStore, run: NodeRun, now: datetime, output: Any = None) ->
         # Their needs' rows, all at once. A ready node never needs another ready one: that
         # one has not settled, so the first would still be waiting on it. Outputs only for a
         # delay node (its delay may be a template): a node's claim reads its needs' outputs.
-        delays = any(n.type == "delay" for n in ready)
+        delays = any(node_types.waits(n) for n in ready)
         needs_of_ready = {need for n in ready for need in n.needs}
         rows = store.node_rows(execution.id, needs_of_ready, outputs=delays)
         runnable: list[tuple[Node, dict[str, Any]]] = []
