@@ -191,10 +191,9 @@ class _Call:
 
 
 class _NodeThread:
-    """A thread that runs node functions one after another: starting a thread per node cost
-    a thread's creation and a wait for it to start, on every node. A thread whose call was
-    given up on (a timeout, a cancel) finishes that call and ends; a new one takes its place.
-    """
+    """A thread that runs node functions one after another, so that a node does not pay for a
+    thread's creation and a wait for it to start. A thread whose call was given up on (a
+    timeout, a cancel) finishes that call and ends; a new one takes its place."""
 
     _idle: list[_NodeThread] = []
     _lock = threading.Lock()

@@ -150,9 +150,9 @@ class Workflow(BaseModel):
 
     @cached_property
     def _by_id(self) -> dict[str, Node]:
-        """The nodes by id, built at the first lookup: a 2,000-wide join's readiness looks up
-        each of its needs (a scan of the list each was 4 million comparisons, ~75 ms). Not a
-        field: equality, hashing and dumps ignore it."""
+        """The nodes by id, built at the first lookup: a join's readiness looks up each of its
+        needs, and a scan of the list for each would be quadratic in a wide join. Not a field:
+        equality, hashing and dumps ignore it."""
         return {n.id: n for n in self.nodes}
 
     def retry_for(self, node: Node) -> RetryPolicy:

@@ -93,7 +93,7 @@ def _count_errors(nodes: list[Mapping[str, Any]], bounds: Bounds) -> list[str]:
 
 def _template_text_errors(data: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[str]:
     """The templates' text past MAX_TEMPLATE_TEXT: parsing them is most of what validating
-    costs (a few tens of microseconds a ``{{ }}``), and it holds a thread of the API."""
+    costs, and it holds a thread of the API."""
     sections = [n.get(key) for n in nodes for key in ("inputs", "config")]
     expressions = [
         c["expression"]
@@ -190,7 +190,7 @@ def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
     """One cycle as a closed path (first id repeated at the end), or None if acyclic."""
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
     # Each node's needs within the graph, listed once: a node is resumed once per need, and
-    # filtering its list at each resume was quadratic in its needs.
+    # filtering its list at each resume would be quadratic in its needs.
     edges = {node: [d for d in dict.fromkeys(deps) if d in needs] for node, deps in needs.items()}
     for start in needs:
         if state.get(start):
