@@ -322,6 +322,7 @@ def _evaluated(step: Step) -> dict[str, Any]:
     return {"result": bool(value), "branch": _IF[0] if value else _IF[1]}
 
 
+# The tries of these two are I/O: the worker attaches their executors (conveyor.nodes).
 register(NodeType(name="python", config_keys=frozenset({"function"}), check=_python_problems))
 register(
     NodeType(
