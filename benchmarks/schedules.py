@@ -23,11 +23,11 @@ from sqlalchemy import func, insert, select, text, update
 
 from benchmarks import harness
 from conveyor.config import Settings
+from conveyor.engine.cron import MisfirePolicy, parse_cron
 from conveyor.engine.queues import EXECUTION_QUEUE
 from conveyor.engine.states import ScheduleOrigin
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Schedule
-from conveyor.scheduler.cron import MisfirePolicy, parse_cron
 from conveyor.scheduler.schedules import check_due
 from conveyor.service import Conveyor
 from conveyor.store import Database

@@ -1,10 +1,11 @@
 """Conveyor: durable DAG workflows on Celery, with PostgreSQL as the source of truth."""
 
 from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
+from conveyor.engine.node_types import NodeContext
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.enqueue import enqueue
 from conveyor.exceptions import ConveyorError, DefinitionError, NodeError, NonRetryableError
-from conveyor.nodes import NodeContext, node
+from conveyor.nodes import node
 
 __all__ = [
     "ConveyorError",

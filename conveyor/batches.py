@@ -1,5 +1,6 @@
 """A batch message on a worker: its node jobs run one after another, and those not started
-are handed back once the message runs past its budget (see :mod:`conveyor.engine.batching`).
+are handed back once the message runs past its budget. Which jobs share a message is decided
+before it is sent, by the pure :mod:`conveyor.engine.packing`.
 
 The hand-back keeps slow siblings parallel: once the batch has run for its budget, or one of
 its jobs for a quarter of it (``JOB_SHARE``), the jobs not started are published again, one a

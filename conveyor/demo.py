@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import conveyor
-from conveyor.nodes import NodeContext
+from conveyor.engine.node_types import NodeContext
 
 PAUSE = 0.5
 

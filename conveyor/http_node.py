@@ -29,7 +29,9 @@ import httpcore
 import httpx
 
 from conveyor.config import get_settings
+from conveyor.engine import templates
 from conveyor.engine.addresses import AllowList, ip_literal, judge_address, judge_url
+from conveyor.engine.node_types import Step
 from conveyor.exceptions import (
     NodeError,
     NodeTimeout,
@@ -77,6 +79,13 @@ class Resolver(Protocol):
 def system_resolver(host: str, port: int) -> list[str]:
     found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     return list(dict.fromkeys(str(info[4][0]) for info in found))
+
+
+def run(step: Step) -> dict[str, Any]:
+    """The http node type's executor: its config rendered, then :func:`call` within what is
+    left of the node's timeout."""
+    config = templates.render_value(step.node.config, step.context, deadline=step.deadline)
+    return call(config, step.left())
 
 
 def call(

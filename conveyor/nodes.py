@@ -1,4 +1,6 @@
-"""Node types and the registry of python node functions.
+"""Running nodes on a worker: the registry of python node functions, and the executors of the
+two node types whose tries do I/O (python: a registered function on a node thread; http:
+:mod:`conveyor.http_node`), attached here to their types (:mod:`conveyor.engine.node_types`).
 
 A definition can only name functions registered here with :func:`node`; it can never reach an
 arbitrary import path. Workers import the modules listed in ``CONVEYOR_IMPORTS`` at start-up,
@@ -22,15 +24,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
 from conveyor import http_node
 from conveyor.config import get_settings
-from conveyor.engine import bounds, templates
+from conveyor.engine import bounds, node_types
 from conveyor.engine.definitions import Node
-from conveyor.engine.planning import delay_seconds
+from conveyor.engine.node_types import NodeContext as NodeContext  # the service takes it here
+from conveyor.engine.node_types import Step
 from conveyor.exceptions import (
     NodeCancelled,
     NodeError,
@@ -38,38 +40,6 @@ from conveyor.exceptions import (
     NonRetryableError,
     UnknownFunction,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class NodeContext:
-    """What a running node knows about itself."""
-
-    execution_id: str
-    node_id: str
-    attempt: int
-    cancel_event: threading.Event = field(default_factory=threading.Event, compare=False)
-    # Set when the node read ``cancelled`` as True: it may have stopped early since.
-    _told: threading.Event = field(
-        default_factory=threading.Event, init=False, compare=False, repr=False
-    )
-
-    @property
-    def idempotency_key(self) -> str:
-        """Stable across retries of this node in this execution: key side effects with it."""
-        return f"{self.execution_id}:{self.node_id}"
-
-    @property
-    def cancelled(self) -> bool:
-        """True once the execution was cancelled or the try timed out: stop soon."""
-        if self.cancel_event.is_set():
-            self._told.set()
-            return True
-        return False
-
-    @property
-    def told_to_stop(self) -> bool:
-        """Whether the node saw ``cancelled`` True: what it returned may be partial."""
-        return self._told.is_set()
 
 
 class NodeFunction(Protocol):
@@ -109,32 +79,28 @@ def _qualname(fn: Callable[..., Any]) -> str:
 def execute(
     node_def: Node, context: dict[str, Any], ctx: NodeContext, timeout: float | None
 ) -> Any:
-    """Run one node and return its JSON-serializable output; raise NodeError on failure.
-    Its timeout covers rendering its templates too: a render past it is a
-    TemplateBudgetExceeded (not retried), never a try left running."""
-    started = time.monotonic()
-    deadline = (
-        None if timeout is None else (started + timeout, f"the node's timeout of {timeout:g} s")
-    )
-    inputs = templates.render_value(node_def.inputs, context, deadline=deadline)
-    if node_def.type == "python":
-        fn = _REGISTRY.get(node_def.config["function"])
-        if fn is None:
-            raise UnknownFunction(node_def.config["function"])
-        result = _call_python(fn, inputs, ctx, timeout, started)
-    elif node_def.type == "http":
-        config = templates.render_value(node_def.config, context, deadline=deadline)
-        left = None if timeout is None else max(timeout - (time.monotonic() - started), 0.001)
-        result = _call_http(config, left)
-    elif node_def.type == "condition":
-        scope = {**context, "inputs": inputs}
-        value = templates.evaluate(node_def.config["expression"], scope, deadline=deadline)
-        result = {"result": bool(value), "branch": "if_true" if value else "if_false"}
-    elif node_def.type == "delay":
-        result = {"delayed_seconds": delay_seconds(node_def, context)}
-    else:  # validation refuses unknown types; a stored definition may predate a removal
+    """Run one node by its type's executor and return its JSON-serializable output; raise
+    NodeError on failure. Its timeout covers rendering its templates too: a render past it is
+    a TemplateBudgetExceeded (not retried), never a try left running."""
+    step = Step.begin(node_def, context, ctx, timeout)
+    kind = node_types.of(node_def)
+    # Validation refuses unknown types; a stored definition may predate a type's removal.
+    if kind is None or kind.execute is None:
         raise NonRetryableError(f"node type {node_def.type!r} is not supported by this worker")
-    return _ensure_json(result)
+    return _ensure_json(kind.execute(step))
+
+
+def _run_python(step: Step) -> Any:
+    """The python node's executor: the function registered under ``config.function``."""
+    fn = _REGISTRY.get(step.node.config["function"])
+    if fn is None:
+        raise UnknownFunction(step.node.config["function"])
+    return _call_python(fn, step.inputs, step.ctx, step.timeout, step.started)
+
+
+# The engine describes these two types; their tries are I/O, which runs here.
+node_types.attach("python", _run_python)
+node_types.attach("http", http_node.run)
 
 
 def _ensure_json(value: Any) -> Any:
@@ -225,10 +191,9 @@ class _Call:
 
 
 class _NodeThread:
-    """A thread that runs node functions one after another: starting a thread per node cost
-    a thread's creation and a wait for it to start, on every node. A thread whose call was
-    given up on (a timeout, a cancel) finishes that call and ends; a new one takes its place.
-    """
+    """A thread that runs node functions one after another, so that a node does not pay for a
+    thread's creation and a wait for it to start. A thread whose call was given up on (a
+    timeout, a cancel) finishes that call and ends; a new one takes its place."""
 
     _idle: list[_NodeThread] = []
     _lock = threading.Lock()
@@ -308,7 +273,3 @@ def _is_signature_error(fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
     except TypeError:
         return True
     return False
-
-
-def _call_http(config: dict[str, Any], timeout: float | None) -> Any:
-    return http_node.call(config, timeout)

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from conveyor.engine.node_types import NodeContext
 from conveyor.engine.states import ExecutionStatus
-from conveyor.nodes import NodeContext
 from conveyor.store.unit_of_work import Database
 
 log = logging.getLogger(__name__)

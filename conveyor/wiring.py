@@ -34,7 +34,7 @@ from conveyor.store import Database
 if TYPE_CHECKING:
     from celery import Celery
 
-    from conveyor.scheduler.alerting import Alerter
+    from conveyor.alerts.duty import Alerter
 
 _imported: set[str] = set()
 _lock = threading.Lock()
@@ -133,8 +133,8 @@ def default_limits() -> Limits:
 
 def alerter(service: Conveyor) -> Alerter:
     """The alert duty, with the thresholds and webhook of the settings."""
-    from conveyor.alerts import Thresholds
-    from conveyor.scheduler.alerting import Alerter
+    from conveyor.alerts.duty import Alerter
+    from conveyor.alerts.rules import Thresholds
 
     settings = get_settings()
     limiter = service.gate.limiter if service.gate is not None else None

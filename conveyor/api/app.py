@@ -158,10 +158,10 @@ def _embedded_workers() -> AbstractContextManager[object]:
     """On the embedded default, the API migrates SQLite and runs the workers itself."""
     if not get_settings().embedded:
         return nullcontext()
-    from conveyor import db
+    from conveyor import migrations
     from conveyor.embedded import embedded_workers
 
-    db.upgrade()
+    migrations.upgrade()
     return embedded_workers()
 
 

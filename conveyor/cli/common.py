@@ -11,7 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from conveyor import db, wiring
+from conveyor import migrations, wiring
 from conveyor.cli import render
 from conveyor.config import get_settings
 from conveyor.exceptions import ConfigurationError
@@ -69,5 +69,5 @@ def load_imports() -> None:
 def embedded_schema() -> Iterator[None]:
     """The embedded database is migrated on first use; production runs `conveyor db upgrade`."""
     if get_settings().embedded:
-        db.upgrade()
+        migrations.upgrade()
     yield

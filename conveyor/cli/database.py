@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from conveyor import db, wiring
+from conveyor import migrations, wiring
 from conveyor.cli import render
 from conveyor.cli.common import group
 from conveyor.config import archive_retention, get_settings
@@ -18,8 +18,8 @@ db_app = group("The database schema.")
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Apply every pending migration (alembic upgrade head) to CONVEYOR_DATABASE_URL."""
-    db.upgrade()
-    render.out.print(f"database {db.display_url()} is up to date", markup=False)
+    migrations.upgrade()
+    render.out.print(f"database {migrations.display_url()} is up to date", markup=False)
 
 
 @db_app.command("prune")

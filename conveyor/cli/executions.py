@@ -15,7 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from conveyor import db, views, wiring
+from conveyor import migrations, views, wiring
 from conveyor.cli import render
 from conveyor.cli.common import (
     JsonFlag,
@@ -35,7 +35,7 @@ from conveyor.exceptions import InvalidTransition
 from conveyor.store import DEFAULT_TENANT
 
 POLL_SECONDS = 0.2
-EXAMPLES = db.ROOT / "examples"
+EXAMPLES = migrations.ROOT / "examples"
 
 executions_app = group("Executions: list, show, cancel.")
 
@@ -49,7 +49,7 @@ def _workers_if_embedded() -> Iterator[bool]:
     from conveyor.embedded import embedded_workers
 
     load_imports()
-    db.upgrade()
+    migrations.upgrade()
     with embedded_workers():
         yield True
 

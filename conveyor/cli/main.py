@@ -17,7 +17,7 @@ from pydantic_settings import SettingsError
 from sqlalchemy.exc import SQLAlchemyError
 from typer.core import TyperGroup
 
-from conveyor import db
+from conveyor import migrations
 from conveyor.cli import render
 from conveyor.cli.access import keys_app, serve, webhooks_app
 from conveyor.cli.common import fail, group
@@ -44,8 +44,8 @@ class _Group(TyperGroup):
         except SQLAlchemyError as exc:
             cause = str(getattr(exc, "orig", None) or exc).splitlines()[0]
             fail(
-                f"database error on {db.display_url()}: {cause}; check that it is reachable "
-                f"and migrated (`conveyor db upgrade`)"
+                f"database error on {migrations.display_url()}: {cause}; check that it is "
+                f"reachable and migrated (`conveyor db upgrade`)"
             )
 
 

@@ -18,12 +18,12 @@ from rich.table import Table
 from conveyor import views, wiring
 from conveyor.cli import render
 from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group, parse_input
+from conveyor.engine.cron import MisfirePolicy, parse_cron
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
 from conveyor.engine.states import Priority
 from conveyor.exceptions import ScheduleError
 from conveyor.scheduler import schedules
-from conveyor.scheduler.cron import MisfirePolicy, parse_cron
 from conveyor.store import DEFAULT_TENANT
 
 schedules_app = group("Cron schedules: list, add, pause, resume, remove.")

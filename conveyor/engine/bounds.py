@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_DELAY_SECONDS = 365 * 86_400  # a delay node waits at most a year
-# Characters of templates in one definition: validating parses each (a 4 MiB definition of
-# them took 8 s of a thread); 1 MiB is 10,000 nodes of 100 characters of templates each.
+# Characters of templates in one definition: validating parses each on a thread of the API,
+# so their total bounds how long an apply holds it (docs/benchmarks.md); 1 MiB is 10,000
+# nodes of 100 characters of templates each.
 MAX_TEMPLATE_TEXT = 1_048_576
 
 

@@ -17,15 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from conveyor.engine.cron import MisfirePolicy, expression_problem, timezone_problem
 from conveyor.engine.states import Priority
-from conveyor.scheduler.cron import MisfirePolicy, expression_problem, timezone_problem
-
-NODE_TYPES = ("python", "http", "delay", "condition")
-NodeType = Literal["python", "http", "delay", "condition"]
 
 
 class RetryPolicy(BaseModel):
@@ -59,7 +56,7 @@ class Node(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
-    type: str
+    type: str  # the name of a registered type (conveyor.engine.node_types)
     needs: list[str] = Field(default_factory=list)
     inputs: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
@@ -153,9 +150,9 @@ class Workflow(BaseModel):
 
     @cached_property
     def _by_id(self) -> dict[str, Node]:
-        """The nodes by id, built at the first lookup: a 2,000-wide join's readiness looks up
-        each of its needs (a scan of the list each was 4 million comparisons, ~75 ms). Not a
-        field: equality, hashing and dumps ignore it."""
+        """The nodes by id, built at the first lookup: a join's readiness looks up each of its
+        needs, and a scan of the list for each would be quadratic in a wide join. Not a field:
+        equality, hashing and dumps ignore it."""
         return {n.id: n for n in self.nodes}
 
     def retry_for(self, node: Node) -> RetryPolicy:

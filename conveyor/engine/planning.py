@@ -14,10 +14,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from conveyor.engine import bounds, templates
+from conveyor.engine import node_types, templates
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.states import NodeStatus
-from conveyor.exceptions import NonRetryableError
 
 
 class Readiness(StrEnum):
@@ -67,12 +66,11 @@ def readiness(workflow: Workflow, node: Node, needs: Mapping[str, NeedState]) ->
     return Readiness.RUN
 
 
-def gated_branch(condition: Node, node_id: str) -> str | None:
-    """The branch of ``condition`` that ``node_id`` sits on, or None if it is not gated."""
-    if condition.type != "condition":
-        return None
-    for branch in ("if_true", "if_false"):
-        if node_id in condition.config.get(branch, []):
+def gated_branch(need: Node, node_id: str) -> str | None:
+    """The branch of ``need`` (a node whose output chooses one, a condition) that ``node_id``
+    sits on, or None if it is not gated."""
+    for branch in node_types.branches(need):
+        if node_id in need.config.get(branch, []):
             return branch
     return None
 
@@ -112,21 +110,10 @@ def output_reads(workflow: Workflow, sinks: tuple[str, ...]) -> frozenset[str]:
 
 
 def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
-    """How long a delay node waits, rendered from its config."""
-    value = templates.render_value(node_def.config["seconds"], context)
-    fix = f"config.seconds must give a number of seconds from 0 to {bounds.MAX_DELAY_SECONDS}"
-    try:
-        if isinstance(value, bool):
-            raise TypeError(value)
-        # An integer too large for a float (OverflowError) is no delay either.
-        seconds = float(value)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise NonRetryableError(
-            f"delay seconds {bounds.shown(value)} is not a number; {fix}"
-        ) from exc
-    if problem := bounds.delay_problem(seconds):
-        raise NonRetryableError(f"{problem}; {fix}")
-    return seconds
+    """How long a ready node's job is held before it runs: its type's wait, rendered from its
+    config (a delay's ``seconds``); 0 for a type that does not wait."""
+    kind = node_types.of(node_def)
+    return kind.wait(node_def, context) if kind is not None and kind.wait is not None else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

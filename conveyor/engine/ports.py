@@ -39,7 +39,7 @@ from conveyor.engine.states import (
 
 class Dispatcher(Protocol):
     """Publishes job ids to the broker. Called only after the transaction has committed.
-    ``batch``: node jobs may share a message (see :mod:`conveyor.engine.batching`); False
+    ``batch``: node jobs may share a message (see :mod:`conveyor.engine.packing`); False
     sends each in a message of its own (a batch's hand-back)."""
 
     def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None: ...

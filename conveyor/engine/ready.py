@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.engine import planning
+from conveyor.engine import node_types, planning
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.queues import NODE_QUEUE
@@ -78,7 +78,7 @@ def new_jobs(
     jobs: list[NewJob] = []
     for node, context in ready:
         next_run_at = None
-        if node.type == "delay":
+        if node_types.waits(node):
             try:
                 next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
             except TemplateBudgetExceeded:

@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from conveyor.engine.cron import MisfirePolicy
 from conveyor.engine.states import (
     DeliveryStatus,
     ExecutionStatus,
@@ -18,7 +19,6 @@ from conveyor.engine.states import (
     ScheduleOrigin,
     SignatureScheme,
 )
-from conveyor.scheduler.cron import MisfirePolicy
 
 
 @dataclass(frozen=True, kw_only=True)

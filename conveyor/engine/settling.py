@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import planning
+from conveyor.engine import node_types, planning
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import Node
 from conveyor.engine.ports import Store
@@ -56,7 +56,7 @@ def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> lis
         # Their needs' rows, all at once. A ready node never needs another ready one: that
         # one has not settled, so the first would still be waiting on it. Outputs only for a
         # delay node (its delay may be a template): a node's claim reads its needs' outputs.
-        delays = any(n.type == "delay" for n in ready)
+        delays = any(node_types.waits(n) for n in ready)
         needs_of_ready = {need for n in ready for need in n.needs}
         rows = store.node_rows(execution.id, needs_of_ready, outputs=delays)
         runnable: list[tuple[Node, dict[str, Any]]] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from conveyor.engine import node_types
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
@@ -33,7 +34,7 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
         finish = known_finish(run, shape, now, {run.node.id: output})
         if finish is None:
             return False  # it may be the last: the execution's output must be read
-    branch = output.get("branch") if run.node.type == "condition" else None
+    branch = output.get("branch") if node_types.branches(run.node) else None
     return store.complete_running(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,
         successors=sorted(successors), finish=finish,
@@ -45,7 +46,7 @@ def complete_node(
 ) -> list[Dispatch]:
     """Record a successful try and start every successor that became ready."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
-    branch = output.get("branch") if run.node.type == "condition" else None
+    branch = output.get("branch") if node_types.branches(run.node) else None
     if store.complete_running(
         job, node_id, output=output, branch=branch, now=now, duration=duration
     ):  # the common case, in one statement where the database can

@@ -28,8 +28,8 @@ from conveyor.engine import sandbox, template_budget
 from conveyor.exceptions import TemplateBudgetExceeded, TemplateError
 
 _ENV = sandbox.BudgetedEnvironment()
-# The longest template: compiling one costs about 85 us per {{ }} (5 s for 650,000
-# characters of them), outside any budget, in the process that renders it first.
+# The longest template: compiling one takes time in proportion to its ``{{ }}``, outside any
+# budget, in the process that renders it first (docs/benchmarks.md).
 MAX_TEMPLATE_CHARS = 65_536
 # What fails the same way every time it renders: reported as the template's error.
 _FAILURES = (
@@ -105,8 +105,8 @@ def _over_budget(kind: str, text: str, exc: BaseException) -> TemplateBudgetExce
     return TemplateBudgetExceeded(f"{kind} {shown!r} went over its budget: {why}; {fix}")
 
 
-# Compiling a template costs some 250 us (parse, generate, compile() the Python); rendering
-# one costs a few. A definition has a fixed set of them: each is compiled once per process.
+# Compiling a template (parse, generate, compile() the Python) costs far more than rendering
+# it, and a definition has a fixed set of them: each is compiled once per process.
 # A compiled template is immutable: threads share it.
 @lru_cache(maxsize=4096)
 def _expression(expression: str) -> TemplateExpression:

@@ -2,7 +2,8 @@
 
 Pure: a definition (parsed YAML/JSON or a :class:`Workflow`) in, a list of messages out.
 Structure errors from pydantic and cross-node errors (duplicates, missing needs, cycles, unknown
-types, branch and template references) are reported together.
+types, branch and template references) are reported together. What a node's config may hold is
+its type's to say (:mod:`conveyor.engine.node_types`).
 """
 
 from __future__ import annotations
@@ -13,26 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from conveyor.engine import templates
-from conveyor.engine.addresses import AllowList, judge_url
-from conveyor.engine.bounds import (
-    MAX_DELAY_SECONDS,
-    MAX_TEMPLATE_TEXT,
-    Bounds,
-    deeper_than,
-    delay_problem,
-    too_deep,
-)
-from conveyor.engine.definitions import NODE_TYPES, Workflow
+from conveyor.engine import node_types, templates
+from conveyor.engine.addresses import AllowList
+from conveyor.engine.bounds import MAX_TEMPLATE_TEXT, Bounds, deeper_than, too_deep
+from conveyor.engine.definitions import Workflow
+from conveyor.engine.node_types import Checking
 from conveyor.exceptions import DefinitionError
-
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
-_CONFIG_KEYS: dict[str, set[str]] = {
-    "python": {"function"},
-    "http": {"url", "method", "headers", "params", "json", "body"},
-    "delay": {"seconds"},
-    "condition": {"expression", "if_true", "if_false"},
-}
 
 
 def parse_workflow(
@@ -80,9 +67,10 @@ def validate(
     errors = _structure_errors(data, nodes)
     errors += _graph_errors(nodes)
     for index, node in enumerate(nodes):
-        errors += _node_errors(_label(nodes, index), node, by_id, known_functions)
-        if http_allow is not None:
-            errors += _address_errors(_label(nodes, index), node, http_allow)
+        checking = Checking(
+            node=node, by_id=by_id, known_functions=known_functions, http_allow=http_allow
+        )
+        errors += _node_errors(_label(nodes, index), node, checking)
     errors += _output_errors(data.get("output"), _ids(nodes))
     errors += _schedule_errors(data)
     return list(dict.fromkeys(errors))
@@ -105,7 +93,7 @@ def _count_errors(nodes: list[Mapping[str, Any]], bounds: Bounds) -> list[str]:
 
 def _template_text_errors(data: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[str]:
     """The templates' text past MAX_TEMPLATE_TEXT: parsing them is most of what validating
-    costs (a few tens of microseconds a ``{{ }}``), and it holds a thread of the API."""
+    costs, and it holds a thread of the API."""
     sections = [n.get(key) for n in nodes for key in ("inputs", "config")]
     expressions = [
         c["expression"]
@@ -202,7 +190,7 @@ def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
     """One cycle as a closed path (first id repeated at the end), or None if acyclic."""
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
     # Each node's needs within the graph, listed once: a node is resumed once per need, and
-    # filtering its list at each resume was quadratic in its needs.
+    # filtering its list at each resume would be quadratic in its needs.
     edges = {node: [d for d in dict.fromkeys(deps) if d in needs] for node, deps in needs.items()}
     for start in needs:
         if state.get(start):
@@ -228,139 +216,24 @@ def find_cycle(needs: Mapping[str, list[str]]) -> list[str] | None:
     return None
 
 
-def _node_errors(
-    label: str,
-    node: Mapping[str, Any],
-    by_id: Mapping[str, Mapping[str, Any]],
-    known_functions: Collection[str] | None,
-) -> list[str]:
-    node_type = node.get("type")
-    if not isinstance(node_type, str) or node_type not in NODE_TYPES:
+def _node_errors(label: str, node: Mapping[str, Any], checking: Checking) -> list[str]:
+    kind = node_types.named(node.get("type"))
+    if kind is None:
         return [
-            f"{label}: unknown type {node_type!r}; use one of {', '.join(NODE_TYPES)} "
+            f"{label}: unknown type {node.get('type')!r}; use one of "
+            f"{', '.join(node_types.names())} "
             f"(python code is registered with @conveyor.node and named in config.function)"
         ]
     config = node.get("config", {})
     if not isinstance(config, Mapping):
         return []  # reported as a structure error
     errors = [
-        f"{label}: config.{key} is not a {node_type} setting; use {sorted(_CONFIG_KEYS[node_type])}"
+        f"{label}: config.{key} is not a {kind.name} setting; use {sorted(kind.config_keys)}"
         for key in config
-        if key not in _CONFIG_KEYS[node_type]
+        if key not in kind.config_keys
     ]
-    checker = {
-        "python": _python_errors,
-        "http": _http_errors,
-        "delay": _delay_errors,
-        "condition": _condition_errors,
-    }[node_type]
-    errors += [f"{label}: {e}" for e in checker(config, node, by_id, known_functions)]
+    errors += [f"{label}: {e}" for e in kind.check(config, checking)]
     errors += [f"{label}: {e}" for e in _template_errors(node)]
-    return errors
-
-
-def _python_errors(
-    config: Mapping[str, Any],
-    node: Mapping[str, Any],
-    by_id: Mapping[str, Mapping[str, Any]],
-    known: Collection[str] | None,
-) -> list[str]:
-    fn = config.get("function")
-    if not isinstance(fn, str) or not fn:
-        return ["config.function is required: the name a function was registered under"]
-    if known is not None and fn not in known:
-        hint = f" (registered: {', '.join(sorted(known))})" if known else ""
-        return [
-            f"config.function {fn!r} is not registered{hint}; decorate it with "
-            f"@conveyor.node({fn!r}) in a module listed in CONVEYOR_IMPORTS"
-        ]
-    return []
-
-
-def _http_errors(
-    config: Mapping[str, Any],
-    node: Mapping[str, Any],
-    by_id: Mapping[str, Mapping[str, Any]],
-    known: Collection[str] | None,
-) -> list[str]:
-    errors = []
-    url = config.get("url")
-    if not isinstance(url, str) or not url:
-        errors.append("config.url is required, e.g. https://api.example.com/items")
-    elif not templates.is_template(url) and not url.startswith(("http://", "https://")):
-        errors.append(f"config.url {url!r} must start with http:// or https://")
-    method = config.get("method", "GET")
-    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
-        errors.append(f"config.method {method!r} is not one of {', '.join(HTTP_METHODS)}")
-    for key in ("headers", "params"):
-        if key in config and not isinstance(config[key], Mapping):
-            errors.append(f"config.{key} must be a mapping of names to values")
-    if "json" in config and "body" in config:
-        errors.append("config.json and config.body are exclusive; keep one")
-    return errors
-
-
-def _address_errors(label: str, node: Mapping[str, Any], allow: AllowList) -> list[str]:
-    """A literal URL the node would be refused at run time, refused now with the same words;
-    a templated one, or a name that resolves to a refused address, is refused when it runs."""
-    config = node.get("config")
-    url = config.get("url") if node.get("type") == "http" and isinstance(config, Mapping) else None
-    if not isinstance(url, str) or templates.is_template(url):
-        return []
-    if not url.startswith(("http://", "https://")):
-        return []  # reported by _http_errors
-    refusal = judge_url(url, allow)
-    return [] if refusal is None else [f"{label}: config.url {url!r}: {refusal.message}"]
-
-
-def _delay_errors(
-    config: Mapping[str, Any],
-    node: Mapping[str, Any],
-    by_id: Mapping[str, Mapping[str, Any]],
-    known: Collection[str] | None,
-) -> list[str]:
-    seconds = config.get("seconds")
-    if isinstance(seconds, str) and templates.is_template(seconds):
-        return []
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        return [
-            f"config.seconds is required: a number of seconds from 0 to "
-            f"{MAX_DELAY_SECONDS}, or a template"
-        ]
-    if problem := delay_problem(seconds):
-        return [f"config.seconds: {problem}; give a number from 0 to {MAX_DELAY_SECONDS}"]
-    return []
-
-
-def _condition_errors(
-    config: Mapping[str, Any],
-    node: Mapping[str, Any],
-    by_id: Mapping[str, Mapping[str, Any]],
-    known: Collection[str] | None,
-) -> list[str]:
-    errors = []
-    expression = config.get("expression")
-    if not isinstance(expression, str) or not expression.strip():
-        errors.append('config.expression is required, e.g. "input.amount > 100"')
-    elif problem := templates.syntax_error(expression, expression=True):
-        errors.append(f"config.expression {expression!r} does not parse: {problem}")
-    branches = 0
-    for key in ("if_true", "if_false"):
-        targets = config.get(key, [])
-        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            errors.append(f"config.{key} must be a list of node ids")
-            continue
-        branches += len(targets)
-        for target in targets:
-            if target not in by_id:
-                errors.append(f"config.{key} names {target!r}, which is not a node; fix the name")
-            elif node.get("id") not in _needs(by_id[target]):
-                errors.append(
-                    f"config.{key} names {target!r}, which does not need {node.get('id')!r}; "
-                    f"add {node.get('id')!r} to the needs of {target!r}"
-                )
-    if not branches:
-        errors.append("config.if_true or config.if_false must name at least one node")
     return errors
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
+from conveyor.engine.cron import MisfirePolicy
 from conveyor.engine.states import (
     AttemptStatus,
     DeliveryStatus,
@@ -35,7 +36,6 @@ from conveyor.engine.states import (
 )
 from conveyor.ids import new_id
 from conveyor.models.base import Base, JsonType, UTCDateTime, utcnow
-from conveyor.scheduler.cron import MisfirePolicy
 
 
 def _enum(cls: type[Any], name: str) -> Enum:

@@ -2,7 +2,7 @@
 
 The caller owns the transaction and publishes the returned dispatches after it commits. The
 decisions (is it valid, when does it fire next, what does a late check start) come from the
-pure :mod:`conveyor.scheduler.cron`.
+pure :mod:`conveyor.engine.cron`.
 
 The due check is safe to run from any number of workers and beats at once: it locks the
 schedules it takes (``FOR UPDATE SKIP LOCKED``), starts their runs and advances
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from conveyor.engine.cron import FirePlan, parse_cron, plan_fires
 from conveyor.engine.definitions import ScheduleSpec, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.priority import choose as choose_priority
@@ -26,7 +27,6 @@ from conveyor.engine.records import Advance, Dispatch, Fire, ScheduleRecord
 from conveyor.engine.states import JobKind, ScheduleOrigin, TriggerSource
 from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import ScheduleError, ScheduleNotFound, WorkflowNotFound
-from conveyor.scheduler.cron import FirePlan, parse_cron, plan_fires
 
 log = logging.getLogger("conveyor.schedules")
 

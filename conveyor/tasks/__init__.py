@@ -20,7 +20,7 @@ from conveyor import logs, metrics, wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
-from conveyor.scheduler.maintenance import Duty, Maintenance
+from conveyor.scheduler.duty_thread import Duty, Maintenance
 from conveyor.tasks.dispatch import decode_hints
 
 log = logging.getLogger("conveyor.tasks")

@@ -6,7 +6,7 @@ reads its needs' outputs at once. The job id alone is enough: a message without 
 older version's) is admitted and claimed from the database.
 
 Node jobs published together are packed into messages of up to ``conveyor_batch_most`` jobs
-(``CONVEYOR_BATCH_MOST``; see :mod:`conveyor.engine.batching`): ``conveyor.node.run_many``
+(``CONVEYOR_BATCH_MOST``; see :mod:`conveyor.engine.packing`): ``conveyor.node.run_many``
 with the job ids and their hints as two lists."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import Celery
 
-from conveyor.engine.batching import pack
+from conveyor.engine.packing import pack
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
 

@@ -538,7 +538,7 @@ def test_streams_end_cleanly_when_the_api_shuts_down(
 
 
 def test_the_sqlite_fallback_polls_and_is_capped_the_same(tmp_path: Path) -> None:
-    from conveyor import db
+    from conveyor import migrations
     from conveyor.engine.credentials import new_api_key
     from conveyor.store import Database
     from conveyor.tasks.app import create_app as celery_app
@@ -546,7 +546,7 @@ def test_the_sqlite_fallback_polls_and_is_capped_the_same(tmp_path: Path) -> Non
 
     # Given the embedded SQLite database with a running execution, and a cap of one stream
     url = f"sqlite:///{tmp_path / 'conveyor.db'}"
-    db.upgrade(url)
+    migrations.upgrade(url)
     database = Database(url)
     broker = Settings(database_url=url, broker_url="memory://localhost/")
     service = Conveyor(database, CeleryDispatcher(celery_app(broker)))

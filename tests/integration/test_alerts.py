@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from conveyor import metrics
-from conveyor.alerts import Thresholds
+from conveyor.alerts.duty import Alerter
+from conveyor.alerts.rules import Thresholds
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
-from conveyor.scheduler.alerting import Alerter
 from conveyor.service import Conveyor, utcnow
 from tests.conftest import REDIS_URL
 from tests.support.services import wait_for

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from conveyor.engine.cron import parse_cron
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.states import ExecutionStatus, Priority, ScheduleOrigin
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import ScheduleError
 from conveyor.models import Execution, WorkflowVersion
 from conveyor.scheduler import schedules
-from conveyor.scheduler.cron import parse_cron
 from conveyor.service import Conveyor
 from conveyor.store.schedules import Fire
 from tests.support.services import effects, wait_for

@@ -10,7 +10,7 @@ import uuid
 
 import redis
 
-from conveyor.db import ROOT
+from conveyor.migrations import ROOT
 from tests.conftest import REDIS_URL
 
 FIRST_PUBLISH = """

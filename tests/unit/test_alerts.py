@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from conveyor.alerts import Counters, Thresholds, evaluate
+from conveyor.alerts.rules import Counters, Thresholds, evaluate
 from conveyor.metrics import BOUNDS, Histogram, Snapshot
 
 LIMITS = Thresholds(queue_depth=10, wait_p95=1.0, error_rate=0.5, min_tries=4,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from conveyor.batches import BatchRun, Durations, Member, run_batch
-from conveyor.engine.batching import pack, split
+from conveyor.engine.packing import pack, split
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
 

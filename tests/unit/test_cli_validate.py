@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from conveyor.cli import app
 from conveyor.config import get_settings
-from conveyor.db import ROOT
+from conveyor.migrations import ROOT
 
 BROKEN = """\
 name: broken

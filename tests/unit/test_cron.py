@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from conveyor.engine.cron import COUNT_LIMIT, Cron, MisfirePolicy, parse_cron, plan_fires
 from conveyor.exceptions import ScheduleError
-from conveyor.scheduler.cron import COUNT_LIMIT, Cron, MisfirePolicy, parse_cron, plan_fires
 
 NEW_YORK = ZoneInfo("America/New_York")
 

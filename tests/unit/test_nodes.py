@@ -12,6 +12,7 @@ import pytest
 import conveyor
 from conveyor import NodeContext
 from conveyor.engine.definitions import Node
+from conveyor.engine.planning import delay_seconds
 from conveyor.exceptions import (
     NodeCancelled,
     NodeError,
@@ -20,7 +21,7 @@ from conveyor.exceptions import (
     TemplateError,
     UnknownFunction,
 )
-from conveyor.nodes import delay_seconds, execute, registered_functions
+from conveyor.nodes import execute, registered_functions
 
 
 @conveyor.node("unit.add")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conveyor.db import ROOT
+from conveyor.migrations import ROOT
 
 NO_CELERY = "import sys; assert 'celery' not in sys.modules, 'celery was imported'"
 

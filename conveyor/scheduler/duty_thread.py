@@ -1,11 +1,11 @@
-"""Periodic maintenance inside every worker's main process.
+"""The duty thread of every worker's main process: periodic maintenance, one duty at a time.
 
 Duties: promote retry and delay jobs whose time has come (this is why delays never sit in
-broker ETAs), age low-priority jobs, and sweep the limiter for lapsed leases and lost
-wake-ups. Each duty is safe to run from any number of workers at once (``FOR UPDATE SKIP
-LOCKED`` in PostgreSQL, atomic scripts in Redis, and a re-send of a lost job claims it for a
-lapse, so the workers re-send it once between them). A duty that found work runs again at
-once.
+broker ETAs), age low-priority jobs, sweep the limiter for lapsed leases and lost wake-ups, and
+evaluate the alert rules (:mod:`conveyor.alerts`). Each duty is safe to run from any number of
+workers at once (``FOR UPDATE SKIP LOCKED`` in PostgreSQL, atomic scripts in Redis, and a
+re-send of a lost job claims it for a lapse, so the workers re-send it once between them). A
+duty that found work runs again at once.
 
 The prefork pool forks its children from this same process, while this thread may be in the
 middle of a duty holding library locks (SQLAlchemy's mapper and pool mutexes, for one). A child

@@ -1,6 +1,6 @@
-"""The alert duty of every worker's maintenance thread: whoever wins the turn takes a
-snapshot, evaluates the rules (:mod:`conveyor.alerts`) against the last turn's counters, stores
-the new state, and announces each change: in the log, and to the alert webhook if one is set.
+"""The alert duty of every worker's duty thread: whoever wins the turn takes a snapshot,
+evaluates the rules (:mod:`conveyor.alerts.rules`) against the last turn's counters, stores the
+new state, and announces each change: in the log, and to the alert webhook if one is set.
 A webhook that cannot be reached is logged; the change is not retried (the log has it)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from conveyor import alerts
+from conveyor.alerts import rules
 from conveyor.metrics import Snapshot
 from conveyor.store import Database
 
@@ -24,7 +24,7 @@ class Alerter:
         self,
         database: Database,
         snapshot: Callable[[], Snapshot],
-        thresholds: alerts.Thresholds,
+        thresholds: rules.Thresholds,
         *,
         interval: float,
         webhook_url: str = "",
@@ -43,10 +43,10 @@ class Alerter:
             return 0
         counters, firing = turn
         snap = self.snapshot()
-        changes, still = alerts.evaluate(
-            snap, alerts.Counters.from_json(counters), set(firing), self.thresholds
+        changes, still = rules.evaluate(
+            snap, rules.Counters.from_json(counters), set(firing), self.thresholds
         )
-        after = alerts.Counters.of(snap).as_json()
+        after = rules.Counters.of(snap).as_json()
         self.db.run(lambda s: s.save_alert_state(after, sorted(still)))
         for change in changes:
             self._announce({**change.as_json(), "at": snap.taken_at.isoformat()})

@@ -1,16 +1,17 @@
-"""Sibling batching: node jobs published together travel in few messages (pure).
+"""Packing: which node jobs published together share a message, and so travel in few (pure).
 
 A broker message costs a worker more than a small node does: the consumer's receive, the
-hand-over to a pool process, task events and the ack came to about as much CPU as the claim,
-the node and its outcome together. So the node jobs one settle makes ready (a fan-out's
-members, a workflow's roots, a batch of due retries) are packed into messages of up to
-``most`` jobs each, and the worker runs a message's jobs one after another, each exactly as if
-it had come alone: its own permits, claim, try and outcome. Nothing about a job changes, only
-how many of them one message names.
+hand-over to a pool process, task events and the ack cost about as much CPU as the claim, the
+node and its outcome together (docs/benchmarks.md: what a node costs). So the node jobs one
+settle makes ready (a fan-out's members, a workflow's roots, a batch of due retries) are packed
+into messages of up to ``most`` jobs each, and the worker runs a message's jobs one after
+another, each exactly as if it had come alone: its own permits, claim, try and outcome. Nothing
+about a job changes, only how many of them one message names.
 
 Packing must not cost a slow node's siblings their parallelism: the worker hands back the
 jobs of its message that it has not started once the message has run for its budget (see
-:class:`conveyor.batches.BatchRun`), each then published on its own.
+:class:`conveyor.batches.BatchRun`, which runs a batch on the worker), each then published
+on its own.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Alert rules: thresholds on the metrics, evaluated periodically; a rule crossing its
-threshold *fires*, and *resolves* when it falls back. Each change is logged and, when
-``CONVEYOR_ALERT_WEBHOOK_URL`` is set, posted there as JSON.
+"""The alert rules (:func:`evaluate`), pure: two snapshots in, the changes out.
 
-The rules (:func:`evaluate`) are pure: two snapshots in, the changes out. Rates and recent
-latency are measured between the last evaluation and this one, not since the beginning.
-Evaluation runs in every worker's maintenance thread, but one worker at a time wins each
-interval (a guarded update of the single ``alert_state`` row), so a change is announced once.
+Rates and recent latency are measured between the last evaluation and this one, not since the
+beginning. Evaluation runs in every worker's duty thread, but one worker at a time wins each
+interval (a guarded update of the single ``alert_state`` row), so a change is announced once
+(:mod:`conveyor.alerts.duty`).
 """
 
 from __future__ import annotations

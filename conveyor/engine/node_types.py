@@ -1,0 +1,351 @@
+"""Node types: the kinds of node a definition may name in ``type``, kept in one registry.
+
+A :class:`NodeType` is everything the rest of Conveyor knows of a kind of node: the config keys
+it takes and how they are checked, whether its job waits for a time its config gives (a delay),
+whether its output chooses the branch its successors run on (a condition), and how one try of
+it runs. Validation, planning and the runner ask the registry (:func:`of`, :func:`named`) and
+never compare the name, so a new type joins in one place: one :func:`register` call.
+
+The four built-in types are described below, in the order the unknown-type message lists them.
+Running a python node (a registered function on a node thread) or an http node (a request) is
+I/O, which the engine does not import: the worker attaches those two executors
+(:func:`attach`, in :mod:`conveyor.nodes`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from conveyor.engine import bounds, templates
+from conveyor.engine.addresses import AllowList, judge_url
+from conveyor.engine.definitions import Node
+from conveyor.engine.template_budget import Deadline
+from conveyor.exceptions import NonRetryableError
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeContext:
+    """What a running node knows about itself."""
+
+    execution_id: str
+    node_id: str
+    attempt: int
+    cancel_event: threading.Event = field(default_factory=threading.Event, compare=False)
+    # Set when the node read ``cancelled`` as True: it may have stopped early since.
+    _told: threading.Event = field(
+        default_factory=threading.Event, init=False, compare=False, repr=False
+    )
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across retries of this node in this execution: key side effects with it."""
+        return f"{self.execution_id}:{self.node_id}"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the execution was cancelled or the try timed out: stop soon."""
+        if self.cancel_event.is_set():
+            self._told.set()
+            return True
+        return False
+
+    @property
+    def told_to_stop(self) -> bool:
+        """Whether the node saw ``cancelled`` True: what it returned may be partial."""
+        return self._told.is_set()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One try of a node, as its type's executor is handed it. The node's timeout runs from
+    ``started`` and covers rendering its templates too."""
+
+    node: Node
+    context: Mapping[str, Any]  # the templates' names: input, nodes (its needs'), execution
+    inputs: dict[str, Any]  # the node's inputs, rendered
+    ctx: NodeContext
+    timeout: float | None
+    started: float  # time.monotonic() when the try began
+
+    @classmethod
+    def begin(
+        cls, node: Node, context: Mapping[str, Any], ctx: NodeContext, timeout: float | None
+    ) -> Step:
+        """A try that starts now, its inputs rendered within its timeout."""
+        started = time.monotonic()
+        deadline = _deadline(started, timeout)
+        inputs = templates.render_value(node.inputs, context, deadline=deadline)
+        return cls(node=node, context=context, inputs=inputs, ctx=ctx, timeout=timeout,
+                   started=started)  # fmt: skip
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """When a render must give up, and what that time is, for its error."""
+        return _deadline(self.started, self.timeout)
+
+    def left(self) -> float | None:
+        """The seconds left of the timeout (never quite none: a call is given a moment)."""
+        if self.timeout is None:
+            return None
+        return max(self.timeout - (time.monotonic() - self.started), 0.001)
+
+
+def _deadline(started: float, timeout: float | None) -> Deadline | None:
+    return None if timeout is None else (started + timeout, f"the node's timeout of {timeout:g} s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checking:
+    """What a type's config check may consult besides the config itself."""
+
+    node: Mapping[str, Any]  # the node as written
+    by_id: Mapping[str, Mapping[str, Any]]  # every node of the definition that has an id
+    known_functions: Collection[str] | None  # registered python functions; None: unchecked
+    http_allow: AllowList | None  # the operator's CONVEYOR_HTTP_ALLOW; None: unchecked
+
+
+class ConfigCheck(Protocol):
+    """The problems of a node's config, each a sentence naming the key and the fix."""
+
+    def __call__(self, config: Mapping[str, Any], checking: Checking) -> list[str]: ...
+
+
+class Wait(Protocol):
+    """The seconds a ready node's job is held before it runs, from its config."""
+
+    def __call__(self, node: Node, context: Mapping[str, Any]) -> float: ...
+
+
+class Executor(Protocol):
+    """Run one try; return its output (JSON-serializable) or raise NodeError."""
+
+    def __call__(self, step: Step) -> Any: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeType:
+    """A kind of node: what its config may hold, and what the engine does differently for it."""
+
+    name: str  # what a definition writes in ``type``
+    config_keys: frozenset[str]  # any other key is refused, naming these
+    check: ConfigCheck
+    # Runs a try. None for a type whose try is I/O until the worker attaches it (:func:`attach`).
+    execute: Executor | None = None
+    # None: its job runs once it is ready. Else its job is held for the seconds this gives.
+    wait: Wait | None = None
+    # The config keys that list its successors on each branch: its output's ``branch`` names
+    # the one taken, and the nodes listed under the others are skipped. Empty: no branches.
+    branches: tuple[str, ...] = ()
+
+
+_TYPES: dict[str, NodeType] = {}
+
+
+def register(kind: NodeType) -> NodeType:
+    """Add a node type; its name must be free (two modules never claim one)."""
+    if kind.name in _TYPES:
+        raise ValueError(f"node type {kind.name!r} is already registered; pick another name")
+    _TYPES[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    _TYPES.pop(name, None)
+
+
+def attach(name: str, execute: Executor) -> NodeType:
+    """Give the registered type ``name`` its executor: the worker's side of a type whose try
+    does I/O, which the engine describes but does not run."""
+    _TYPES[name] = replace(_TYPES[name], execute=execute)
+    return _TYPES[name]
+
+
+def named(name: object) -> NodeType | None:
+    """The type registered under ``name`` (a definition's raw value), or None."""
+    return _TYPES.get(name) if isinstance(name, str) else None
+
+
+def of(node: Node) -> NodeType | None:
+    """The type of ``node``; None for a name no longer registered (a stored definition may
+    predate a removal)."""
+    return _TYPES.get(node.type)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_TYPES)
+
+
+def waits(node: Node) -> bool:
+    """Whether ``node``'s job is held until a time its config gives."""
+    kind = of(node)
+    return kind is not None and kind.wait is not None
+
+
+def branches(node: Node) -> tuple[str, ...]:
+    """The config keys listing ``node``'s successors on each branch; empty unless its output
+    chooses a branch."""
+    kind = of(node)
+    return kind.branches if kind is not None else ()
+
+
+# The built-in types.
+
+
+def _python_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    fn = config.get("function")
+    if not isinstance(fn, str) or not fn:
+        return ["config.function is required: the name a function was registered under"]
+    known = checking.known_functions
+    if known is not None and fn not in known:
+        hint = f" (registered: {', '.join(sorted(known))})" if known else ""
+        return [
+            f"config.function {fn!r} is not registered{hint}; decorate it with "
+            f"@conveyor.node({fn!r}) in a module listed in CONVEYOR_IMPORTS"
+        ]
+    return []
+
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+
+
+def _http_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    errors = []
+    url = config.get("url")
+    if not isinstance(url, str) or not url:
+        errors.append("config.url is required, e.g. https://api.example.com/items")
+    elif not templates.is_template(url) and not url.startswith(("http://", "https://")):
+        errors.append(f"config.url {url!r} must start with http:// or https://")
+    method = config.get("method", "GET")
+    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
+        errors.append(f"config.method {method!r} is not one of {', '.join(HTTP_METHODS)}")
+    for key in ("headers", "params"):
+        if key in config and not isinstance(config[key], Mapping):
+            errors.append(f"config.{key} must be a mapping of names to values")
+    if "json" in config and "body" in config:
+        errors.append("config.json and config.body are exclusive; keep one")
+    return errors + _address_problems(url, checking.http_allow)
+
+
+def _address_problems(url: object, allow: AllowList | None) -> list[str]:
+    """A literal URL the node would be refused at run time, refused now with the same words;
+    a templated one, or a name that resolves to a refused address, is refused when it runs."""
+    if allow is None or not isinstance(url, str) or templates.is_template(url):
+        return []
+    if not url.startswith(("http://", "https://")):
+        return []  # reported above
+    refusal = judge_url(url, allow)
+    return [] if refusal is None else [f"config.url {url!r}: {refusal.message}"]
+
+
+def _delay_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    seconds = config.get("seconds")
+    if isinstance(seconds, str) and templates.is_template(seconds):
+        return []
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return [
+            f"config.seconds is required: a number of seconds from 0 to "
+            f"{bounds.MAX_DELAY_SECONDS}, or a template"
+        ]
+    if problem := bounds.delay_problem(seconds):
+        return [f"config.seconds: {problem}; give a number from 0 to {bounds.MAX_DELAY_SECONDS}"]
+    return []
+
+
+def _delay_seconds(node: Node, context: Mapping[str, Any]) -> float:
+    """How long a delay node waits, rendered from its config."""
+    value = templates.render_value(node.config["seconds"], context)
+    fix = f"config.seconds must give a number of seconds from 0 to {bounds.MAX_DELAY_SECONDS}"
+    try:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        # An integer too large for a float (OverflowError) is no delay either.
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise NonRetryableError(
+            f"delay seconds {bounds.shown(value)} is not a number; {fix}"
+        ) from exc
+    if problem := bounds.delay_problem(seconds):
+        raise NonRetryableError(f"{problem}; {fix}")
+    return seconds
+
+
+def _delayed(step: Step) -> dict[str, float]:
+    """The try that runs once the wait is over: it only reports the wait."""
+    return {"delayed_seconds": _delay_seconds(step.node, step.context)}
+
+
+_IF = ("if_true", "if_false")
+
+
+def _condition_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    errors = []
+    expression = config.get("expression")
+    if not isinstance(expression, str) or not expression.strip():
+        errors.append('config.expression is required, e.g. "input.amount > 100"')
+    elif problem := templates.syntax_error(expression, expression=True):
+        errors.append(f"config.expression {expression!r} does not parse: {problem}")
+    branched = 0
+    for key in _IF:
+        targets = config.get(key, [])
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            errors.append(f"config.{key} must be a list of node ids")
+            continue
+        branched += len(targets)
+        errors += [p for target in targets if (p := _branch_problem(key, target, checking))]
+    if not branched:
+        errors.append("config.if_true or config.if_false must name at least one node")
+    return errors
+
+
+def _branch_problem(key: str, target: str, checking: Checking) -> str | None:
+    """Why ``target`` cannot sit on the branch ``key``: it must be a node that needs this one."""
+    owner = checking.node.get("id")
+    if target not in checking.by_id:
+        return f"config.{key} names {target!r}, which is not a node; fix the name"
+    needs = checking.by_id[target].get("needs", [])
+    if not isinstance(needs, list) or owner not in [n for n in needs if isinstance(n, str)]:
+        return (
+            f"config.{key} names {target!r}, which does not need {owner!r}; "
+            f"add {owner!r} to the needs of {target!r}"
+        )
+    return None
+
+
+def _evaluated(step: Step) -> dict[str, Any]:
+    """The expression's truth, and the branch it takes."""
+    scope = {**step.context, "inputs": step.inputs}
+    value = templates.evaluate(step.node.config["expression"], scope, deadline=step.deadline)
+    return {"result": bool(value), "branch": _IF[0] if value else _IF[1]}
+
+
+# The tries of these two are I/O: the worker attaches their executors (conveyor.nodes).
+register(NodeType(name="python", config_keys=frozenset({"function"}), check=_python_problems))
+register(
+    NodeType(
+        name="http",
+        config_keys=frozenset({"url", "method", "headers", "params", "json", "body"}),
+        check=_http_problems,
+    )
+)
+register(
+    NodeType(
+        name="delay",
+        config_keys=frozenset({"seconds"}),
+        check=_delay_problems,
+        execute=_delayed,
+        wait=_delay_seconds,
+    )
+)
+register(
+    NodeType(
+        name="condition",
+        config_keys=frozenset({"expression", *_IF}),
+        check=_condition_problems,
+        execute=_evaluated,
+        branches=_IF,
+    )
+)
