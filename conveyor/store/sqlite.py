@@ -63,7 +63,8 @@ class SqliteStore(SqlStore):
         if jobs:
             self.add_node_jobs(execution, jobs, now)
         if start_job is not None:
-            self._core(insert(JOBS).values(start_job_row(execution, start_job, now)))
+            start = start_job_row(execution, start_job, now)
+            self._core(insert(JOBS).values({**start, "execution_id": execution.id}))
         return Created.CREATED
 
     def add_node_jobs(
