@@ -1,0 +1,615 @@
+"""The store port's contracts, method by method (conveyor.engine.ports): what each changes, and
+that it changes nothing from a status it does not expect."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
+from conveyor.engine.records import Created, ExecutionRecord, Finish, NewJob, NodeRow
+from conveyor.engine.states import (
+    AttemptStatus,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+    Priority,
+)
+from conveyor.exceptions import ExecutionNotFound, StoreError, TenantNotFound
+from conveyor.ids import new_id
+from tests.support.bench import Bench, node
+
+CHAIN = (node("a"), node("b", "a"))
+JOIN = (node("a"), node("b"), node("c", "a", "b"))
+
+
+def record(bench: Bench, workflow: Any) -> ExecutionRecord:
+    return ExecutionRecord(
+        id=new_id(), tenant_id=workflow.tenant_id, workflow_id=workflow.id,
+        status=ExecutionStatus.RUNNING, priority=Priority.HIGH, input={"x": 1},
+        created_at=bench.clock(),
+    )  # fmt: skip
+
+
+def create(bench: Bench, execution: ExecutionRecord, names: tuple[str, str] = ("default", "chain"),
+           **values: Any) -> Created:  # fmt: skip
+    return bench.units.autocommit(
+        lambda s: s.create_execution(
+            execution, names=names, trigger="api", now=bench.clock(), **values
+        )
+    )
+
+
+def planned(**values: Any) -> dict[str, Any]:
+    return {"waiting_on": {"a": 0, "b": 1}, "queued": ("a",), **values}
+
+
+# -- create_execution ------------------------------------------------------------------------
+
+
+def test_create_execution_stores_a_planned_execution_with_its_states_and_first_jobs(
+    bench: Bench,
+) -> None:
+    execution = record(bench, bench.apply("chain", *CHAIN))
+    job_id = new_id()
+
+    made = create(bench, execution, **planned(jobs=[NewJob(id=job_id, node_id="a", max_retries=2)]))
+
+    assert made is Created.CREATED
+    stored = bench.probe.execution(execution.id)
+    assert (stored.status, stored.remaining_nodes, stored.input) == (
+        ExecutionStatus.RUNNING, 2, {"x": 1},
+    )  # fmt: skip
+    assert stored.started_at == bench.clock() and stored.trigger == "api"
+    nodes = bench.probe.nodes(execution.id)
+    assert {n: (r.status, r.waiting_on) for n, r in nodes.items()} == {
+        "a": (NodeStatus.QUEUED, 0), "b": (NodeStatus.PENDING, 1),
+    }  # fmt: skip
+    (job,) = bench.probe.jobs(execution.id)
+    assert (job.id, job.kind, job.queue, job.status, job.node_id) == (
+        job_id, JobKind.NODE, NODE_QUEUE, JobStatus.QUEUED, "a",
+    )  # fmt: skip
+    assert (job.priority, job.max_retries, job.enqueued_at) == (Priority.HIGH, 2, bench.clock())
+
+
+def test_create_execution_without_a_plan_stores_it_pending_with_its_start_job(
+    bench: Bench,
+) -> None:
+    execution = record(bench, bench.apply("chain", *CHAIN))
+    start = new_id()
+
+    assert create(bench, execution, start_job=start) is Created.CREATED
+
+    stored = bench.probe.execution(execution.id)
+    assert (stored.status, stored.remaining_nodes, stored.started_at) == (
+        ExecutionStatus.PENDING, 0, None,
+    )  # fmt: skip
+    assert bench.probe.nodes(execution.id) == {}
+    (job,) = bench.probe.jobs(execution.id)
+    assert (job.id, job.kind, job.queue, job.status, job.node_id, job.max_retries) == (
+        start, JobKind.EXECUTION, EXECUTION_QUEUE, JobStatus.QUEUED, None, 0,
+    )  # fmt: skip
+
+
+def test_create_execution_of_a_version_that_is_not_the_latest_stores_nothing(
+    bench: Bench,
+) -> None:
+    first = bench.apply("chain", *CHAIN)
+    bench.apply("chain", *CHAIN, node("c", "b"))  # version 2
+    before = bench.probe.counts()
+
+    jobs = [NewJob(id=new_id(), node_id="a", max_retries=0)]
+    made = create(bench, record(bench, first), **planned(jobs=jobs))
+
+    assert made is Created.STALE
+    assert bench.probe.counts() == before
+
+
+def test_create_execution_named_for_another_tenant_is_stale(bench: Bench) -> None:
+    workflow = bench.apply("chain", *CHAIN)
+    bench.apply("chain", *CHAIN, tenant="other")  # the same name, another tenant's version
+    before = bench.probe.counts()
+
+    assert create(bench, record(bench, workflow), ("other", "chain")) is Created.STALE
+    assert bench.probe.counts() == before
+
+
+def test_an_idempotency_key_makes_one_execution_whatever_its_status(bench: Bench) -> None:
+    workflow = bench.apply("chain", *CHAIN)
+    first = record(bench, workflow)
+    assert create(bench, first, **planned(idempotency_key="order-7")) is Created.CREATED
+    bench.units.run(
+        lambda s: s.finish_execution(first.id, ExecutionStatus.COMPLETED, bench.clock())
+    )
+    before = bench.probe.counts()
+
+    again = create(bench, record(bench, workflow), **planned(
+        idempotency_key="order-7", jobs=[NewJob(id=new_id(), node_id="a", max_retries=0)],
+    ))  # fmt: skip
+
+    assert again is Created.KEY_TAKEN
+    assert bench.probe.counts() == before
+    with bench.store() as store:
+        assert store.execution_by_key(workflow.tenant_id, "order-7") == (first.id, "chain")
+        assert store.execution_by_key(workflow.tenant_id, "order-8") is None
+
+
+def test_a_deduplication_key_is_taken_only_while_its_execution_is_active(bench: Bench) -> None:
+    workflow = bench.apply("chain", *CHAIN)
+    first = record(bench, workflow)
+    assert create(bench, first, **planned(dedupe_key="nightly")) is Created.CREATED
+    with bench.store() as store:
+        assert store.active_by_dedupe(workflow.tenant_id, "nightly") == (first.id, "chain")
+
+    assert create(bench, record(bench, workflow), **planned(dedupe_key="nightly")) is (
+        Created.KEY_TAKEN
+    )
+    bench.units.run(lambda s: s.finish_execution(first.id, ExecutionStatus.FAILED, bench.clock()))
+    with bench.store() as store:
+        assert store.active_by_dedupe(workflow.tenant_id, "nightly") is None
+    assert create(bench, record(bench, workflow), **planned(dedupe_key="nightly")) is (
+        Created.CREATED
+    )
+
+
+# -- reads -------------------------------------------------------------------------------------
+
+
+def test_an_unknown_execution_is_not_found_and_has_no_status(bench: Bench) -> None:
+    missing = new_id()
+    with bench.store() as store:
+        with pytest.raises(ExecutionNotFound) as raised:
+            store.execution(missing)
+        assert store.execution_status(missing) is None
+        assert store.execution_status(missing, lock=True) is None
+    assert str(raised.value) == (
+        f"no execution has id {missing}; list them with `conveyor executions list`"
+    )
+
+
+def test_an_unknown_tenant_is_not_found_but_the_default_one_is_made_on_first_use(
+    bench: Bench,
+) -> None:
+    with bench.store() as store:
+        with pytest.raises(TenantNotFound) as raised:
+            store.tenant_id("acme")
+        made = store.tenant_id("default")
+    with bench.store() as store:
+        assert store.tenant_id("default") == made
+        assert store.trigger_target("default", "nothing") == (made, None)
+    assert str(raised.value) == (
+        "no tenant is named 'acme'; create it with `conveyor tenants create acme`"
+    )
+
+
+def test_each_applied_change_is_a_new_version_and_the_latest_is_found(bench: Bench) -> None:
+    first = bench.apply("chain", *CHAIN)
+    assert bench.apply("chain", *CHAIN) == first  # unchanged: no new version
+    second = bench.apply("chain", *CHAIN, node("c", "b"))
+    other = bench.apply("solo", node("a"))
+
+    assert (first.version, second.version) == (1, 2)
+    with bench.store() as store:
+        assert store.latest_workflow(first.tenant_id, "chain") == second
+        assert store.workflow(first.id) == first
+        assert store.trigger_target("default", "chain") == (first.tenant_id, second.id)
+        keys = {(first.tenant_id, "chain"), (first.tenant_id, "solo"), (first.tenant_id, "none")}
+        assert store.latest_workflows(keys) == {
+            (first.tenant_id, "chain"): second, (first.tenant_id, "solo"): other,
+        }  # fmt: skip
+
+
+# -- node states -------------------------------------------------------------------------------
+
+
+def test_node_rows_read_outputs_only_when_asked(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    bench.units.run(lambda s: s.set_node(
+        made.execution_id, "a", NodeStatus.COMPLETED, output={"n": 1}, branch="if_true",
+        error="an earlier try failed", finished_at=bench.clock(),
+    ))  # fmt: skip
+
+    with bench.store() as store:
+        full = store.node_rows(made.execution_id, ["a", "b", "nope"])
+        lean = store.node_rows(made.execution_id, ["a"], outputs=False)
+        none = store.node_rows(made.execution_id, [])
+
+    assert full == {
+        "a": NodeRow(node_id="a", status=NodeStatus.COMPLETED, branch="if_true",
+                     output={"n": 1}, error="an earlier try failed"),
+        "b": NodeRow(node_id="b", status=NodeStatus.PENDING),
+    }  # fmt: skip
+    assert lean == {"a": NodeRow(node_id="a", status=NodeStatus.COMPLETED, branch="if_true")}
+    assert none == {}
+
+
+def test_decrement_waiting_counts_down_each_node_once_and_refuses_unknown_ones(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("join", *JOIN).name)
+    with bench.store() as store:
+        assert store.decrement_waiting(made.execution_id, ["c"]) == {"c": 1}
+    before = bench.rows(made.execution_id)
+
+    with pytest.raises(StoreError) as raised:
+        bench.units.run(lambda s: s.decrement_waiting(made.execution_id, ["c", "x", "y"]))
+
+    assert str(raised.value) == (f"nodes ['x', 'y'] have no state in execution {made.execution_id}")
+    assert bench.rows(made.execution_id) == before  # the unit of work rolled back
+
+
+def test_queue_nodes_queues_only_pending_nodes(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    bench.units.run(lambda s: s.set_node(made.execution_id, "a", NodeStatus.RUNNING))
+
+    bench.units.run(lambda s: s.queue_nodes(made.execution_id, ["a", "b"]))
+
+    assert bench.statuses(made.execution_id) == {"a": "running", "b": "queued"}
+
+
+def test_a_failed_unit_of_work_leaves_no_trace(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    before, counts = bench.rows(made.execution_id), bench.probe.counts()
+
+    def work(store: Any) -> None:
+        store.set_node(made.execution_id, "b", NodeStatus.SKIPPED, finished_at=bench.clock())
+        store.cancel_unstarted(made.execution_id, bench.clock())
+        store.create_tenant("fresh")
+        raise RuntimeError("the caller's error")
+
+    with pytest.raises(RuntimeError):
+        bench.units.run(work)
+
+    assert bench.rows(made.execution_id) == before
+    assert bench.probe.counts() == counts
+    with bench.store() as store, pytest.raises(TenantNotFound):
+        store.tenant_id("fresh")
+
+
+# -- executions --------------------------------------------------------------------------------
+
+
+def test_start_execution_starts_a_pending_execution_once(bench: Bench) -> None:
+    execution = record(bench, bench.apply("chain", *CHAIN))
+    create(bench, execution, start_job=new_id())
+
+    assert bench.units.run(lambda s: s.start_execution(execution.id, 2, bench.clock()))
+    assert not bench.units.run(lambda s: s.start_execution(execution.id, 5, bench.clock()))
+
+    stored = bench.probe.execution(execution.id)
+    assert (stored.status, stored.remaining_nodes) == (ExecutionStatus.RUNNING, 2)
+
+
+def test_settle_nodes_counts_down_and_completes_the_execution_only_when_last(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    finish = Finish(output={"done": True}, now=bench.clock())
+
+    assert bench.units.run(lambda s: s.settle_nodes(made.execution_id, 1, finish)) == 1
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.RUNNING
+    assert bench.units.run(lambda s: s.settle_nodes(made.execution_id, 1, finish)) == 0
+
+    done = bench.probe.execution(made.execution_id)
+    assert (done.status, done.output, done.finished_at) == (
+        ExecutionStatus.COMPLETED, {"done": True}, bench.clock(),
+    )  # fmt: skip
+    assert bench.units.run(lambda s: s.settle_nodes(made.execution_id, 1)) is None
+
+
+def test_settle_nodes_without_finish_leaves_the_last_settle_to_the_caller(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("solo", node("a")).name)
+
+    assert bench.units.run(lambda s: s.settle_nodes(made.execution_id, 1)) == 0
+
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.RUNNING
+
+
+def test_finish_execution_finishes_an_active_execution_once(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+
+    def finish(status: ExecutionStatus, **values: Any) -> bool:
+        return bench.units.run(
+            lambda s: s.finish_execution(made.execution_id, status, bench.clock(), **values)
+        )
+
+    assert finish(ExecutionStatus.FAILED, error="node a failed")
+    assert not finish(ExecutionStatus.COMPLETED, output={"late": 1})
+
+    stored = bench.probe.execution(made.execution_id)
+    assert (stored.status, stored.error, stored.output) == (
+        ExecutionStatus.FAILED, "node a failed", None,
+    )  # fmt: skip
+
+
+def test_cancel_unstarted_cancels_waiting_work_and_returns_its_node_jobs(bench: Bench) -> None:
+    # Given a running node (a), a queued one (b), one waiting for its retry (c), a pending one
+    made = bench.trigger(bench.apply(
+        "four", node("a"), node("b"), node("c"), node("d", "a"),
+        defaults={"retry": {"max_attempts": 3, "jitter": 0}},
+    ).name)  # fmt: skip
+    bench.claim_node(made.execution_id, "a")
+    bench.fail(bench.claim_node(made.execution_id, "c"), RuntimeError("flaky"))
+    jobs = {j.node_id: j for j in bench.probe.jobs(made.execution_id)}
+    assert jobs["c"].status is JobStatus.RETRY_WAIT
+
+    with bench.store() as store:
+        returned = store.cancel_unstarted(made.execution_id, bench.clock())
+
+    assert sorted(returned) == sorted([jobs["b"].id, jobs["c"].id])
+    after = {j.node_id: j for j in bench.probe.jobs(made.execution_id)}
+    assert {n: j.status for n, j in after.items()} == {
+        "a": JobStatus.PROCESSING, "b": JobStatus.CANCELLED, "c": JobStatus.CANCELLED,
+    }  # fmt: skip
+    assert after["b"].completed_at == bench.clock()
+    assert bench.statuses(made.execution_id) == {
+        "a": "running", "b": "cancelled", "c": "cancelled", "d": "cancelled",
+    }  # fmt: skip
+
+
+def test_cancel_unstarted_cancels_a_start_job_but_returns_only_node_jobs(bench: Bench) -> None:
+    execution = record(bench, bench.apply("chain", *CHAIN))
+    create(bench, execution, start_job=new_id())
+
+    with bench.store() as store:
+        assert store.cancel_unstarted(execution.id, bench.clock()) == []
+
+    (job,) = bench.probe.jobs(execution.id)
+    assert job.status is JobStatus.CANCELLED
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+
+def test_claim_node_job_starts_the_try_and_reads_the_outputs_of_its_needs(bench: Bench) -> None:
+    # Given a join whose two needs completed
+    made = bench.trigger(bench.apply("join", *JOIN).name)
+    for need, output in (("a", {"n": 1}), ("b", [2, 3])):
+        bench.complete(bench.claim_node(made.execution_id, need), output)
+    job = bench.job(made.execution_id, "c")
+    bench.clock.advance(2.5)
+
+    claimed = bench.units.autocommit(
+        lambda s: s.claim_node_job(job.id, bench.clock(), "w1", ("a", "b"))
+    )
+
+    assert claimed is not None
+    record_, execution, outputs = claimed
+    assert (record_.id, record_.status, record_.try_number) == (job.id, JobStatus.PROCESSING, 1)
+    assert (execution.id, execution.status) == (made.execution_id, ExecutionStatus.RUNNING)
+    assert outputs == {"a": {"n": 1}, "b": [2, 3]}
+    (attempt,) = bench.probe.attempts(job.id)
+    assert (attempt.attempt_number, attempt.status, attempt.worker, attempt.waited) == (
+        1, AttemptStatus.RUNNING, "w1", 2.5,
+    )  # fmt: skip
+    assert bench.probe.nodes(made.execution_id)["c"].status is NodeStatus.RUNNING
+    assert bench.probe.nodes(made.execution_id)["c"].started_at == bench.clock()
+
+
+def test_claim_node_job_reads_the_one_need_asked_and_none_unasked(bench: Bench) -> None:
+    bench.apply("chain", *CHAIN)
+    first, second = bench.trigger("chain"), bench.trigger("chain")
+    for made in (first, second):
+        bench.complete(bench.claim_node(made.execution_id, "a"), {"n": 1})
+
+    def claim(made: Any, *needs: str) -> Any:
+        job_id = bench.job(made.execution_id, "b").id
+        return bench.units.autocommit(
+            lambda s: s.claim_node_job(job_id, bench.clock(), None, needs)
+        )
+
+    assert claim(first)[2] is None
+    assert claim(second, "a")[2] == {"a": {"n": 1}}
+
+
+def test_a_job_is_claimed_once(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    job = bench.job(made.execution_id, "a")
+    assert bench.units.autocommit(lambda s: s.claim_node_job(job.id, bench.clock(), None))
+    before = bench.rows(made.execution_id)
+
+    again = bench.units.autocommit(lambda s: s.claim_node_job(job.id, bench.clock(), None))
+    unknown = bench.units.autocommit(lambda s: s.claim_node_job(new_id(), bench.clock(), None))
+
+    assert (again, unknown) == (None, None)
+    assert bench.rows(made.execution_id) == before
+
+
+def test_a_job_of_a_finished_execution_is_claimed_but_no_try_starts(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("join", *JOIN).name)
+    job = bench.job(made.execution_id, "a")
+    bench.units.run(
+        lambda s: s.finish_execution(made.execution_id, ExecutionStatus.CANCELLED, bench.clock())
+    )
+
+    claimed = bench.units.autocommit(
+        lambda s: s.claim_node_job(job.id, bench.clock(), "w1", ("b",))
+    )
+
+    assert claimed is not None
+    assert (claimed[0].status, claimed[1].status, claimed[2]) == (
+        JobStatus.PROCESSING, ExecutionStatus.CANCELLED, None,
+    )  # fmt: skip
+    assert bench.probe.attempts(job.id) == []
+    assert bench.probe.nodes(made.execution_id)["a"].status is NodeStatus.QUEUED
+
+
+def test_claim_job_claims_only_a_job_of_the_kind_asked(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    job = bench.job(made.execution_id, "a")
+
+    assert bench.units.run(lambda s: s.claim_job(job.id, JobKind.EXECUTION, bench.clock())) is None
+    assert bench.job(made.execution_id, "a").status is JobStatus.QUEUED
+    claimed = bench.units.run(lambda s: s.claim_job(job.id, JobKind.NODE, bench.clock()))
+    assert claimed is not None and claimed.status is JobStatus.PROCESSING
+
+
+def test_complete_running_records_a_success_only_for_the_current_try(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    run = bench.claim_node(made.execution_id, "a")
+    before = bench.rows(made.execution_id)
+    later_try = replace(run.job, retry_count=1)
+
+    def complete(job: Any) -> bool:
+        return bench.units.autocommit(lambda s: s.complete_running(
+            job, "a", output={"n": 1}, branch=None, now=bench.clock(), duration=0.5))  # fmt: skip
+
+    assert not complete(later_try)
+    assert bench.rows(made.execution_id) == before
+    assert complete(run.job)
+    assert not complete(run.job)  # not processing any more
+
+    job = bench.job(made.execution_id, "a")
+    assert (job.status, job.completed_at) == (JobStatus.COMPLETED, bench.clock())
+    (attempt,) = bench.probe.attempts(job.id)
+    assert (attempt.status, attempt.duration) == (AttemptStatus.SUCCEEDED, 0.5)
+    a = bench.probe.nodes(made.execution_id)["a"]
+    assert (a.status, a.output) == (NodeStatus.COMPLETED, {"n": 1})
+    assert bench.probe.execution(made.execution_id).remaining_nodes == 2  # not settled
+
+
+def test_complete_running_alone_settles_a_node_that_makes_no_successor_ready(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("join", *JOIN).name)
+    a, b = (bench.claim_node(made.execution_id, n) for n in ("a", "b"))
+
+    def alone(run: Any) -> bool:
+        return bench.units.autocommit(lambda s: s.complete_running(
+            run.job, run.node.id, output={"n": run.node.id}, branch=None, now=bench.clock(),
+            duration=0.1, successors=["c"]))  # fmt: skip
+
+    assert alone(a)
+    nodes = bench.probe.nodes(made.execution_id)
+    assert (nodes["a"].status, nodes["c"].waiting_on) == (NodeStatus.COMPLETED, 1)
+    assert bench.probe.execution(made.execution_id).remaining_nodes == 2
+    before = bench.rows(made.execution_id)
+
+    assert not alone(b)  # c would be ready: the transaction must enqueue it
+
+    assert bench.rows(made.execution_id) == before
+
+
+def test_complete_running_alone_completes_the_execution_when_it_settles_the_last_node(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("pair", node("a"), node("b")).name)
+    a, b = (bench.claim_node(made.execution_id, n) for n in ("a", "b"))
+
+    def last(run: Any) -> bool:
+        return bench.units.autocommit(lambda s: s.complete_running(
+            run.job, run.node.id, output=1, branch=None, now=bench.clock(), duration=0.1,
+            successors=[], finish=Finish(output={"both": True}, now=bench.clock())))  # fmt: skip
+
+    assert last(a)
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.RUNNING
+    assert last(b)
+
+    done = bench.probe.execution(made.execution_id)
+    assert (done.status, done.output, done.remaining_nodes) == (
+        ExecutionStatus.COMPLETED, {"both": True}, 0,
+    )  # fmt: skip
+
+
+def test_complete_running_changes_nothing_once_the_execution_finished(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("solo", node("a")).name)
+    run = bench.claim_node(made.execution_id, "a")
+    bench.units.run(
+        lambda s: s.finish_execution(made.execution_id, ExecutionStatus.CANCELLED, bench.clock())
+    )
+    before = bench.rows(made.execution_id)
+
+    assert not bench.units.autocommit(
+        lambda s: s.complete_running(
+            run.job, "a", output=1, branch=None, now=bench.clock(), duration=0.1, successors=[]
+        )
+    )
+    assert bench.rows(made.execution_id) == before
+
+
+def test_schedule_retry_moves_only_the_current_try_to_its_wait(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    run = bench.claim_node(made.execution_id, "a")
+    due = bench.clock() + timedelta(seconds=30)
+
+    def retry(try_number: int) -> bool:
+        return bench.units.run(
+            lambda s: s.schedule_retry(run.job.id, due, "boom", try_number=try_number)
+        )
+
+    assert not retry(2)
+    assert retry(1)
+    assert not retry(1)  # waiting now, not processing
+
+    job = bench.job(made.execution_id, "a")
+    assert (job.status, job.retry_count, job.next_run_at, job.last_error) == (
+        JobStatus.RETRY_WAIT, 1, due, "boom",
+    )  # fmt: skip
+
+
+def test_transition_job_changes_a_job_only_from_the_status_expected(bench: Bench) -> None:
+    made = bench.trigger(bench.apply("chain", *CHAIN).name)
+    job = bench.job(made.execution_id, "a")
+
+    def transition(expected: JobStatus, try_number: int | None = None) -> bool:
+        return bench.units.run(lambda s: s.transition_job(
+            job.id, expected, JobStatus.PARKED, try_number=try_number))  # fmt: skip
+
+    assert not transition(JobStatus.PROCESSING)
+    assert not transition(JobStatus.QUEUED, try_number=2)
+    assert transition(JobStatus.QUEUED, try_number=1)
+    assert bench.job(made.execution_id, "a").status is JobStatus.PARKED
+
+
+def test_promote_due_queues_the_waiting_jobs_whose_time_came_oldest_first(
+    bench: Bench,
+) -> None:
+    # Given three retries waiting 10, 20 and 30 s, and a delay node held for 60 s
+    made = bench.trigger(bench.apply(
+        "waits", node("a"), node("b"), node("c"), node("d", type="delay", config={"seconds": 60})
+    ).name)  # fmt: skip
+    for seconds, node_id in ((30, "a"), (10, "b"), (20, "c")):
+        run = bench.claim_node(made.execution_id, node_id)
+        due = bench.clock() + timedelta(seconds=seconds)
+        bench.units.run(lambda s, r=run, d=due: s.schedule_retry(r.job.id, d, "x", try_number=1))
+    assert bench.job(made.execution_id, "d").status is JobStatus.SCHEDULED
+    bench.clock.advance(25)
+
+    promoted = bench.units.run(lambda s: s.promote_due(bench.clock(), 1))
+    rest = bench.units.run(lambda s: s.promote_due(bench.clock(), 10))
+
+    assert [j.node_id for j in promoted] == ["b"]
+    assert [j.node_id for j in rest] == ["c"]
+    jobs = {j.node_id: j for j in bench.probe.jobs(made.execution_id)}
+    assert {n: j.status for n, j in jobs.items()} == {
+        "a": JobStatus.RETRY_WAIT, "b": JobStatus.QUEUED, "c": JobStatus.QUEUED,
+        "d": JobStatus.SCHEDULED,
+    }  # fmt: skip
+    assert jobs["b"].enqueued_at == bench.clock()
+    bench.clock.advance(40)
+    assert {j.node_id for j in bench.units.run(lambda s: s.promote_due(bench.clock(), 10))} == {
+        "a", "d",
+    }  # fmt: skip
+
+
+def test_age_queued_serves_low_jobs_queued_too_long_as_normal(bench: Bench) -> None:
+    bench.apply("pair", node("a"), node("b"))
+    old = bench.trigger("pair", priority=Priority.LOW)
+    bench.clock.advance(60)
+    young = bench.trigger("pair", priority=Priority.LOW)
+    high = bench.trigger("pair", priority=Priority.HIGH)
+    cutoff = bench.clock() - timedelta(seconds=30)
+
+    aged = bench.units.run(lambda s: s.age_queued(cutoff, 10))
+
+    assert {(j.execution_id, j.node_id) for j in aged} == {
+        (old.execution_id, "a"), (old.execution_id, "b"),
+    }  # fmt: skip
+    assert all(j.priority is Priority.NORMAL for j in aged)
+    assert {j.priority for j in bench.probe.jobs(young.execution_id)} == {Priority.LOW}
+    assert {j.priority for j in bench.probe.jobs(high.execution_id)} == {Priority.HIGH}
+    assert bench.units.run(lambda s: s.age_queued(cutoff, 10)) == []
