@@ -46,8 +46,8 @@ class SqliteStore(SqlStore):
         start_job: uuid.UUID | None = None,
     ) -> Created:
         """See :class:`~conveyor.engine.ports.Executions`."""
-        if self.trigger_target(*names) != (execution.tenant_id, execution.workflow_id):
-            return Created.STALE
+        if self._stored_target(*names) != (execution.tenant_id, execution.workflow_id):
+            return Created.STALE  # (a tenant that does not exist is not made, nor refused)
         try:
             self.add_execution(
                 tenant_id=execution.tenant_id, workflow_id=execution.workflow_id,
