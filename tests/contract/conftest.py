@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import db as migrations
+from conveyor.models import Base
 from conveyor.store import Database
 from conveyor.testing import Clock
 from tests.conftest import PG_ADMIN_URL, RUN_ID
@@ -47,6 +48,13 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def emptied(database: Database) -> None:
+    """Every row deleted (a few rows a table: quicker than services.truncate's TRUNCATE)."""
+    with database.engine.begin() as connection:
+        for table in reversed(Base.metadata.sorted_tables):
+            connection.execute(table.delete())
+
+
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bench]:
     if request.param == "memory":
@@ -59,5 +67,5 @@ def bench(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Bench]:
         database.dispose()
     else:
         database = request.getfixturevalue("postgres_database")
-        services.truncate(CONTRACT_DB_URL)
+        emptied(database)
         yield Bench(kind="postgres", units=database, probe=SqlProbe(database), clock=Clock())

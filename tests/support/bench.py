@@ -17,6 +17,7 @@ from conveyor.engine.records import Dispatch, NodeHints, WorkflowRecord
 from conveyor.testing import (
     AttemptRow,
     Clock,
+    DeliveryRow,
     ExecutionRow,
     InMemoryDatabase,
     JobRow,
@@ -56,6 +57,10 @@ class Probe(Protocol):
 
     def jobs(self, execution_id: uuid.UUID) -> list[JobRow]: ...
 
+    def job(self, job_id: uuid.UUID) -> JobRow: ...
+
+    def delivery(self, delivery_id: uuid.UUID) -> DeliveryRow: ...
+
     def attempts(self, job_id: uuid.UUID) -> list[AttemptRow]: ...
 
     def counts(self) -> dict[str, int]:
@@ -76,6 +81,12 @@ class MemoryProbe:
 
     def jobs(self, execution_id: uuid.UUID) -> list[JobRow]:
         return [j for j in self.tables.jobs.values() if j.execution_id == execution_id]
+
+    def job(self, job_id: uuid.UUID) -> JobRow:
+        return self.tables.jobs[job_id]
+
+    def delivery(self, delivery_id: uuid.UUID) -> DeliveryRow:
+        return self.tables.deliveries[delivery_id]
 
     def attempts(self, job_id: uuid.UUID) -> list[AttemptRow]:
         return sorted(

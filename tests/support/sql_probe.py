@@ -9,9 +9,9 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import Table, func, select
 
-from conveyor.models import Execution, Job, JobAttempt, NodeState
+from conveyor.models import Execution, Job, JobAttempt, NodeState, WebhookDelivery
 from conveyor.store import Database
-from conveyor.testing import AttemptRow, ExecutionRow, JobRow, NodeStateRow
+from conveyor.testing import AttemptRow, DeliveryRow, ExecutionRow, JobRow, NodeStateRow
 
 R = TypeVar("R")
 
@@ -39,6 +39,14 @@ class SqlProbe:
 
     def jobs(self, execution_id: uuid.UUID) -> list[JobRow]:
         return _read(self.db, JobRow, Job, Job.execution_id == execution_id)
+
+    def job(self, job_id: uuid.UUID) -> JobRow:
+        (found,) = _read(self.db, JobRow, Job, Job.id == job_id)
+        return found
+
+    def delivery(self, delivery_id: uuid.UUID) -> DeliveryRow:
+        (found,) = _read(self.db, DeliveryRow, WebhookDelivery, WebhookDelivery.id == delivery_id)
+        return found
 
     def attempts(self, job_id: uuid.UUID) -> list[AttemptRow]:
         found = _read(self.db, AttemptRow, JobAttempt, JobAttempt.job_id == job_id)

@@ -118,6 +118,14 @@ def test_create_execution_named_for_another_tenant_is_stale(bench: Bench) -> Non
     assert bench.probe.counts() == before
 
 
+def test_create_execution_named_for_a_tenant_that_does_not_exist_is_stale(bench: Bench) -> None:
+    workflow = bench.apply("chain", *CHAIN)
+    before = bench.probe.counts()
+
+    assert create(bench, record(bench, workflow), ("ghost", "chain")) is Created.STALE
+    assert bench.probe.counts() == before
+
+
 def test_an_idempotency_key_makes_one_execution_whatever_its_status(bench: Bench) -> None:
     workflow = bench.apply("chain", *CHAIN)
     first = record(bench, workflow)
@@ -177,6 +185,8 @@ def test_an_unknown_tenant_is_not_found_but_the_default_one_is_made_on_first_use
     with bench.store() as store:
         with pytest.raises(TenantNotFound) as raised:
             store.tenant_id("acme")
+        with pytest.raises(TenantNotFound):
+            store.trigger_target("acme", "chain")
         made = store.tenant_id("default")
     with bench.store() as store:
         assert store.tenant_id("default") == made
@@ -232,7 +242,7 @@ def test_decrement_waiting_counts_down_each_node_once_and_refuses_unknown_ones(
 ) -> None:
     made = bench.trigger(bench.apply("join", *JOIN).name)
     with bench.store() as store:
-        assert store.decrement_waiting(made.execution_id, ["c"]) == {"c": 1}
+        assert store.decrement_waiting(made.execution_id, ["c", "c"]) == {"c": 1}
     before = bench.rows(made.execution_id)
 
     with pytest.raises(StoreError) as raised:
@@ -327,12 +337,15 @@ def test_finish_execution_finishes_an_active_execution_once(bench: Bench) -> Non
 
 
 def test_cancel_unstarted_cancels_waiting_work_and_returns_its_node_jobs(bench: Bench) -> None:
-    # Given a running node (a), a queued one (b), one waiting for its retry (c), a pending one
+    # Given nodes running (a), queued (b), parked for a permit (p), waiting for a retry (c),
+    # and pending (d)
     made = bench.trigger(bench.apply(
-        "four", node("a"), node("b"), node("c"), node("d", "a"),
+        "five", node("a"), node("b"), node("p"), node("c"), node("d", "a"),
         defaults={"retry": {"max_attempts": 3, "jitter": 0}},
     ).name)  # fmt: skip
     bench.claim_node(made.execution_id, "a")
+    parked = bench.job(made.execution_id, "p").id
+    assert bench.units.run(lambda s: s.transition_job(parked, JobStatus.QUEUED, JobStatus.PARKED))
     bench.fail(bench.claim_node(made.execution_id, "c"), RuntimeError("flaky"))
     jobs = {j.node_id: j for j in bench.probe.jobs(made.execution_id)}
     assert jobs["c"].status is JobStatus.RETRY_WAIT
@@ -340,14 +353,15 @@ def test_cancel_unstarted_cancels_waiting_work_and_returns_its_node_jobs(bench: 
     with bench.store() as store:
         returned = store.cancel_unstarted(made.execution_id, bench.clock())
 
-    assert sorted(returned) == sorted([jobs["b"].id, jobs["c"].id])
+    assert sorted(returned) == sorted([jobs["b"].id, jobs["p"].id, jobs["c"].id])
     after = {j.node_id: j for j in bench.probe.jobs(made.execution_id)}
     assert {n: j.status for n, j in after.items()} == {
-        "a": JobStatus.PROCESSING, "b": JobStatus.CANCELLED, "c": JobStatus.CANCELLED,
+        "a": JobStatus.PROCESSING, "b": JobStatus.CANCELLED, "p": JobStatus.CANCELLED,
+        "c": JobStatus.CANCELLED,
     }  # fmt: skip
     assert after["b"].completed_at == bench.clock()
     assert bench.statuses(made.execution_id) == {
-        "a": "running", "b": "cancelled", "c": "cancelled", "d": "cancelled",
+        "a": "running", "b": "cancelled", "p": "cancelled", "c": "cancelled", "d": "cancelled",
     }  # fmt: skip
 
 
@@ -438,12 +452,13 @@ def test_a_job_of_a_finished_execution_is_claimed_but_no_try_starts(bench: Bench
     assert bench.probe.nodes(made.execution_id)["a"].status is NodeStatus.QUEUED
 
 
-def test_claim_job_claims_only_a_job_of_the_kind_asked(bench: Bench) -> None:
+def test_claim_job_claims_a_queued_or_parked_job_of_the_kind_asked(bench: Bench) -> None:
     made = bench.trigger(bench.apply("chain", *CHAIN).name)
     job = bench.job(made.execution_id, "a")
 
     assert bench.units.run(lambda s: s.claim_job(job.id, JobKind.EXECUTION, bench.clock())) is None
     assert bench.job(made.execution_id, "a").status is JobStatus.QUEUED
+    assert bench.units.run(lambda s: s.transition_job(job.id, JobStatus.QUEUED, JobStatus.PARKED))
     claimed = bench.units.run(lambda s: s.claim_job(job.id, JobKind.NODE, bench.clock()))
     assert claimed is not None and claimed.status is JobStatus.PROCESSING
 
