@@ -150,3 +150,60 @@ def test_a_delivery_no_workflow_listens_to_is_marked_unmatched(bench: Bench) -> 
     assert (handled.status, handled.executions) == (DeliveryStatus.UNMATCHED, 0)
     with bench.store() as store:
         assert store.claim_delivery(delivery) is None  # handled: no longer waiting
+
+
+def test_a_schedule_dropped_from_the_definition_is_removed_but_an_operators_stays(
+    bench: Bench,
+) -> None:
+    workflow = bench.apply("cron", node("a"), schedules=[EVERY_5])
+    spec = schedules.ScheduleSpec(name="manual", cron="@daily")
+    bench.units.run(lambda s: schedules.add(
+        s, tenant="default", workflow="cron", spec=spec, now=bench.clock()))  # fmt: skip
+
+    bench.apply("cron", node("a"), node("b"))
+
+    with bench.store() as store:
+        left = store.schedules(workflow.tenant_id, workflow="cron")
+    assert [s.name for s in left] == ["manual"]
+
+
+def test_a_resumed_schedule_starts_from_the_first_slot_after_now(bench: Bench) -> None:
+    bench.apply("cron", node("a"), schedules=[EVERY_5])
+    bench.units.run(lambda s: schedules.pause(s, "default", "tick", bench.clock()))
+    bench.clock.advance(12 * 60)  # slots 00:05 and 00:10 pass while paused
+
+    resumed = bench.units.run(lambda s: schedules.resume(s, "default", "tick", bench.clock()))
+
+    assert resumed.enabled
+    assert resumed.next_run_at == bench.clock() + timedelta(minutes=3)  # 00:15
+    assert check(bench).claimed == 0
+
+
+def test_an_event_a_workflow_stopped_listening_to_starts_nothing(bench: Bench) -> None:
+    bench.apply("on_signup", node("welcome"), events=["user.signup"])
+    bench.apply("on_signup", node("welcome"), node("more"))  # no events any more
+
+    started = bench.units.run(lambda s: subscriptions.emit_event(
+        s, "default", "user.signup", {}, bench.clock()))  # fmt: skip
+
+    assert started == []
+    assert bench.probe.counts()["executions"] == 0
+
+
+def test_a_signature_is_refused_again_only_within_the_replay_window(bench: Bench) -> None:
+    tenant = bench.units.run(lambda s: s.tenant_id("default"))
+    endpoint = bench.units.run(lambda s: s.add_endpoint(
+        tenant, "gh", SignatureScheme.GITHUB, "secret", bench.clock()))  # fmt: skip
+    window = timedelta(hours=1)
+
+    def note() -> bool:
+        return bench.units.run(
+            lambda s: s.note_signature(endpoint.id, "ab12", bench.clock(), window)
+        )
+
+    assert note()
+    bench.clock.advance(3600)
+    assert not note()  # exactly a window later: still within it
+    bench.clock.advance(1)
+    assert note()
+    assert not note()  # noted again just now
