@@ -20,6 +20,7 @@ from conveyor.engine.records import (
     WorkflowRecord,
 )
 from conveyor.engine.states import (
+    RUNNABLE_JOB,
     WAITING_JOB,
     ExecutionStatus,
     JobKind,
@@ -30,9 +31,10 @@ from conveyor.exceptions import ExecutionNotFound, StoreError, TenantNotFound, W
 from conveyor.ids import new_id
 from conveyor.testing.tables import ExecutionRow, JobRow, NodeStateRow, Tables, TenantRow, stored
 
-DEFAULT_TENANT = "default"  # made on first use, as the SQL stores make it
+# Made on first use, as the SQL stores make it (conveyor.store.DEFAULT_TENANT: not imported,
+# the store package would bring SQLAlchemy into this one).
+DEFAULT_TENANT = "default"
 ACTIVE = frozenset({ExecutionStatus.PENDING, ExecutionStatus.RUNNING})
-RUNNABLE = frozenset({JobStatus.QUEUED, JobStatus.PARKED})
 
 
 class MemoryCore:
@@ -52,8 +54,10 @@ class MemoryCore:
         self.tables.jobs[row.id] = changed
         return changed
 
-    def _add_job(self, execution: ExecutionRecord, job_id: uuid.UUID, now: datetime,
-                 **values: Any) -> None:  # fmt: skip
+    def _add_job(
+        self, execution: ExecutionRecord, job_id: uuid.UUID, now: datetime, **values: Any
+    ) -> None:
+        """A job of ``execution``, its row as the SQL stores insert it."""
         self.tables.jobs[job_id] = JobRow(
             id=job_id, priority=execution.priority, tenant_id=execution.tenant_id,
             workflow_id=execution.workflow_id, execution_id=execution.id, created_at=now,
@@ -79,9 +83,8 @@ class MemoryCatalog(MemoryCore):
 
     def create_tenant(self, name: str) -> uuid.UUID:
         """The tenant's id, the tenant made if it is new."""
-        for tenant in self.tables.tenants.values():
-            if tenant.name == name:
-                return tenant.id
+        if (found := self._tenant_named(name)) is not None:
+            return found.id
         tenant = TenantRow(id=new_id(), name=name)
         self.tables.tenants[tenant.id] = tenant
         return tenant.id
@@ -260,7 +263,7 @@ class MemoryExecutions(MemoryCatalog):
         return True
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-        unstarted = RUNNABLE | WAITING_JOB
+        unstarted = {*RUNNABLE_JOB, *WAITING_JOB}
         cancelled = [
             self._set_job(j, status=JobStatus.CANCELLED, completed_at=now)
             for j in list(self.tables.jobs.values())

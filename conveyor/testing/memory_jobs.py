@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor.engine.records import ExecutionRecord, Finish, JobRecord, NewJob
 from conveyor.engine.states import (
+    RUNNABLE_JOB,
     WAITING_JOB,
     AttemptStatus,
     ExecutionStatus,
@@ -20,7 +21,7 @@ from conveyor.engine.states import (
     NodeStatus,
     Priority,
 )
-from conveyor.testing.memory_executions import ACTIVE, RUNNABLE, MemoryExecutions
+from conveyor.testing.memory_executions import ACTIVE, MemoryExecutions
 from conveyor.testing.tables import AttemptRow, JobRow
 
 
@@ -39,7 +40,7 @@ class MemoryJobs(MemoryExecutions):
 
     def claim_job(self, job_id: uuid.UUID, kind: JobKind, now: datetime) -> JobRecord | None:
         row = self.tables.jobs.get(job_id)
-        if row is None or row.kind is not kind or row.status not in RUNNABLE:
+        if row is None or row.kind is not kind or row.status not in RUNNABLE_JOB:
             return None
         return self._set_job(
             row, status=JobStatus.PROCESSING, processed_at=now, heartbeat_at=now
