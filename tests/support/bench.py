@@ -144,6 +144,10 @@ class Bench:
         (found,) = [j for j in self.probe.jobs(execution_id) if j.node_id == node_id]
         return found
 
+    def jobs(self, execution_id: uuid.UUID) -> dict[str | None, JobRow]:
+        """The execution's jobs by node (None: its start job)."""
+        return {j.node_id: j for j in self.probe.jobs(execution_id)}
+
     def claim_node(self, execution_id: uuid.UUID, node_id: str) -> claiming.NodeRun:
         return self.claimed(self.job(execution_id, node_id).id)
 
@@ -167,12 +171,12 @@ class Bench:
         )
 
     def rows(self, execution_id: uuid.UUID) -> Rows:
-        jobs = self.probe.jobs(execution_id)
+        jobs = self.jobs(execution_id)
         return Rows(
             execution=self.probe.execution(execution_id),
             nodes=self.probe.nodes(execution_id),
-            jobs={j.node_id: j for j in jobs},
-            attempts={j.id: self.probe.attempts(j.id) for j in jobs},
+            jobs=jobs,
+            attempts={j.id: self.probe.attempts(j.id) for j in jobs.values()},
         )
 
     def statuses(self, execution_id: uuid.UUID) -> dict[str, str]:

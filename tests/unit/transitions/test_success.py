@@ -41,7 +41,7 @@ def test_a_fan_out_queues_every_successor_at_once(bench: Bench) -> None:
     assert bench.statuses(made.execution_id) == {
         "root": "completed", "x": "queued", "y": "queued", "z": "queued",
     }  # fmt: skip
-    assert {j.node_id: j.status for j in bench.probe.jobs(made.execution_id)} == {
+    assert {n: j.status for n, j in bench.jobs(made.execution_id).items()} == {
         "root": JobStatus.COMPLETED, "x": JobStatus.QUEUED, "y": JobStatus.QUEUED,
         "z": JobStatus.QUEUED,
     }  # fmt: skip
