@@ -13,13 +13,13 @@ from conveyor.models import Execution, Job, JobAttempt, NodeState, WebhookDelive
 from conveyor.store import Database
 from conveyor.testing import AttemptRow, DeliveryRow, ExecutionRow, JobRow, NodeStateRow
 
-R = TypeVar("R")
+R = TypeVar("R", AttemptRow, DeliveryRow, ExecutionRow, JobRow, NodeStateRow)
 
 
 def _read(db: Database, row_type: type[R], model: Any, *where: Any) -> list[R]:
     """Rows of ``model``'s table, the columns named as ``row_type``'s fields."""
     table = cast(Table, model.__table__)
-    names = [f.name for f in fields(row_type)]  # type: ignore[arg-type]
+    names = [f.name for f in fields(row_type)]
     with db.transaction() as store:
         found = store.session.execute(select(*(table.c[n] for n in names)).where(*where)).all()
     return [row_type(**dict(zip(names, r, strict=True))) for r in found]

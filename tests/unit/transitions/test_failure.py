@@ -5,8 +5,10 @@ stopped; a lost worker's try reclaimed."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from conveyor.engine import cancellation, dead_letters, due, failure
+from conveyor.engine.claiming import NodeRun
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobStatus, NodeStatus
 from conveyor.exceptions import NodeCancelled, NonRetryableError
 from tests.support.bench import Bench, node
@@ -115,10 +117,10 @@ def test_a_failure_after_the_execution_was_cancelled_cancels_the_job(bench: Benc
     assert bench.probe.execution(made.execution_id).status is ExecutionStatus.CANCELLED
 
 
-def stopped(bench: Bench, run: object, output: object) -> failure.Failed | None:
+def stopped(bench: Bench, run: NodeRun, output: Any) -> failure.Failed | None:
     error = NodeCancelled("returned after it was told to stop")
     return bench.units.run(
-        lambda s: failure.complete_stopped(s, run, output, error, bench.clock(), 0.1)  # type: ignore[arg-type]
+        lambda s: failure.complete_stopped(s, run, output, error, bench.clock(), 0.1)
     )
 
 

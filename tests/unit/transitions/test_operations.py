@@ -3,21 +3,22 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from conveyor.engine import cancellation, dead_letters, due
+from conveyor.engine.records import Dispatch
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.exceptions import ExecutionNotFound, InvalidTransition, NonRetryableError, NotFound
 from conveyor.ids import new_id
 from tests.support.bench import Bench, node
 
 
-def cancel(bench: Bench, execution_id: object) -> list[object]:
-    return bench.units.run(
-        lambda s: cancellation.cancel_execution(s, execution_id, bench.clock())  # type: ignore[arg-type]
-    )
+def cancel(bench: Bench, execution_id: uuid.UUID) -> list[uuid.UUID]:
+    return bench.units.run(lambda s: cancellation.cancel_execution(s, execution_id, bench.clock()))
 
 
 def test_a_cancel_stops_what_has_not_started_and_leaves_running_nodes_to_notice(
@@ -93,17 +94,15 @@ def test_a_low_job_queued_too_long_is_published_again_as_normal(bench: Bench) ->
 # -- dead letters ------------------------------------------------------------------------------
 
 
-def dead_letter(bench: Bench, *nodes: dict[str, object]) -> tuple[object, object]:
+def dead_letter(bench: Bench, *nodes: dict[str, Any]) -> tuple[uuid.UUID, uuid.UUID]:
     """An execution failed by its first node's dead letter: (execution id, dead job id)."""
     made = bench.trigger(bench.apply("dies", *nodes).name)
     bench.fail(bench.claim_node(made.execution_id, "a"), NonRetryableError("bad"))
     return made.execution_id, bench.job(made.execution_id, "a").id
 
 
-def requeue(bench: Bench, job_id: object, tenant_id: object = None) -> list[object]:
-    return bench.units.run(
-        lambda s: dead_letters.requeue(s, job_id, tenant_id, bench.clock())  # type: ignore[arg-type]
-    )
+def requeue(bench: Bench, job_id: uuid.UUID, tenant_id: uuid.UUID | None = None) -> list[Dispatch]:
+    return bench.units.run(lambda s: dead_letters.requeue(s, job_id, tenant_id, bench.clock()))
 
 
 def test_a_requeued_dead_letter_resumes_its_execution_which_completes(bench: Bench) -> None:

@@ -3,12 +3,14 @@ webhook deliveries that start workflows (conveyor.engine.subscriptions)."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
 
 from conveyor.engine import subscriptions
 from conveyor.engine.credentials import Verified
+from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import Fire
 from conveyor.engine.states import (
     DeliveryStatus,
@@ -77,7 +79,7 @@ def test_a_paused_schedule_starts_nothing(bench: Bench) -> None:
 
 def test_a_schedule_name_is_taken_once_per_tenant(bench: Bench) -> None:
     bench.apply("cron", node("a"), schedules=[EVERY_5])
-    spec = schedules.ScheduleSpec(name="tick", cron="@daily")
+    spec = ScheduleSpec(name="tick", cron="@daily")
 
     with pytest.raises(ScheduleError, match="a schedule named 'tick' exists already"):
         bench.units.run(lambda s: schedules.add(
@@ -107,7 +109,7 @@ def test_a_webhook_delivery_is_stored_once_and_starts_its_workflows_once(bench: 
     push = Verified(delivery_id="d-1", event="push", payload={"ref": "main"}, signature="ab12")
     window = timedelta(days=1)
 
-    def store(verified: Verified) -> object:
+    def store(verified: Verified) -> uuid.UUID:
         return bench.units.run(lambda s: subscriptions.store_delivery(
             s, endpoint, verified, bench.clock(), window))  # fmt: skip
 
@@ -117,15 +119,11 @@ def test_a_webhook_delivery_is_stored_once_and_starts_its_workflows_once(bench: 
     with pytest.raises(ReplayedDelivery):  # the same signed body under another id
         store(Verified(delivery_id="d-2", event="push", payload={}, signature="ab12"))
 
-    started = bench.units.run(
-        lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock())  # type: ignore[arg-type]
-    )
-    again = bench.units.run(
-        lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock())  # type: ignore[arg-type]
-    )
+    started = bench.units.run(lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock()))
+    again = bench.units.run(lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock()))
 
     assert (len(started), again) == (1, [])
-    handled = bench.probe.delivery(delivery)  # type: ignore[arg-type]
+    handled = bench.probe.delivery(delivery)
     assert (handled.status, handled.executions) == (DeliveryStatus.PROCESSED, 1)
     assert bench.probe.execution(started[0].execution_id).input == {
         "event": "push", "delivery_id": "d-1", "payload": {"ref": "main"},
@@ -146,7 +144,7 @@ def test_a_delivery_no_workflow_listens_to_is_marked_unmatched(bench: Bench) -> 
         bench.units.run(lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock())) == []
     )
 
-    handled = bench.probe.delivery(delivery)  # type: ignore[arg-type]
+    handled = bench.probe.delivery(delivery)
     assert (handled.status, handled.executions) == (DeliveryStatus.UNMATCHED, 0)
     with bench.store() as store:
         assert store.claim_delivery(delivery) is None  # handled: no longer waiting
@@ -156,7 +154,7 @@ def test_a_schedule_dropped_from_the_definition_is_removed_but_an_operators_stay
     bench: Bench,
 ) -> None:
     workflow = bench.apply("cron", node("a"), schedules=[EVERY_5])
-    spec = schedules.ScheduleSpec(name="manual", cron="@daily")
+    spec = ScheduleSpec(name="manual", cron="@daily")
     bench.units.run(lambda s: schedules.add(
         s, tenant="default", workflow="cron", spec=spec, now=bench.clock()))  # fmt: skip
 
