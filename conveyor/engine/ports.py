@@ -188,8 +188,8 @@ class Executions(Protocol):
         ...
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-        """Cancel the jobs and nodes that have not started; the node jobs that were queued
-        or parked (the limiter may know them)."""
+        """Cancel the jobs and nodes that have not started (jobs queued, parked or waiting for
+        their time); the node jobs among them (the limiter may know those queued or parked)."""
         ...
 
 
@@ -246,9 +246,10 @@ class Jobs(Protocol):
         needs: Sequence[str] = (),
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """The claim of a node: the job (queued or parked -> processing) with its execution
-        and, unless the execution has finished, its try started (an attempt row) and its
-        node running; with ``needs``, their outputs (the third item; None when not read).
-        None when the job is not a runnable node job. Needs no transaction around it."""
+        and, unless the execution has finished, its try started (an attempt row), its node
+        running and, with ``needs``, their outputs (the third item; None without needs or
+        when the execution has finished). None when the job is not a runnable node job.
+        Needs no transaction around it."""
         ...
 
     def complete_running(

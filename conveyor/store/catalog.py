@@ -28,10 +28,17 @@ class CatalogQueries(StoreCore):
     def trigger_target(self, tenant: str, workflow: str) -> tuple[uuid.UUID, uuid.UUID | None]:
         """The tenant's id and the id of its latest version of ``workflow`` (None: it has
         none), in one read; a missing tenant as :meth:`tenant_id` has it."""
-        row = self._core(_TRIGGER_TARGET, {"tenant": tenant, "workflow": workflow}).one_or_none()
-        if row is None:
+        found = self._stored_target(tenant, workflow)
+        if found is None:
             return self.tenant_id(tenant), None  # made now (the default): no workflow yet
-        return row.id, row.workflow_id
+        return found
+
+    def _stored_target(
+        self, tenant: str, workflow: str
+    ) -> tuple[uuid.UUID, uuid.UUID | None] | None:
+        """What :meth:`trigger_target` reads; None when there is no such tenant (none made)."""
+        row = self._core(_TRIGGER_TARGET, {"tenant": tenant, "workflow": workflow}).one_or_none()
+        return None if row is None else (row.id, row.workflow_id)
 
     def tenant_id(self, name: str) -> uuid.UUID:
         found = self._core(select(Tenant.id).where(Tenant.name == name)).scalar()

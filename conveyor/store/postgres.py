@@ -137,7 +137,10 @@ class PostgresStore(SqlStore):
         if not rows:
             return None
         claimed, execution, outputs = hot.claimed(rows[0])
-        return claimed, execution, (outputs if needs else None)
+        # (the statement reads the needs' outputs whatever the execution's status; a node of a
+        # finished one does not run, and gets none, as on SQLite)
+        read = needs and not execution.status.finished
+        return claimed, execution, (outputs if read else None)
 
     def complete_running(
         self,

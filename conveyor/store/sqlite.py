@@ -46,8 +46,8 @@ class SqliteStore(SqlStore):
         start_job: uuid.UUID | None = None,
     ) -> Created:
         """See :class:`~conveyor.engine.ports.Executions`."""
-        if self.trigger_target(*names) != (execution.tenant_id, execution.workflow_id):
-            return Created.STALE
+        if self._stored_target(*names) != (execution.tenant_id, execution.workflow_id):
+            return Created.STALE  # (a tenant that does not exist is not made, nor refused)
         try:
             self.add_execution(
                 tenant_id=execution.tenant_id, workflow_id=execution.workflow_id,
@@ -63,7 +63,8 @@ class SqliteStore(SqlStore):
         if jobs:
             self.add_node_jobs(execution, jobs, now)
         if start_job is not None:
-            self._core(insert(JOBS).values(start_job_row(execution, start_job, now)))
+            start = start_job_row(execution, start_job, now)
+            self._core(insert(JOBS).values({**start, "execution_id": execution.id}))
         return Created.CREATED
 
     def add_node_jobs(
