@@ -71,10 +71,12 @@ def celery_app() -> Celery:
     """The Celery app of this process, built at the first call: the one the worker serves
     (``conveyor.tasks`` registers its tasks on it) and the dispatcher publishes with."""
     global _celery_app
+    # Imported before the lock: importing conveyor.tasks (the package runs first) calls this
+    # function again on this thread, to register the tasks on the app.
+    from conveyor.tasks.app import create_app
+
     with _app_lock:  # two threads' first publishes must not build two apps
         if _celery_app is None:
-            from conveyor.tasks.app import create_app
-
             _celery_app = create_app(get_settings())
         return _celery_app
 

@@ -3,7 +3,7 @@
 A :class:`NodeType` is everything the rest of Conveyor knows of a kind of node: the config keys
 it takes and how they are checked, whether its job waits for a time its config gives (a delay),
 whether its output chooses the branch its successors run on (a condition), and how one try of
-it runs. Validation, planning and the runner ask the registry (:func:`of`, :func:`named`) and
+it runs. Validation, planning and the transitions ask the registry (:func:`of`, :func:`named`) and
 never compare the name, so a new type joins in one place: one :func:`register` call.
 
 The four built-in types are described below, in the order the unknown-type message lists them.

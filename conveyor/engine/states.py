@@ -35,6 +35,10 @@ class JobStatus(StrEnum):
 
 
 WAITING_JOB = frozenset({JobStatus.RETRY_WAIT, JobStatus.SCHEDULED})
+# An execution that has not finished: its nodes may still run, be claimed or settle.
+ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
+# The tenant of a single-tenant install, made on first use (any other is created by name).
+DEFAULT_TENANT = "default"
 # A job a message may start: queued, or parked by the limiter until a permit frees.
 RUNNABLE_JOB = (JobStatus.QUEUED, JobStatus.PARKED)
 

@@ -70,7 +70,7 @@ class ServiceBase:
     def _publish_now(self, dispatches: Sequence[Dispatch], what: str) -> None:
         """Publish for a caller that answers at once (an API call, the CLI) once its rows are
         committed. A failure is logged, never raised: the work is stored, the recovery sweep
-        publishes it when the broker is back (see :meth:`recover`), and an error answer would
+        publishes it when the broker is back (see :meth:`Duties.recover`), and an error answer would
         invite a retry that starts it twice."""
         try:
             self.dispatcher.publish(dispatches)

@@ -2,7 +2,7 @@
 only through the port (:class:`conveyor.engine.ports.Store`); :class:`Database` hands out the
 adapter of its database (:class:`PostgresStore` or :class:`SqliteStore`) per unit of work."""
 
-from conveyor.store.catalog import DEFAULT_TENANT
+from conveyor.engine.states import DEFAULT_TENANT
 from conveyor.store.postgres import PostgresStore
 from conveyor.store.sql_store import SqlStore
 from conveyor.store.sqlite import SqliteStore

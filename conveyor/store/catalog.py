@@ -8,16 +8,13 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from conveyor.engine.records import WorkflowRecord
+from conveyor.engine.states import DEFAULT_TENANT
 from conveyor.exceptions import StoreError, TenantNotFound, WorkflowNotFound
 from conveyor.models import Tenant, WorkflowVersion
 from conveyor.store.rows import workflow_record
-from conveyor.store.session import TENANTS, WORKFLOWS, StoreCore
-
-DEFAULT_TENANT = "default"
+from conveyor.store.session import TENANTS, WORKFLOWS, StoreCore, upsert
 
 
 class CatalogQueries(StoreCore):
@@ -53,9 +50,7 @@ class CatalogQueries(StoreCore):
     def create_tenant(self, name: str) -> uuid.UUID:
         """The tenant's id, the tenant made if it is new (a racing creation is no error).
         One guarded statement, without a savepoint: fine outside a transaction too."""
-        dialect = self.session.get_bind().dialect.name
-        make = pg_insert if dialect == "postgresql" else sqlite_insert
-        self._core(make(TENANTS).values(name=name).on_conflict_do_nothing())
+        self._core(upsert(self.session, Tenant).values(name=name).on_conflict_do_nothing())
         found = self._core(select(TENANTS.c.id).where(TENANTS.c.name == name)).scalar()
         if found is None:
             raise StoreError(f"could not create tenant {name!r}")

@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from conveyor.engine.records import ExecutionRecord, Finish, NodeRow
 from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
     RUNNABLE_JOB,
     WAITING_JOB,
     ExecutionStatus,
@@ -41,7 +42,6 @@ from conveyor.models.base import UTCDateTime
 from conveyor.store.rows import execution_record
 from conveyor.store.session import EXECUTIONS, NODE_STATES, StoreCore
 
-_ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 _READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
 
 
@@ -140,7 +140,7 @@ class ExecutionQueries(StoreCore):
     ) -> bool:
         result = self._core(
             update(EXECUTIONS)
-            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status.in_(_ACTIVE_EXECUTION))
+            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status.in_(ACTIVE_EXECUTION))
             .values(status=status, finished_at=now, output=output, error=error)
         )
         return bool(result.rowcount)

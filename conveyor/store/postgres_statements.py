@@ -154,17 +154,17 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 
 
 # Nodes of an execution are found by name one at a time, each by a LATERAL lookup on the
-# (execution_id, node_id) index. Written as ``node_id = ANY(:names)``, the generic plan
-# PostgreSQL keeps for a prepared statement took the execution's rows by the index's first
-# column and filtered them by name: in a 2,000-wide fan-out, each node's claim and success
-# read all 2,002 rows (PostgreSQL estimates an execution's rows from the average, and most
-# executions are small), 7.5 million row reads for one fan-out.
+# (execution_id, node_id) index, because PostgreSQL estimates an execution's rows from the
+# average execution, which is small: for ``node_id = ANY(:names)`` the generic plan it keeps
+# for a prepared statement takes the execution's rows by the index's first column and filters
+# them by name, so each node of a wide fan-out would read every node's row (the measurements:
+# docs/architecture.md and docs/benchmarks.md).
 
 # A job found by its key has its status compared as ``status || ''``, an expression no index
-# holds (store.session.unindexed). Compared as the column, the generic plan took the job by a
-# status index and filtered by id whenever the statistics said few jobs had that status:
-# planned while nothing was queued, each claim of a later backlog of 400 read 202 jobs (the
-# plain status index), each success every processing job (the heartbeat's partial index).
+# holds (store.session.unindexed): compared as the column, a generic plan made while the
+# statistics said few jobs had that status takes the job by a status index and filters by id,
+# and then reads a whole backlog (the plain status index) or every processing job (the
+# heartbeat's partial index) for each claim and success.
 
 # The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.

@@ -10,13 +10,17 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import JobRecord
-from conveyor.engine.states import FINISHED_EXECUTION, ExecutionStatus, JobKind, JobStatus
+from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
+    FINISHED_EXECUTION,
+    ExecutionStatus,
+    JobKind,
+    JobStatus,
+)
 from conveyor.models import Execution, Job, RecoveryCount, StreamListener, WorkflowVersion
 from conveyor.store.rows import job_record
 from conveyor.store.session import JOBS, unindexed, upsert
 from conveyor.store.stats import add_to_tallies, tally_of
-
-_ACTIVE = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 
 
 class RecoveryQueries:
@@ -110,7 +114,7 @@ class RecoveryQueries:
             .where(
                 Execution.tenant_id == tenant_id,
                 Execution.dedupe_key == key,
-                Execution.status.in_(_ACTIVE),
+                Execution.status.in_(ACTIVE_EXECUTION),
             )
         ).one_or_none()
         return (row.id, row.name) if row else None

@@ -13,13 +13,17 @@ from typing import Any
 from sqlalchemy import ColumnElement, insert, select, update
 
 from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
-from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus, NodeStatus
+from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
+    AttemptStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+)
 from conveyor.exceptions import DuplicateExecution
 from conveyor.store.jobs import current_try, node_job_row, start_job_row
 from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES
 from conveyor.store.sql_store import SqlStore
-
-_RUNS = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 
 
 class SqliteStore(SqlStore):
@@ -113,7 +117,7 @@ class SqliteStore(SqlStore):
             select(EXECUTIONS.c.status)
             .where(EXECUTIONS.c.id == job.execution_id)
             .scalar_subquery()
-            .in_(_RUNS)
+            .in_(ACTIVE_EXECUTION)
         )
         completed = self._core(
             update(JOBS)

@@ -20,6 +20,8 @@ from conveyor.engine.records import (
     WorkflowRecord,
 )
 from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
+    DEFAULT_TENANT,
     RUNNABLE_JOB,
     WAITING_JOB,
     ExecutionStatus,
@@ -30,11 +32,6 @@ from conveyor.engine.states import (
 from conveyor.exceptions import ExecutionNotFound, StoreError, TenantNotFound, WorkflowNotFound
 from conveyor.ids import new_id
 from conveyor.testing.tables import ExecutionRow, JobRow, NodeStateRow, Tables, TenantRow, stored
-
-# Made on first use, as the SQL stores make it (conveyor.store.DEFAULT_TENANT: not imported,
-# the store package would bring SQLAlchemy into this one).
-DEFAULT_TENANT = "default"
-ACTIVE = frozenset({ExecutionStatus.PENDING, ExecutionStatus.RUNNING})
 
 
 class MemoryCore:
@@ -57,7 +54,20 @@ class MemoryCore:
     def _add_job(
         self, execution: ExecutionRecord, job_id: uuid.UUID, now: datetime, **values: Any
     ) -> None:
-        """A job of ``execution``, its row as the SQL stores insert it."""
+        """A job of ``execution``, its row as the SQL stores insert it; refused, as the
+        schema's keys refuse it, when the id is taken or the node has a job already."""
+        node_id = values.get("node_id")
+        if job_id in self.tables.jobs or (
+            node_id is not None
+            and any(
+                j.execution_id == execution.id and j.node_id == node_id
+                for j in self.tables.jobs.values()
+            )
+        ):
+            raise StoreError(
+                f"job {job_id} (node {node_id!r}) breaks a key of jobs (its id, or "
+                f"uq_jobs_execution_node: one job a node of an execution)"
+            )
         self.tables.jobs[job_id] = JobRow(
             id=job_id, priority=execution.priority, tenant_id=execution.tenant_id,
             workflow_id=execution.workflow_id, execution_id=execution.id, created_at=now,
@@ -191,7 +201,7 @@ class MemoryExecutions(MemoryCatalog):
         mine = [e for e in self.tables.executions.values() if e.tenant_id == tenant_id]
         return any(
             (idempotency is not None and e.idempotency_key == idempotency)
-            or (dedupe is not None and e.dedupe_key == dedupe and e.status in ACTIVE)
+            or (dedupe is not None and e.dedupe_key == dedupe and e.status in ACTIVE_EXECUTION)
             for e in mine
         )
 
@@ -215,7 +225,9 @@ class MemoryExecutions(MemoryCatalog):
 
     def active_by_dedupe(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
         return self._made_with(
-            lambda e: e.tenant_id == tenant_id and e.dedupe_key == key and e.status in ACTIVE
+            lambda e: (
+                e.tenant_id == tenant_id and e.dedupe_key == key and e.status in ACTIVE_EXECUTION
+            )
         )
 
     def _made_with(self, matches: Callable[[ExecutionRow], bool]) -> tuple[uuid.UUID, str] | None:
@@ -257,7 +269,7 @@ class MemoryExecutions(MemoryCatalog):
         error: str | None = None,
     ) -> bool:
         row = self._execution_row(execution_id)
-        if row is None or row.status not in ACTIVE:
+        if row is None or row.status not in ACTIVE_EXECUTION:
             return False
         self._set_execution(row, status=status, finished_at=now, output=stored(output), error=error)
         return True
@@ -282,6 +294,8 @@ class MemoryExecutions(MemoryCatalog):
         waiting_on: Mapping[str, int],
         queued: Collection[str] = (),
     ) -> None:
+        if taken := [n for n in waiting_on if (execution_id, n) in self.tables.node_states]:
+            raise StoreError(f"execution {execution_id} has states for nodes {taken} already")
         for node_id, count in waiting_on.items():
             status = NodeStatus.QUEUED if node_id in queued else NodeStatus.PENDING
             self.tables.node_states[execution_id, node_id] = NodeStateRow(

@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor.engine.records import ExecutionRecord, Finish, JobRecord, NewJob
 from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
     RUNNABLE_JOB,
     WAITING_JOB,
     AttemptStatus,
@@ -21,7 +22,8 @@ from conveyor.engine.states import (
     NodeStatus,
     Priority,
 )
-from conveyor.testing.memory_executions import ACTIVE, MemoryExecutions
+from conveyor.exceptions import StoreError
+from conveyor.testing.memory_executions import MemoryExecutions
 from conveyor.testing.tables import AttemptRow, JobRow
 
 
@@ -85,7 +87,7 @@ class MemoryJobs(MemoryExecutions):
             or row.status is not JobStatus.PROCESSING
             or row.try_number != job.try_number
             or execution is None
-            or execution.status not in ACTIVE
+            or execution.status not in ACTIVE_EXECUTION
             or (successors and not self._none_made_ready(job.execution_id, successors))
         ):
             return False
@@ -111,6 +113,8 @@ class MemoryJobs(MemoryExecutions):
 
     def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
         waited = (now - job.enqueued_at).total_seconds() if job.enqueued_at else None
+        if (job.id, job.try_number) in self.tables.attempts:
+            raise StoreError(f"job {job.id} has an attempt {job.try_number} already")
         self.tables.attempts[job.id, job.try_number] = AttemptRow(
             job_id=job.id, attempt_number=job.try_number, status=AttemptStatus.RUNNING,
             worker=worker, started_at=now, waited=max(0.0, waited) if waited is not None else None,

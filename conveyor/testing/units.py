@@ -15,9 +15,9 @@ from conveyor.engine import subscriptions, workflows
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.records import WorkflowRecord
+from conveyor.engine.states import DEFAULT_TENANT
 from conveyor.engine.validation import parse_workflow
 from conveyor.scheduler import schedules
-from conveyor.testing.memory_executions import DEFAULT_TENANT
 from conveyor.testing.memory_store import InMemoryStore
 from conveyor.testing.tables import Tables
 

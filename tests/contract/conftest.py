@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import db as migrations
+from conveyor import migrations
 from conveyor.models import Base
 from conveyor.store import Database
 from conveyor.testing import Clock

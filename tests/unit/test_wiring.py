@@ -64,3 +64,16 @@ for args in commands:
 """
     diamond = str(ROOT / "examples" / "diamond.yaml")
     python(code, diamond, cwd=tmp_path, env=embedded_env(tmp_path))
+
+
+def test_the_celery_app_asked_of_the_root_first_is_the_one_the_tasks_are_registered_on(
+    tmp_path: Path,
+) -> None:
+    # Asked before anything imported conveyor.tasks: building it imports the tasks, which ask
+    # the root for the app again on the same thread (a lock held across that import hangs)
+    code = (
+        "from conveyor import wiring; app = wiring.celery_app(); "
+        "import conveyor.tasks; assert conveyor.tasks.app is app; "
+        "assert 'conveyor.node.run' in app.tasks"
+    )
+    python(code, cwd=tmp_path, env=embedded_env(tmp_path))

@@ -154,6 +154,71 @@ def test_complete_running_alone_settles_a_node_that_makes_no_successor_ready(
     assert bench.rows(made.execution_id) == before
 
 
+# a fans out to c and d; each of them also waits on a root of its own (x, y)
+FORK = (node("a"), node("x"), node("y"), node("c", "a", "x"), node("d", "a", "y"))
+
+
+def _alone(bench: Bench, run: Any, successors: list[str], job: Any = None) -> bool:
+    return bench.units.autocommit(lambda s: s.complete_running(
+        job or run.job, run.node.id, output={"n": run.node.id}, branch=None, now=bench.clock(),
+        duration=0.1, successors=successors))  # fmt: skip
+
+
+def test_complete_running_alone_counts_down_every_successor_when_none_becomes_ready(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("fork", *FORK).name)
+    a = bench.claim_node(made.execution_id, "a")
+
+    assert _alone(bench, a, ["c", "d"])
+
+    nodes = bench.probe.nodes(made.execution_id)
+    assert (nodes["a"].status, nodes["c"].waiting_on, nodes["d"].waiting_on) == (
+        NodeStatus.COMPLETED, 1, 1,
+    )  # fmt: skip
+    assert bench.probe.execution(made.execution_id).remaining_nodes == 4
+
+
+def test_complete_running_alone_changes_nothing_when_one_of_several_successors_would_be_ready(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("fork", *FORK).name)
+    x = bench.claim_node(made.execution_id, "x")
+    assert _alone(bench, x, ["c"])  # c now waits on a alone
+    a = bench.claim_node(made.execution_id, "a")
+    before = bench.rows(made.execution_id)
+
+    assert not _alone(bench, a, ["c", "d"])
+
+    assert bench.rows(made.execution_id) == before
+
+
+def test_complete_running_alone_changes_nothing_for_a_try_that_is_not_current(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("fork", *FORK).name)
+    a = bench.claim_node(made.execution_id, "a")
+    before = bench.rows(made.execution_id)
+
+    assert not _alone(bench, a, ["c", "d"], job=replace(a.job, retry_count=1))
+
+    assert bench.rows(made.execution_id) == before
+
+
+def test_complete_running_alone_changes_nothing_when_a_successor_has_settled(
+    bench: Bench,
+) -> None:
+    # Given c settled already (skipped), though it still counts two needs
+    made = bench.trigger(bench.apply("fork", *FORK).name)
+    bench.units.run(lambda s: s.set_node(made.execution_id, "c", NodeStatus.SKIPPED))
+    a = bench.claim_node(made.execution_id, "a")
+    before = bench.rows(made.execution_id)
+
+    assert not _alone(bench, a, ["c", "d"])
+
+    assert bench.rows(made.execution_id) == before
+
+
 def test_complete_running_alone_completes_the_execution_when_it_settles_the_last_node(
     bench: Bench,
 ) -> None:
