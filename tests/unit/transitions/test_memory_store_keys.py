@@ -1,29 +1,17 @@
 """The in-memory store refuses what the SQL schema's keys refuse (a second job for a node, a
 node's state twice, a try's attempt twice), so that a unit test cannot pass in memory where
 PostgreSQL and SQLite would raise. (The SQL adapters raise the driver's IntegrityError, which
-the contract tier cannot compare with this one's StoreError: these cases live here.)"""
+the contract tier cannot compare with this one's StoreError: tests/contract has no twin of
+this module.)"""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 
 from conveyor.engine.records import NewJob
 from conveyor.exceptions import StoreError
 from conveyor.ids import new_id
-from tests.support.bench import Bench, fresh_engine_memory, memory_bench, node
-
-
-@pytest.fixture(autouse=True)
-def _fresh_engine_memory() -> Iterator[None]:
-    with fresh_engine_memory():
-        yield
-
-
-@pytest.fixture
-def bench() -> Bench:
-    return memory_bench()
+from tests.support.bench import Bench, node
 
 
 def test_a_second_job_for_a_node_of_an_execution_is_refused(bench: Bench) -> None:
