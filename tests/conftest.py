@@ -2,7 +2,8 @@
 
 Integration and acceptance tests use the real PostgreSQL and Redis on this machine: a database
 of this run's own (``conveyor_test_<id>``, dropped at the end) and one Redis db number that the
-run flushes itself (``CONVEYOR_TEST_REDIS_DB``, default 11; never FLUSHALL). A missing service
+run flushes itself (``CONVEYOR_TEST_REDIS_DB``, default 11, on ``CONVEYOR_TEST_REDIS_SERVER``,
+default redis://127.0.0.1:6379; never FLUSHALL). A missing service
 fails the run; nothing is skipped. The environment is set here, before any test imports
 ``conveyor.tasks``, because the Celery app is configured at import.
 """
@@ -16,7 +17,9 @@ PG_ADMIN_URL = os.environ.get(
     "CONVEYOR_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_DB = int(os.environ.get("CONVEYOR_TEST_REDIS_DB", "11"))
-REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
+# The Redis server without a db number: another (say on 6380) lets several runs share a machine.
+REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS_SERVER", "redis://127.0.0.1:6379")
+REDIS_URL = f"{REDIS_SERVER}/{REDIS_DB}"
 RUN_ID = uuid.uuid4().hex[:10]
 TEST_DB = f"conveyor_test_{RUN_ID}"
 TEST_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + TEST_DB

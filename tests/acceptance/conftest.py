@@ -22,11 +22,11 @@ from conveyor.service import Conveyor
 from conveyor.store import Database
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher
-from tests.conftest import PG_ADMIN_URL, REDIS_DB, RUN_ID
+from tests.conftest import PG_ADMIN_URL, REDIS_DB, REDIS_SERVER, RUN_ID
 from tests.support import services
 
 ROOT = Path(__file__).resolve().parents[2]
-ACCEPTANCE_REDIS = f"redis://127.0.0.1:6379/{REDIS_DB + 1}"
+ACCEPTANCE_REDIS = f"{REDIS_SERVER}/{REDIS_DB + 1}"
 ACCEPTANCE_DB = f"conveyor_accept_{RUN_ID}"
 ACCEPTANCE_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + ACCEPTANCE_DB
 

@@ -25,11 +25,11 @@ from conveyor.service import Conveyor
 from conveyor.store import Database
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher
-from tests.conftest import PG_ADMIN_URL, REDIS_DB, RUN_ID
+from tests.conftest import PG_ADMIN_URL, REDIS_DB, REDIS_SERVER, RUN_ID
 from tests.support import services
 
 ROOT = Path(__file__).resolve().parents[2]
-CHAOS_REDIS = f"redis://127.0.0.1:6379/{REDIS_DB + 2}"
+CHAOS_REDIS = f"{REDIS_SERVER}/{REDIS_DB + 2}"
 CHAOS_DB = f"conveyor_chaos_{RUN_ID}"
 CHAOS_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + CHAOS_DB
 FAST_RECOVERY = {

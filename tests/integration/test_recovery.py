@@ -22,7 +22,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import NodeCancelled
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 from conveyor.service import Conveyor, utcnow
-from tests.conftest import REDIS_DB
+from tests.conftest import REDIS_DB, REDIS_SERVER
 from tests.support.services import effects, wait_for
 
 
@@ -180,7 +180,7 @@ def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
 
 def test_the_broker_may_hold_as_many_node_jobs_as_its_batch_messages_name() -> None:
     # Given a Redis broker no worker reads: two node messages (normal priority), one start job
-    url = f"redis://127.0.0.1:6379/{REDIS_DB + 4}"  # (+1 acceptance, +2 chaos; 14 benchmarks)
+    url = f"{REDIS_SERVER}/{REDIS_DB + 4}"  # (+1 acceptance, +2 chaos; 14 benchmarks)
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:
