@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,8 +50,6 @@ CREATE TABLE chaos_effects (
     runs INTEGER NOT NULL DEFAULT 1
 )
 """
-
-Spawn = Callable[..., subprocess.Popen[str]]
 
 
 @pytest.fixture(scope="session")
@@ -91,37 +89,60 @@ def chaos_client(chaos_env: dict[str, str]) -> Iterator[Conveyor]:
     database.dispose()
 
 
-@contextmanager
-def processes(env: dict[str, str], logs: Path) -> Iterator[Spawn]:
+class Spawn:
     """A starter of `celery -A conveyor.tasks worker|beat ARGS...` processes on ``env``, each
-    logging to a file of its own under ``logs`` and awaited until it says ``ready``; every
-    process it started is killed on the way out."""
-    started: list[subprocess.Popen[str]] = []
-    count = iter(range(1000))
+    logging to a file of its own under ``logs``. Called, it starts one and awaits its ``ready``
+    line; ``launch`` starts one without waiting, so that several start side by side and
+    ``await_ready`` then waits for them all (a cluster is up in the time of its slowest)."""
 
-    def start(*args: str, ready: str = "ready.") -> subprocess.Popen[str]:
-        log = logs / f"{args[0]}-{next(count)}.log"
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.started: list[subprocess.Popen[str]] = []
+        self._says: dict[int, tuple[Path, str]] = {}
+        self._count = iter(range(1000))
+
+    def __call__(self, *args: str, ready: str = "ready.") -> subprocess.Popen[str]:
+        process = self.launch(*args, ready=ready)
+        self.await_ready(process)
+        return process
+
+    def launch(self, *args: str, ready: str = "ready.") -> subprocess.Popen[str]:
+        log = self.logs / f"{args[0]}-{next(self._count)}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "conveyor.tasks", *args],
-                cwd=ROOT, env=env, text=True, stdout=out, stderr=out,
+                cwd=ROOT, env=self.env, text=True, stdout=out, stderr=out,
                 start_new_session=True,
             )  # fmt: skip
-        started.append(process)
-        deadline = time.monotonic() + 30
-        while ready not in log.read_text():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        self.started.append(process)
+        self._says[process.pid] = (log, ready)
         return process
 
-    try:
-        yield start
-    finally:
-        for process in started:
+    def await_ready(self, *processes: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + 30
+        for process in processes:
+            log, ready = self._says[process.pid]
+            while ready not in log.read_text():
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+
+    def kill_all(self) -> None:
+        for process in self.started:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+
+
+@contextmanager
+def processes(env: dict[str, str], logs: Path) -> Iterator[Spawn]:
+    """A ``Spawn`` on ``env`` and ``logs``; every process it started is killed on the way out."""
+    spawn = Spawn(env, logs)
+    try:
+        yield spawn
+    finally:
+        spawn.kill_all()
 
 
 @pytest.fixture

@@ -59,21 +59,24 @@ class Cluster:
     def __init__(self, spawn: Spawn) -> None:
         self.spawn = spawn
         self.serial = 0
-        spawn("beat", "--loglevel", "INFO", ready="beat: Starting...")
+        beat = spawn.launch("beat", "--loglevel", "INFO", ready="beat: Starting...")
         self.planner = self._worker(
             "workflow-execution,workflow-scheduled,workflow-webhook", "plan"
         )
-        self.nodes = [self.add_node_worker(), self.add_node_worker()]
+        self.nodes = [self._worker("workflow-node", "node") for _ in range(2)]
+        spawn.await_ready(beat, self.planner, *self.nodes)
 
     def _worker(self, queues: str, name: str) -> Popen[str]:
         self.serial += 1
-        return self.spawn(
+        return self.spawn.launch(
             "worker", "-Q", queues, "-c", "4", "-n", f"{name}{self.serial}-{RUN_ID}@%h",
             "--loglevel", "INFO", "--without-mingle", "--without-gossip",
         )  # fmt: skip
 
     def add_node_worker(self) -> Popen[str]:
-        return self._worker("workflow-node", "node")
+        worker = self._worker("workflow-node", "node")
+        self.spawn.await_ready(worker)
+        return worker
 
     def replace(self, old: Popen[str], how: signal.Signals) -> None:
         os.killpg(old.pid, how)
