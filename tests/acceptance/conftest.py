@@ -84,7 +84,10 @@ def start_worker(
         concurrency: int = 2,
         name: str = "w",
         env: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> subprocess.Popen[str]:
+        """Start one worker and await its ``ready`` line; with ``wait=False`` return at once,
+        and let ``await_ready`` wait for several started side by side."""
         command = [
             sys.executable,
             "-m",
@@ -115,7 +118,9 @@ def start_worker(
                 start_new_session=True,  # its own process group: a test can kill it whole
             )
         started.append(process)
-        _wait_until_ready(process, log)
+        _LOGS[process.pid] = (log, "ready.")
+        if wait:
+            await_ready(process)
         return process
 
     yield start
@@ -129,7 +134,9 @@ def start_beat(
     """Start ``celery -A conveyor.tasks beat`` processes; all are stopped after the test."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(name: str = "beat", env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def start(
+        name: str = "beat", env: dict[str, str] | None = None, wait: bool = True
+    ) -> subprocess.Popen[str]:
         log = tmp_path / f"{name}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
@@ -139,11 +146,22 @@ def start_beat(
                 stderr=out, start_new_session=True,
             )  # fmt: skip
         started.append(process)
-        _wait_until_ready(process, log, "beat: Starting...")
+        _LOGS[process.pid] = (log, "beat: Starting...")
+        if wait:
+            await_ready(process)
         return process
 
     yield start
     _stop(started)
+
+
+_LOGS: dict[int, tuple[Path, str]] = {}  # a started process's log, and the line that says ready
+
+
+def await_ready(*processes: subprocess.Popen[str]) -> None:
+    """Wait for processes that ``start_worker``/``start_beat`` started with ``wait=False``."""
+    for process in processes:
+        _wait_until_ready(process, *_LOGS[process.pid])
 
 
 def _wait_until_ready(process: subprocess.Popen[str], log: Path, says: str = "ready.") -> None:

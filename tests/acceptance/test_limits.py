@@ -19,7 +19,7 @@ from conveyor.engine.states import ExecutionStatus, JobStatus, Priority, Trigger
 from conveyor.engine.validation import parse_workflow
 from conveyor.limiter import RedisLimiter
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ACCEPTANCE_REDIS
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ACCEPTANCE_REDIS, await_ready
 from tests.acceptance.test_cli import conveyor
 from tests.support.services import Span, effects, max_overlap, spans, wait_for
 
@@ -74,9 +74,11 @@ def test_no_limit_is_exceeded_across_worker_processes_and_everything_completes(
         "CONVEYOR_LIMIT_TENANT": "4",
         "CONVEYOR_LIMIT_WORKFLOW": "3",
     }
-    start_worker("workflow-execution", concurrency=2, name="exec", env=limits)
-    for i in range(3):
-        start_worker("workflow-node", concurrency=4, name=f"node{i}", env=limits)
+    await_ready(
+        start_worker("workflow-execution", concurrency=2, name="exec", env=limits, wait=False),
+        *(start_worker("workflow-node", concurrency=4, name=f"node{i}", env=limits, wait=False)
+          for i in range(3)),
+    )  # fmt: skip
     with client.db.transaction() as store:
         for tenant in ("t1", "t2", "t3"):
             store.create_tenant(tenant)
@@ -226,9 +228,11 @@ def test_a_tenant_with_a_handful_is_not_starved_by_a_tenant_with_a_backlog(
         "CONVEYOR_LIMIT_TENANT": "100",
         "CONVEYOR_LIMIT_WORKFLOW": "100",
     }
-    start_worker("workflow-execution", concurrency=2, name="exec", env=limits)
-    start_worker("workflow-node", concurrency=4, name="node1", env=limits)
-    start_worker("workflow-node", concurrency=4, name="node2", env=limits)
+    await_ready(
+        start_worker("workflow-execution", concurrency=2, name="exec", env=limits, wait=False),
+        start_worker("workflow-node", concurrency=4, name="node1", env=limits, wait=False),
+        start_worker("workflow-node", concurrency=4, name="node2", env=limits, wait=False),
+    )
     with client.db.transaction() as store:
         store.create_tenant("big")
         store.create_tenant("small")

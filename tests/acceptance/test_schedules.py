@@ -15,6 +15,7 @@ from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job, JobAttempt
 from conveyor.service import Conveyor
+from tests.acceptance.conftest import await_ready
 from tests.acceptance.test_cli import conveyor
 from tests.support.services import wait_for
 
@@ -49,11 +50,13 @@ def test_two_beats_start_each_minute_once_within_two_seconds_of_the_minute(
     client: Conveyor, start_worker: Start, start_beat: Start, acceptance_env: dict[str, str]
 ) -> None:
     # Given idle worker pools for the four kinds of work, and two beats sending checks
-    start_worker("workflow-scheduled", concurrency=2, name="scheduled")
-    start_worker("workflow-execution", concurrency=1, name="exec")
-    start_worker("workflow-node", concurrency=1, name="node")
-    start_beat("beat1")
-    start_beat("beat2")
+    await_ready(
+        start_worker("workflow-scheduled", concurrency=2, name="scheduled", wait=False),
+        start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
+        start_worker("workflow-node", concurrency=1, name="node", wait=False),
+        start_beat("beat1", wait=False),
+        start_beat("beat2", wait=False),
+    )
     # and an every-minute schedule added by an operator, not too close to a minute's end
     while datetime.now(UTC).second >= 50:
         time.sleep(0.2)

@@ -10,7 +10,7 @@ from subprocess import Popen
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import ACCEPTANCE_DB_URL
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, await_ready
 from tests.support.services import effects, wait_for
 
 
@@ -28,8 +28,10 @@ def test_separate_worker_pools_run_a_diamond_with_a_flaky_branch(
     client: Conveyor, start_worker: Callable[..., Popen[str]]
 ) -> None:
     # Given one pool for planning and one prefork pool for nodes
-    start_worker("workflow-execution", concurrency=1, name="exec")
-    start_worker("workflow-node", concurrency=3, name="node")
+    await_ready(
+        start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
+        start_worker("workflow-node", concurrency=3, name="node", wait=False),
+    )
     flaky = python_node("shaky", "test.flaky", ["start"], failures=1)
     flaky["retry"] = {"backoff": 0.2, "jitter": 0}
     client.apply(
@@ -78,8 +80,9 @@ def test_sigterm_lets_a_running_node_finish_before_the_worker_exits(
     client: Conveyor, start_worker: Callable[..., Popen[str]]
 ) -> None:
     # Given a node worker in the middle of a two-second node
-    start_worker("workflow-execution", concurrency=1, name="exec")
-    node_worker = start_worker("workflow-node", concurrency=1, name="node")
+    node_worker = start_worker("workflow-node", concurrency=1, name="node", wait=False)
+    await_ready(start_worker("workflow-execution", concurrency=1, name="exec", wait=False))
+    await_ready(node_worker)
     client.apply(parse_workflow({"name": "long", "nodes": [
         python_node("nap", "test.sleep", [], seconds=2)]}))  # fmt: skip
     execution_id = client.trigger("long")
