@@ -236,6 +236,11 @@ class Settings(BaseSettings):
         "many days ago are deleted with their execution by the retention sweep, once it is "
         "past CONVEYOR_RETENTION_DAYS too; 0 keeps the archive forever.",
     )
+    beat_heartbeat_file: str = Field(
+        default="",
+        description="A file celery beat touches after every tick, for a liveness check "
+        "(python -m conveyor.scheduler.heartbeat exits 1 when it is stale); empty: none.",
+    )
     retention_interval: float = Field(
         default=600.0, ge=1, description="Seconds between retention sweeps (sent by beat)."
     )
