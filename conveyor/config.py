@@ -172,7 +172,9 @@ class Settings(BaseSettings):
         "fails the node without a retry.",
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
-    api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
+    api_port: int = Field(
+        default=8000, ge=1, le=65535, description="The port `conveyor api` listens on."
+    )
     streams_per_tenant: int = Field(
         default=100,
         ge=1,
@@ -210,7 +212,8 @@ class Settings(BaseSettings):
         "port (the token is required there too when set); 0: none.",
     )
     metrics_host: str = Field(
-        default="127.0.0.1", description="Where that metrics listener listens."
+        default="127.0.0.1",
+        description="Where the metrics listener of CONVEYOR_METRICS_PORT listens.",
     )
 
     heartbeat_interval: float = Field(
