@@ -4,12 +4,15 @@ every tick for a liveness check (:mod:`conveyor.scheduler.heartbeat`)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from celery.beat import Scheduler
 
 from conveyor.scheduler.heartbeat import touch
+
+log = logging.getLogger("conveyor.beat")
 
 
 class HeartbeatScheduler(Scheduler):
@@ -20,5 +23,10 @@ class HeartbeatScheduler(Scheduler):
         interval: float = super().tick(*args, **kwargs)
         heartbeat = self.app.conf.get("conveyor_beat_heartbeat_file")
         if heartbeat:
-            touch(Path(heartbeat))
+            try:
+                touch(Path(heartbeat))
+            except OSError as exc:
+                # Sending the checks matters more than the heartbeat: beat goes on, and its
+                # health check reports the missing file.
+                log.warning("beat cannot touch its heartbeat file %s: %s", heartbeat, exc)
         return interval

@@ -67,3 +67,15 @@ def test_the_check_refuses_to_pass_when_no_heartbeat_file_is_set(
     finally:
         get_settings.cache_clear()
     assert "CONVEYOR_BEAT_HEARTBEAT_FILE is not set" in capsys.readouterr().err
+
+
+def test_beat_goes_on_when_it_cannot_write_its_heartbeat(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    unwritable = tmp_path / "no-such-directory" / "beat.heartbeat"
+    app = create_app(Settings(broker_url="memory://", beat_heartbeat_file=str(unwritable)))
+
+    interval = HeartbeatScheduler(app=app).tick()
+
+    assert interval > 0
+    assert f"beat cannot touch its heartbeat file {unwritable}" in caplog.text
