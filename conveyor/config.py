@@ -28,10 +28,12 @@ class Settings(BaseSettings):
 
     database_url: str = Field(
         default="",
-        description="SQLAlchemy URL; empty means SQLite under ./.conveyor/ (embedded).",
+        description="SQLAlchemy URL (postgresql+psycopg://user:password@host/db); empty means "
+        "SQLite under ./.conveyor/ (embedded).",
     )
     broker_url: str = Field(
-        default="", description="Celery broker URL; empty means the in-process broker."
+        default="",
+        description="Celery broker URL (redis://host:6379/0); empty means the in-process broker.",
     )
     redis_url: str = Field(
         default="", description="Redis for semaphores; defaults to the broker when it is Redis."
@@ -41,7 +43,7 @@ class Settings(BaseSettings):
         description="Modules to import at start-up, comma-separated; they register node functions.",
     )
     promote_interval: float = Field(
-        default=0.5, gt=0, description="Seconds between checks for due delayed jobs."
+        default=0.5, gt=0, description="Seconds between checks for due retries and delays."
     )
     embedded_workers: int = Field(default=4, ge=1, description="Worker threads when embedded.")
     visibility_timeout: int = Field(
