@@ -28,10 +28,12 @@ class Settings(BaseSettings):
 
     database_url: str = Field(
         default="",
-        description="SQLAlchemy URL; empty means SQLite under ./.conveyor/ (embedded).",
+        description="SQLAlchemy URL (postgresql+psycopg://user:password@host/db); empty means "
+        "SQLite under ./.conveyor/ (embedded).",
     )
     broker_url: str = Field(
-        default="", description="Celery broker URL; empty means the in-process broker."
+        default="",
+        description="Celery broker URL (redis://host:6379/0); empty means the in-process broker.",
     )
     redis_url: str = Field(
         default="", description="Redis for semaphores; defaults to the broker when it is Redis."
@@ -41,7 +43,7 @@ class Settings(BaseSettings):
         description="Modules to import at start-up, comma-separated; they register node functions.",
     )
     promote_interval: float = Field(
-        default=0.5, gt=0, description="Seconds between checks for due delayed jobs."
+        default=0.5, gt=0, description="Seconds between checks for due retries and delays."
     )
     embedded_workers: int = Field(default=4, ge=1, description="Worker threads when embedded.")
     visibility_timeout: int = Field(
@@ -172,7 +174,9 @@ class Settings(BaseSettings):
         "fails the node without a retry.",
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
-    api_port: int = Field(default=8000, ge=1, le=65535, description="Its port.")
+    api_port: int = Field(
+        default=8000, ge=1, le=65535, description="The port `conveyor api` listens on."
+    )
     streams_per_tenant: int = Field(
         default=100,
         ge=1,
@@ -210,7 +214,8 @@ class Settings(BaseSettings):
         "port (the token is required there too when set); 0: none.",
     )
     metrics_host: str = Field(
-        default="127.0.0.1", description="Where that metrics listener listens."
+        default="127.0.0.1",
+        description="Where the metrics listener of CONVEYOR_METRICS_PORT listens.",
     )
 
     heartbeat_interval: float = Field(
@@ -235,6 +240,11 @@ class Settings(BaseSettings):
         description="Dead letters discarded to the archive (kept for audit) more than this "
         "many days ago are deleted with their execution by the retention sweep, once it is "
         "past CONVEYOR_RETENTION_DAYS too; 0 keeps the archive forever.",
+    )
+    beat_heartbeat_file: str = Field(
+        default="",
+        description="A file celery beat touches after every tick, for a liveness check "
+        "(python -m conveyor.scheduler.heartbeat exits 1 when it is stale); empty: none.",
     )
     retention_interval: float = Field(
         default=600.0, ge=1, description="Seconds between retention sweeps (sent by beat)."

@@ -158,7 +158,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 # average execution, which is small: for ``node_id = ANY(:names)`` the generic plan it keeps
 # for a prepared statement takes the execution's rows by the index's first column and filters
 # them by name, so each node of a wide fan-out would read every node's row (the measurements:
-# docs/architecture.md and docs/benchmarks.md).
+# docs/architecture.md and docs/benchmarks-history.md).
 
 # A job found by its key has its status compared as ``status || ''``, an expression no index
 # holds (store.session.unindexed): compared as the column, a generic plan made while the

@@ -63,7 +63,8 @@ def create_app(settings: Settings) -> Celery:
         app.conf.broker_transport = "conveyor.tasks.transport:GuardedTransport"
     app.conf.beat_schedule = beat_schedule(settings)
     # Schedules live in the database; beat's own state is only when it last sent the check.
-    app.conf.beat_scheduler = "celery.beat:Scheduler"
+    app.conf.beat_scheduler = "conveyor.tasks.beat:HeartbeatScheduler"
+    app.conf.conveyor_beat_heartbeat_file = settings.beat_heartbeat_file
     if settings.embedded:
         # The in-process broker polls its queues, once a second by default: every hop of a
         # workflow would wait for the next poll.

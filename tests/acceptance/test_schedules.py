@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from subprocess import Popen
 
 from sqlalchemy import select
@@ -47,14 +50,19 @@ def scheduled_runs(client: Conveyor) -> list[tuple[Execution, datetime]]:
 
 
 def test_two_beats_start_each_minute_once_within_two_seconds_of_the_minute(
-    client: Conveyor, start_worker: Start, start_beat: Start, acceptance_env: dict[str, str]
+    client: Conveyor,
+    start_worker: Start,
+    start_beat: Start,
+    acceptance_env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     # Given idle worker pools for the four kinds of work, and two beats sending checks
+    heartbeat = {"CONVEYOR_BEAT_HEARTBEAT_FILE": str(tmp_path / "beat1.heartbeat")}
     await_ready(
         start_worker("workflow-scheduled", concurrency=2, name="scheduled", wait=False),
         start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
         start_worker("workflow-node", concurrency=1, name="node", wait=False),
-        start_beat("beat1", wait=False),
+        start_beat("beat1", env=heartbeat, wait=False),
         start_beat("beat2", wait=False),
     )
     # and an every-minute schedule added by an operator, not too close to a minute's end
@@ -79,6 +87,12 @@ def test_two_beats_start_each_minute_once_within_two_seconds_of_the_minute(
     listed = json.loads(conveyor("schedules", "list", "--json", env=acceptance_env).stdout)
     assert [(s["name"], s["run_count"]) for s in listed] == [("tick", 1)]
     assert listed[0]["next_run_at"] == (minute + timedelta(minutes=1)).isoformat()
+    # and the beat that keeps a heartbeat passes its liveness check (it ticked in the minute)
+    check = subprocess.run(
+        [sys.executable, "-m", "conveyor.scheduler.heartbeat"],
+        env={**acceptance_env, **heartbeat}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stderr
 
 
 def test_the_schedules_command_refuses_bad_input_and_manages_a_schedule(

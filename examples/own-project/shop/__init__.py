@@ -1,0 +1,1 @@
+"""An example application's package: its node functions live in shop.nodes."""
