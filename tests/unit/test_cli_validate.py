@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +118,7 @@ def test_validate_checks_function_names_only_when_imports_are_configured(
 def test_an_unimportable_module_in_conveyor_imports_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the current directory is added to it
     monkeypatch.setenv("CONVEYOR_IMPORTS", "no_such_module_here")
     path = write(
         tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
@@ -124,7 +127,45 @@ def test_an_unimportable_module_in_conveyor_imports_is_a_clear_error(
     result = runner.invoke(app, ["workflow", "validate", str(path)])
 
     assert result.exit_code == 1
-    assert "CONVEYOR_IMPORTS names a module that cannot be imported" in result.stderr
+    assert (
+        "CONVEYOR_IMPORTS names the module 'no_such_module_here', which is not found (searched "
+        f"the current directory {tmp_path} and sys.path); run from the directory that holds "
+        "it, add that directory to PYTHONPATH, or install its package"
+    ) in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+
+
+def test_a_module_of_conveyor_imports_that_imports_a_missing_package_names_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    write(tmp_path, "needy_nodes.py", "import package_nobody_installed\n")
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "needy_nodes")
+    path = write(
+        tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
+    )
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert (
+        "the module 'needy_nodes' of CONVEYOR_IMPORTS imports 'package_nobody_installed', which "
+        "is not installed"
+    ) in " ".join(result.stderr.split())
+
+
+def test_version_prints_the_installed_version() -> None:
+    result = runner.invoke(app, ["--version"])
+
+    assert result.exit_code == 0
+    assert result.stdout == f"conveyor {importlib.metadata.version('conveyor')}\n"
+
+
+def test_verbose_and_quiet_together_are_a_usage_error() -> None:
+    result = runner.invoke(app, ["-v", "-q", "limits"])
+
+    assert result.exit_code == 2
+    assert "-v and -q contradict each other" in result.stderr
 
 
 def test_run_refuses_input_that_is_not_json_with_exit_2() -> None:
