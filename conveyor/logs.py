@@ -28,7 +28,7 @@ DROPPED_EVERY = 10.0
 def configure(
     fmt: str = "json", level: int | str = logging.INFO, *, tracebacks: bool = True
 ) -> None:
-    """Send every log record, ours and the libraries', through one structlog
+    """Send every log record, ours, the libraries' and Python's warnings, through one structlog
     formatter to stderr (stdout is a command's output). Without ``tracebacks`` an exception is
     cut to one line: its type and message."""
     shared: list[Any] = [
@@ -63,6 +63,9 @@ def configure(
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
+    # warnings.warn (Celery's SecurityWarning, a library's deprecation) would otherwise write
+    # its own lines to stderr, in neither format: as records of "py.warnings" they are ours.
+    logging.captureWarnings(True)
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
