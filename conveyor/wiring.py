@@ -25,6 +25,7 @@ from conveyor.config import get_settings
 from conveyor.engine import template_budget as budgets
 from conveyor.engine.addresses import AllowList
 from conveyor.engine.limits import Limits
+from conveyor.engine.parameters import FunctionParameters
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch
@@ -221,6 +222,16 @@ def http_allow() -> AllowList:
     from conveyor.http_node import configured
 
     return configured().allow
+
+
+def function_parameters() -> FunctionParameters:
+    """What the node functions registered in this process take (CONVEYOR_IMPORTS imported
+    first), for validation to check python nodes' inputs against; a function registered
+    elsewhere only is not checked."""
+    from conveyor.nodes import function_parameters
+
+    load_imports()
+    return function_parameters
 
 
 def known_functions() -> frozenset[str] | None:

@@ -154,6 +154,41 @@ def test_a_module_of_conveyor_imports_that_imports_a_missing_package_names_both(
     ) in " ".join(result.stderr.split())
 
 
+def test_validate_refuses_inputs_that_do_not_match_the_registered_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the project's module, imported from the current directory, and a misnamed input
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    write(tmp_path, "cli_billing.py", CLI_BILLING)
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "cli_billing")
+    path = write(tmp_path, "pay.yaml", PAY.format(input="amt"))
+    good = write(tmp_path, "good.yaml", PAY.format(input="amount"))
+
+    result = runner.invoke(app, ["workflow", "validate", str(path), str(good)])
+
+    assert result.exit_code == 1
+    assert (
+        f"{path}: node 'pay': inputs.amt is not a parameter: function 'cli_charge' takes "
+        "(amount, ctx); did you mean 'amount'?"
+    ) in result.stderr
+    assert f"{good}: valid" in result.stdout
+
+
+CLI_BILLING = """\
+import conveyor
+
+
+@conveyor.node("cli_charge")
+def charge(amount, ctx):
+    return {"charged": amount}
+"""
+PAY = """\
+name: pay
+nodes:
+  - {{id: pay, type: python, config: {{function: cli_charge}}, inputs: {{{input}: 5}}}}
+"""
+
+
 def test_version_prints_the_installed_version() -> None:
     result = runner.invoke(app, ["--version"])
 
