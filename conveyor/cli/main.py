@@ -89,7 +89,11 @@ def _root(
     verbose: Annotated[
         int,
         typer.Option(
-            "--verbose", "-v", count=True, help="Log warnings and info (-vv: and debug) to stderr."
+            "--verbose",
+            "-v",
+            count=True,
+            show_default=False,
+            help="Log warnings and info (-vv: and debug) to stderr.",
         ),
     ] = 0,
     quiet: Annotated[
