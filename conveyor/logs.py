@@ -63,6 +63,9 @@ def configure(
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
+    # The worker pool (billiard) logs to "multiprocessing", which does not propagate: without
+    # the handler, a pool process's death would be a raw line from logging's last resort.
+    logging.getLogger("multiprocessing").handlers = [handler]
     # warnings.warn (Celery's SecurityWarning, a library's deprecation) would otherwise write
     # its own lines to stderr, in neither format: as records of "py.warnings" they are ours.
     logging.captureWarnings(True)
