@@ -18,6 +18,7 @@ from conveyor.config import get_settings
 from conveyor.models import Base
 from conveyor.store.engines import make_engine
 from tests.conftest import PG_ADMIN_URL, RUN_ID
+from tests.support.logging_state import kept_logging
 from tests.support.services import alembic_config, create_database, drop_database
 
 
@@ -118,10 +119,11 @@ def test_db_upgrade_says_what_it_did_to_a_fresh_then_current_then_older_database
     get_settings.cache_clear()
     head = ScriptDirectory.from_config(alembic_config(postgres_url)).get_current_head()
 
-    created = CliRunner().invoke(app, ["db", "upgrade"])
-    again = CliRunner().invoke(app, ["db", "upgrade"])
-    command.downgrade(alembic_config(postgres_url), "0009")
-    caught_up = CliRunner().invoke(app, ["db", "upgrade"])
+    with kept_logging():  # the command configures this process's logging
+        created = CliRunner().invoke(app, ["db", "upgrade"])
+        again = CliRunner().invoke(app, ["db", "upgrade"])
+        command.downgrade(alembic_config(postgres_url), "0009")
+        caught_up = CliRunner().invoke(app, ["db", "upgrade"])
     get_settings.cache_clear()
 
     assert created.exit_code == 0, created.output

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from conveyor.cli import app
 from conveyor.config import get_settings
 from conveyor.migrations import ROOT
+from tests.support.logging_state import kept_logging
 
 BROKEN = """\
 name: broken
@@ -32,7 +33,8 @@ def no_imports(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     monkeypatch.setenv("CONVEYOR_IMPORTS", "")
     monkeypatch.chdir(tmp_path)  # nothing may touch a database; if it did, not the repo's
     get_settings.cache_clear()
-    yield
+    with kept_logging():  # the command configures this process's logging
+        yield
     get_settings.cache_clear()
 
 
@@ -194,6 +196,53 @@ def test_version_prints_the_installed_version() -> None:
 
     assert result.exit_code == 0
     assert result.stdout == f"conveyor {importlib.metadata.version('conveyor')}\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        ([], {"error"}),
+        (["-q"], set()),
+        (["-v"], {"error", "info"}),
+        (["-vv"], {"error", "info", "debug"}),
+    ],
+    ids=["default", "quiet", "verbose", "very-verbose"],
+)
+def test_the_log_level_follows_the_flags_and_the_records_go_to_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], shown: set[str]
+) -> None:
+    # Given a node module that logs at each level when imported (once per name: one a case)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    module = "noisy_" + ("".join(flag.strip("-") for flag in flags) or "default")
+    write(tmp_path, f"{module}.py", NOISY)
+    monkeypatch.setenv("CONVEYOR_IMPORTS", module)
+    path = write(
+        tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
+    )
+
+    result = runner.invoke(app, [*flags, "workflow", "validate", str(path)])
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{path}: valid\n"
+    logged = {level for level in ("debug", "info", "error") if f"noisy {level}" in result.stderr}
+    assert logged == shown, result.stderr
+    if not flags:  # errors only, the exception cut to one line
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "raised='ValueError: an exception logged with its record'" in result.stderr
+    assert ("Traceback" in result.stderr) == (flags not in ([], ["-q"]))
+
+
+NOISY = """\
+import logging
+
+log = logging.getLogger("noisy")
+log.debug("noisy debug")
+log.info("noisy info")
+try:
+    raise ValueError("an exception logged with its record")
+except ValueError:
+    log.exception("noisy error")
+"""
 
 
 def test_verbose_and_quiet_together_are_a_usage_error() -> None:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import billiard.util
 import pytest
-import structlog
 
 from conveyor import logs
 from conveyor.logs import Flood
+from tests.support.logging_state import kept_logging
 
 
 class Clock:
@@ -52,16 +52,8 @@ def test_the_first_event_of_the_next_spell_says_how_many_were_only_counted() -> 
 
 @pytest.fixture
 def configured() -> Iterator[None]:
-    """logs.configure for one test, this process's logging put back after it."""
-    root, pool = logging.getLogger(), logging.getLogger("multiprocessing")
-    saved = root.handlers[:], root.level, pool.handlers[:]
-    try:
+    with kept_logging():
         yield
-    finally:
-        root.handlers, pool.handlers = saved[0], saved[2]
-        root.setLevel(saved[1])
-        logging.captureWarnings(False)
-        structlog.reset_defaults()
 
 
 def test_the_worker_pool_s_records_are_json_though_its_logger_does_not_propagate(
