@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 from structlog.typing import EventDict
@@ -68,7 +69,7 @@ def configure(
     logging.getLogger("multiprocessing").handlers = [handler]
     # warnings.warn (Celery's SecurityWarning, a library's deprecation) would otherwise write
     # its own lines to stderr, in neither format: as records of "py.warnings" they are ours.
-    logging.captureWarnings(True)
+    warnings.showwarning = _log_warning
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -85,6 +86,22 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     @stream.setter
     def stream(self, _: Any) -> None:
         pass
+
+
+def _log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning as one record of "py.warnings" (as logging.captureWarnings makes them), on one
+    line: its category, its text with the line breaks folded, and where it was raised."""
+    text = " ".join(str(message).split())
+    logging.getLogger("py.warnings").warning(
+        "%s: %s (%s:%s)", category.__name__, text, filename, lineno
+    )
 
 
 def _exception_in_one_line(_: Any, __: str, event: EventDict) -> EventDict:

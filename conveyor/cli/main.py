@@ -116,3 +116,5 @@ def _root(
     fmt = settings.log_format if "log_format" in settings.model_fields_set else "console"
     level = QUIET if quiet else _LEVELS[min(verbose, 2)]
     logs.configure(fmt, level, tracebacks=verbose > 0)
+    # Python shows a warning (a deprecation in the user's node module) by default: so does this
+    logging.getLogger("py.warnings").setLevel(QUIET if quiet else min(level, logging.WARNING))

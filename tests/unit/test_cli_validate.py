@@ -201,10 +201,10 @@ def test_version_prints_the_installed_version() -> None:
 @pytest.mark.parametrize(
     ("flags", "shown"),
     [
-        ([], {"error"}),
+        ([], {"warning", "error"}),  # Python shows warnings by default: so does the command
         (["-q"], set()),
-        (["-v"], {"error", "info"}),
-        (["-vv"], {"error", "info", "debug"}),
+        (["-v"], {"info", "warning", "error"}),
+        (["-vv"], {"debug", "info", "warning", "error"}),
     ],
     ids=["default", "quiet", "verbose", "very-verbose"],
 )
@@ -224,20 +224,26 @@ def test_the_log_level_follows_the_flags_and_the_records_go_to_stderr(
 
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{path}: valid\n"
-    logged = {level for level in ("debug", "info", "error") if f"noisy {level}" in result.stderr}
+    logged = {level for level in LEVELS if f"noisy {level}" in result.stderr}
     assert logged == shown, result.stderr
-    if not flags:  # errors only, the exception cut to one line
-        assert result.stderr.count("\n") == 1, result.stderr
+    if not flags:  # errors and warnings only, an exception cut to one line
+        assert result.stderr.count("\n") == 2, result.stderr
+        assert f"UserWarning: noisy warning ({tmp_path / module}.py:" in result.stderr
         assert "raised='ValueError: an exception logged with its record'" in result.stderr
     assert ("Traceback" in result.stderr) == (flags not in ([], ["-q"]))
 
 
+LEVELS = ("debug", "info", "warning", "error")
 NOISY = """\
 import logging
+import warnings
 
 log = logging.getLogger("noisy")
 log.debug("noisy debug")
 log.info("noisy info")
+with warnings.catch_warnings():
+    warnings.simplefilter("default")  # as outside the tests, where warnings are not errors
+    warnings.warn("noisy warning")
 try:
     raise ValueError("an exception logged with its record")
 except ValueError:
