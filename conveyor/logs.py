@@ -3,8 +3,9 @@ every library's, with the level by meaning (a job received or completed is info,
 scheduled a warning, a dead letter an error) and the job's fields.
 
 Workers and beat use it (``CONVEYOR_LOG_FORMAT``: ``json``, the default, or ``console`` for
-people). Events carry ids and names, never secrets, inputs or outputs; an error message is
-cut at :data:`ERROR_CHARS` characters.
+people), and so does the ``conveyor`` command (``console`` unless the setting says otherwise),
+always on stderr: stdout is a command's output. Events carry ids and names, never secrets,
+inputs or outputs; an error message is cut at :data:`ERROR_CHARS` characters.
 """
 
 from __future__ import annotations
