@@ -78,6 +78,16 @@ _LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG}
 QUIET = logging.CRITICAL + 1
 
 
+def _log_format() -> str:
+    """People read the CLI's logs; CONVEYOR_LOG_FORMAT, when set, still chooses. An invalid
+    setting is the command's to report (--help still answers)."""
+    try:
+        settings = get_settings()
+    except (SettingsError, ValidationError):
+        return "console"
+    return settings.log_format if "log_format" in settings.model_fields_set else "console"
+
+
 def _version(asked: bool) -> None:
     if asked:
         render.out.print(f"conveyor {importlib.metadata.version('conveyor')}", markup=False)
@@ -111,10 +121,7 @@ def _root(
 ) -> None:
     if verbose and quiet:
         usage_error("-v and -q contradict each other; give one")
-    settings = get_settings()
-    # People read the CLI's logs; CONVEYOR_LOG_FORMAT, when set, still chooses.
-    fmt = settings.log_format if "log_format" in settings.model_fields_set else "console"
     level = QUIET if quiet else _LEVELS[min(verbose, 2)]
-    logs.configure(fmt, level, tracebacks=verbose > 0)
+    logs.configure(_log_format(), level, tracebacks=verbose > 0)
     # Python shows a warning (a deprecation in the user's node module) by default: so does this
     logging.getLogger("py.warnings").setLevel(QUIET if quiet else min(level, logging.WARNING))

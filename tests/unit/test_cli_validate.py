@@ -251,6 +251,18 @@ except ValueError:
 """
 
 
+def test_a_command_s_help_answers_though_a_setting_is_invalid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONVEYOR_MAX_NODES", "many")
+
+    helped = runner.invoke(app, ["db", "upgrade", "--help"])
+    ran = runner.invoke(app, ["db", "upgrade"])
+
+    assert helped.exit_code == 0 and "Usage: root db upgrade" in helped.stdout
+    assert ran.exit_code == 1 and "a CONVEYOR_* setting is invalid" in ran.stderr
+
+
 def test_verbose_and_quiet_together_are_a_usage_error() -> None:
     result = runner.invoke(app, ["-v", "-q", "limits"])
 
