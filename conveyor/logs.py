@@ -3,28 +3,36 @@ every library's, with the level by meaning (a job received or completed is info,
 scheduled a warning, a dead letter an error) and the job's fields.
 
 Workers and beat use it (``CONVEYOR_LOG_FORMAT``: ``json``, the default, or ``console`` for
-people). Events carry ids and names, never secrets, inputs or outputs; an error message is
-cut at :data:`ERROR_CHARS` characters.
+people), and so does the ``conveyor`` command (``console`` unless the setting says otherwise),
+always on stderr: stdout is a command's output. Events carry ids and names, never secrets,
+inputs or outputs; an error message is cut at :data:`ERROR_CHARS` characters.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
+from structlog.typing import EventDict
 
 ERROR_CHARS = 300
 # A dropped message is logged at info at most once this often (seconds), with the count since.
 DROPPED_EVERY = 10.0
 
 
-def configure(fmt: str = "json", level: int | str = logging.INFO) -> None:
-    """Send every log record, ours and the libraries', through one structlog formatter."""
+def configure(
+    fmt: str = "json", level: int | str = logging.INFO, *, tracebacks: bool = True
+) -> None:
+    """Send every log record, ours, the libraries' and Python's warnings, through one structlog
+    formatter to stderr (stdout is a command's output). Without ``tracebacks`` an exception is
+    cut to one line: its type and message."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -40,21 +48,72 @@ def configure(fmt: str = "json", level: int | str = logging.INFO) -> None:
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
+            structlog.processors.format_exc_info if tracebacks else _exception_in_one_line,
             renderer,
         ],
     )
-    handler = logging.StreamHandler()
+    handler = _StderrHandler()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
+    # The worker pool (billiard) logs to "multiprocessing", which does not propagate: without
+    # the handler, a pool process's death would be a raw line from logging's last resort.
+    logging.getLogger("multiprocessing").handlers = [handler]
+    # warnings.warn (Celery's SecurityWarning, a library's deprecation) would otherwise write
+    # its own lines to stderr, in neither format: as records of "py.warnings" they are ours.
+    warnings.showwarning = _log_warning
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stderr`` of the moment, as logging's last resort does: a stream
+    swapped after set-up (a test runner's capture) is followed."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
+def _log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning as one record of "py.warnings" (as logging.captureWarnings makes them), on one
+    line: its category, its text with the line breaks folded, and where it was raised."""
+    text = " ".join(str(message).split())
+    logging.getLogger("py.warnings").warning(
+        "%s: %s (%s:%s)", category.__name__, text, filename, lineno
+    )
+
+
+def _exception_in_one_line(_: Any, __: str, event: EventDict) -> EventDict:
+    """An event's exception as ``raised="Type: message"`` on its own line, no traceback."""
+    exc_info = event.pop("exc_info", None)
+    if exc_info is True:
+        exc_info = sys.exc_info()
+    error = exc_info[1] if isinstance(exc_info, tuple) else exc_info
+    if isinstance(error, BaseException):
+        event["raised"] = short(f"{type(error).__name__}: {error}")
+    return event
 
 
 def get(name: str) -> Any:

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from sqlalchemy.engine import make_url
 
 import conveyor
 from conveyor.config import get_settings
 from conveyor.exceptions import ConfigurationError
+from conveyor.store.engines import make_engine
 
 ROOT = Path(conveyor.__file__).resolve().parent.parent
 MIGRATIONS = ROOT / "migrations"
@@ -38,6 +40,17 @@ def alembic_config(url: str | None = None) -> Config:
 def upgrade(url: str | None = None, revision: str = "head") -> None:
     """Bring the schema of ``url`` (default: the configured database) up to ``revision``."""
     command.upgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str | None = None) -> str | None:
+    """The schema revision of ``url`` (default: the configured database); None while it has
+    none (an empty database)."""
+    engine = make_engine(_url(url))
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
 
 
 def display_url(url: str | None = None) -> str:

@@ -33,6 +33,7 @@ from conveyor.engine import bounds, node_types
 from conveyor.engine.definitions import Node
 from conveyor.engine.node_types import NodeContext as NodeContext  # the service takes it here
 from conveyor.engine.node_types import Step
+from conveyor.engine.parameters import CONTEXT, Parameters
 from conveyor.exceptions import (
     NodeCancelled,
     NodeError,
@@ -70,6 +71,49 @@ def node(name: str) -> Callable[[F], F]:
 
 def registered_functions() -> frozenset[str]:
     return frozenset(_REGISTRY)
+
+
+def function_parameters(name: str) -> Parameters | None:
+    """What the function registered under ``name`` takes (validation's
+    :class:`~conveyor.engine.parameters.FunctionParameters`); None when none is registered here,
+    or its signature cannot be read (a builtin)."""
+    fn = _REGISTRY.get(name)
+    return None if fn is None else _parameters_of(name, fn)
+
+
+@lru_cache(maxsize=1024)  # read once per function: a definition may name it 10,000 times
+def _parameters_of(name: str, fn: Callable[..., Any]) -> Parameters | None:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = [p for p in params if p.kind in by_name and p.name != CONTEXT]
+    return Parameters(
+        function=name,
+        shown=", ".join(_shown(p) for p in params),
+        named=tuple(p.name for p in named),
+        required=frozenset(p.name for p in named if p.default is inspect.Parameter.empty),
+        any_keyword=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
+        takes_context=any(p.name == CONTEXT and p.kind in by_name for p in params),
+        unreachable=tuple(
+            p.name
+            for p in params
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is inspect.Parameter.empty
+        ),
+    )
+
+
+def _shown(parameter: inspect.Parameter) -> str:
+    """A parameter without its annotation: ``name``, ``name=default``, ``*args``, ``**kw``."""
+    if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+        return f"*{parameter.name}"
+    if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        return f"**{parameter.name}"
+    if parameter.default is inspect.Parameter.empty:
+        return parameter.name
+    default = repr(parameter.default)
+    return f"{parameter.name}={default if len(default) <= 20 else '…'}"
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
@@ -139,7 +183,7 @@ def _ensure_json(value: Any) -> Any:
 @lru_cache(maxsize=1024)
 def _takes_ctx(fn: Callable[..., Any]) -> bool:
     """Whether a registered function asks for the node context (read once per function)."""
-    return "ctx" in inspect.signature(fn).parameters
+    return CONTEXT in inspect.signature(fn).parameters
 
 
 def _call_python(

@@ -10,9 +10,12 @@ publish, so a process that only reads or migrates (``conveyor workflow validate`
 from __future__ import annotations
 
 import importlib
+import os
 import socket
+import sys
 import threading
 from collections.abc import Sequence
+from contextlib import suppress
 from datetime import timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -22,6 +25,7 @@ from conveyor.config import get_settings
 from conveyor.engine import template_budget as budgets
 from conveyor.engine.addresses import AllowList
 from conveyor.engine.limits import Limits
+from conveyor.engine.parameters import FunctionParameters
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch
@@ -166,13 +170,47 @@ def template_budget() -> Budget:
     )
 
 
-def load_imports(extra: list[str] | None = None) -> None:
-    """Import the modules that register node functions (CONVEYOR_IMPORTS)."""
+def load_imports() -> None:
+    """Import the modules that register node functions (CONVEYOR_IMPORTS). The current
+    directory is searched first, as ``python -m`` and ``celery -A`` do, so that a project's
+    own module imports without PYTHONPATH; ConfigurationError names a module that will not
+    import and what to do."""
     with _lock:
-        for module in [*get_settings().imports, *(extra or [])]:
-            if module not in _imported:
-                importlib.import_module(module)
-                _imported.add(module)
+        pending = [m for m in get_settings().imports if m not in _imported]
+        if pending:
+            _search_current_directory()
+        for module in pending:
+            _import(module)
+            _imported.add(module)
+
+
+def _search_current_directory() -> None:
+    with suppress(FileNotFoundError):  # a directory removed under us has nothing to import
+        here = os.getcwd()
+        if here not in sys.path:
+            sys.path.insert(0, here)
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module == missing or module.startswith(missing + "."):
+            raise ConfigurationError(
+                f"CONVEYOR_IMPORTS names the module {module!r}, which is not found (searched "
+                f"the current directory {os.getcwd()} and sys.path); run from the directory "
+                f"that holds it, add that directory to PYTHONPATH, or install its package"
+            ) from exc
+        raise ConfigurationError(
+            f"the module {module!r} of CONVEYOR_IMPORTS imports {missing!r}, which is not "
+            f"installed; install it where this process runs (pip install ...)"
+        ) from exc
+    except (ImportError, SyntaxError) as exc:
+        raise ConfigurationError(
+            f"the module {module!r} of CONVEYOR_IMPORTS does not import: "
+            f"{type(exc).__name__}: {exc}; fix it, or remove it from CONVEYOR_IMPORTS"
+        ) from exc
 
 
 def worker_name() -> str:
@@ -184,6 +222,16 @@ def http_allow() -> AllowList:
     from conveyor.http_node import configured
 
     return configured().allow
+
+
+def function_parameters() -> FunctionParameters:
+    """What the node functions registered in this process take (CONVEYOR_IMPORTS imported
+    first), for validation to check python nodes' inputs against; a function registered
+    elsewhere only is not checked."""
+    from conveyor.nodes import function_parameters
+
+    load_imports()
+    return function_parameters
 
 
 def known_functions() -> frozenset[str] | None:

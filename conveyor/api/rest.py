@@ -38,7 +38,7 @@ from conveyor.exceptions import (
     WorkflowNotFound,
 )
 from conveyor.service import Conveyor
-from conveyor.wiring import http_allow, known_functions
+from conveyor.wiring import function_parameters, http_allow, known_functions
 
 router = APIRouter(
     prefix="/v1",
@@ -105,6 +105,7 @@ def apply_workflow(
         known_functions=known_functions(),
         http_allow=http_allow(),
         bounds=get_settings().bounds,
+        parameters=function_parameters(),
     )
     record, stored = service.apply(workflow, tenant.name)
     if not stored:

@@ -14,7 +14,6 @@ import typer
 from conveyor import migrations, wiring
 from conveyor.cli import render
 from conveyor.config import get_settings
-from conveyor.exceptions import ConfigurationError
 
 Tenant = Annotated[str, typer.Option("--tenant", "-t", help="Tenant name.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (see docs/cli.md).")]
@@ -56,13 +55,9 @@ def parse_input(raw: str) -> Any:
 
 
 def load_imports() -> None:
-    """Import the modules of CONVEYOR_IMPORTS (they register node functions)."""
-    try:
-        wiring.load_imports()
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"CONVEYOR_IMPORTS names a module that cannot be imported: {exc}"
-        ) from exc
+    """Import the modules of CONVEYOR_IMPORTS (they register node functions); a module that
+    will not import is a ConfigurationError saying which and what to do."""
+    wiring.load_imports()
 
 
 @contextmanager

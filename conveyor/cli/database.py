@@ -18,8 +18,20 @@ db_app = group("The database schema.")
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Apply every pending migration (alembic upgrade head) to CONVEYOR_DATABASE_URL."""
+    before = migrations.current_revision()
     migrations.upgrade()
-    render.out.print(f"database {migrations.display_url()} is up to date", markup=False)
+    after = migrations.current_revision()
+    render.out.print(
+        f"database {migrations.display_url()}: {_upgraded(before, after)}", markup=False
+    )
+
+
+def _upgraded(before: str | None, after: str | None) -> str:
+    if before is None:
+        return f"created the schema at revision {after}"
+    if before == after:
+        return f"up to date at revision {after}, nothing to do"
+    return f"upgraded from revision {before} to {after}"
 
 
 @db_app.command("prune")

@@ -35,7 +35,7 @@ def known_functions() -> frozenset[str] | None:
 
 def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path, Workflow]:
     """Validate every file, print every problem, and exit 1 if there is any."""
-    known = known_functions()
+    known, parameters = known_functions(), wiring.function_parameters()
     valid: dict[Path, Workflow] = {}
     for path in paths:
         try:
@@ -48,6 +48,7 @@ def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path,
             known_functions=known,
             http_allow=wiring.http_allow(),
             bounds=get_settings().bounds,
+            parameters=parameters,
         )
         for error in errors:
             render.err.print(f"{path}: {error}", style="red", markup=False, soft_wrap=True)

@@ -9,6 +9,8 @@ SQLite database and run Celery worker threads inside this process.
 
 from __future__ import annotations
 
+import importlib.metadata
+import logging
 from typing import Annotated, Any
 
 import typer
@@ -17,10 +19,10 @@ from pydantic_settings import SettingsError
 from sqlalchemy.exc import SQLAlchemyError
 from typer.core import TyperGroup
 
-from conveyor import migrations
+from conveyor import logs, migrations
 from conveyor.cli import render
 from conveyor.cli.access import keys_app, serve, webhooks_app
-from conveyor.cli.common import fail, group
+from conveyor.cli.common import fail, group, usage_error
 from conveyor.cli.database import db_app
 from conveyor.cli.dlq import dlq_app
 from conveyor.cli.executions import demo, executions_app, run
@@ -28,6 +30,7 @@ from conveyor.cli.schedules import schedules_app
 from conveyor.cli.stats import stats
 from conveyor.cli.tenants import limits_show, tenants_app
 from conveyor.cli.workflows import workflow_app
+from conveyor.config import get_settings
 from conveyor.exceptions import ConveyorError
 
 
@@ -70,10 +73,55 @@ def main() -> None:
     app()
 
 
+# Node failures and retries are in the tables already: errors only, unless asked; -q: none.
+_LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG}
+QUIET = logging.CRITICAL + 1
+
+
+def _log_format() -> str:
+    """People read the CLI's logs; CONVEYOR_LOG_FORMAT, when set, still chooses. An invalid
+    setting is the command's to report (--help still answers)."""
+    try:
+        settings = get_settings()
+    except (SettingsError, ValidationError):
+        return "console"
+    return settings.log_format if "log_format" in settings.model_fields_set else "console"
+
+
+def _version(asked: bool) -> None:
+    if asked:
+        render.out.print(f"conveyor {importlib.metadata.version('conveyor')}", markup=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Log warnings and info.")
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            show_default=False,
+            help="Log warnings and info (-vv: and debug) to stderr.",
+        ),
+    ] = 0,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="Log nothing, not even errors (the command's own messages stay)."
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
-    render.setup_logging(verbose)
+    if verbose and quiet:
+        usage_error("-v and -q contradict each other; give one")
+    level = QUIET if quiet else _LEVELS[min(verbose, 2)]
+    logs.configure(_log_format(), level, tracebacks=verbose > 0)
+    # Python shows a warning (a deprecation in the user's node module) by default: so does this
+    logging.getLogger("py.warnings").setLevel(QUIET if quiet else min(level, logging.WARNING))

@@ -8,7 +8,6 @@ in UTC, enums their string values.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,7 +33,6 @@ from conveyor.views import (
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False)
 
-LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 STATUS_STYLE = {
     "pending": "dim",
     "queued": "blue",
@@ -200,28 +198,6 @@ def print_outcome(view: ExecutionJson) -> None:
                 f"; follow it with `conveyor executions show {view['id']}`",
             )
         )
-
-
-# -- logs ----------------------------------------------------------------------------------
-
-
-class OneLine(logging.Formatter):
-    """A record as one line: an exception's message without its traceback (-v shows it)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        error = record.exc_info[1] if record.exc_info else None
-        bare = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
-        line = super().format(bare)
-        return f"{line}: {error}" if error is not None else line
-
-
-def setup_logging(verbose: bool) -> None:
-    """Errors only, one line each; everything from INFO with tracebacks when ``verbose``.
-
-    Node failures and retries are shown in the tables already."""
-    handler = logging.StreamHandler()
-    handler.setFormatter((logging.Formatter if verbose else OneLine)(LOG_FORMAT))
-    logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, handlers=[handler])
 
 
 # -- live progress ---------------------------------------------------------------------------

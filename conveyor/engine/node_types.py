@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from conveyor.engine import bounds, templates
 from conveyor.engine.addresses import AllowList, judge_url
 from conveyor.engine.definitions import Node
+from conveyor.engine.parameters import FunctionParameters, input_problems
 from conveyor.engine.template_budget import Deadline
 from conveyor.exceptions import NonRetryableError
 
@@ -106,6 +107,8 @@ class Checking:
     by_id: Mapping[str, Mapping[str, Any]]  # every node of the definition that has an id
     known_functions: Collection[str] | None  # registered python functions; None: unchecked
     http_allow: AllowList | None  # the operator's CONVEYOR_HTTP_ALLOW; None: unchecked
+    # what a registered function takes, to check a python node's inputs; None: unchecked
+    parameters: FunctionParameters | None = None
 
 
 class ConfigCheck(Protocol):
@@ -206,7 +209,11 @@ def _python_problems(config: Mapping[str, Any], checking: Checking) -> list[str]
             f"config.function {fn!r} is not registered{hint}; decorate it with "
             f"@conveyor.node({fn!r}) in a module listed in CONVEYOR_IMPORTS"
         ]
-    return []
+    found = checking.parameters(fn) if checking.parameters is not None else None
+    inputs = checking.node.get("inputs", {})
+    if found is None or not isinstance(inputs, Mapping):
+        return []  # a function not registered here is checked when it runs
+    return input_problems(inputs, found)
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")

@@ -19,6 +19,7 @@ from conveyor.engine.addresses import AllowList
 from conveyor.engine.bounds import MAX_TEMPLATE_TEXT, Bounds, deeper_than, too_deep
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.node_types import Checking
+from conveyor.engine.parameters import FunctionParameters
 from conveyor.exceptions import DefinitionError
 
 
@@ -29,10 +30,17 @@ def parse_workflow(
     known_functions: Collection[str] | None = None,
     http_allow: AllowList | None = None,
     bounds: Bounds | None = None,
+    parameters: FunctionParameters | None = None,
 ) -> Workflow:
     """A valid :class:`Workflow`, or :class:`DefinitionError` listing every problem."""
     raw = data.model_dump(mode="json") if isinstance(data, Workflow) else data
-    errors = validate(raw, known_functions=known_functions, http_allow=http_allow, bounds=bounds)
+    errors = validate(
+        raw,
+        known_functions=known_functions,
+        http_allow=http_allow,
+        bounds=bounds,
+        parameters=parameters,
+    )
     if errors:
         raise DefinitionError(errors, source)
     return Workflow.model_validate(raw)
@@ -44,6 +52,7 @@ def validate(
     known_functions: Collection[str] | None = None,
     http_allow: AllowList | None = None,
     bounds: Bounds | None = None,
+    parameters: FunctionParameters | None = None,
 ) -> list[str]:
     """Every problem in a definition; an empty list means it is valid.
 
@@ -53,6 +62,9 @@ def validate(
     refuse to call is an error. ``bounds`` (default: the settings' defaults) caps
     the nesting, the nodes and each node's needs; past them only that is reported, so the
     work done here stays linear in the definition's size and bounded by them.
+    ``parameters``, when given, tells what a registered function takes: a python node whose
+    inputs its function cannot take, or that leaves out a parameter without a default, is an
+    error; a function it does not know (None) is not checked.
     """
     bounds = bounds or Bounds()
     if not isinstance(data, Mapping):
@@ -68,7 +80,11 @@ def validate(
     errors += _graph_errors(nodes)
     for index, node in enumerate(nodes):
         checking = Checking(
-            node=node, by_id=by_id, known_functions=known_functions, http_allow=http_allow
+            node=node,
+            by_id=by_id,
+            known_functions=known_functions,
+            http_allow=http_allow,
+            parameters=parameters,
         )
         errors += _node_errors(_label(nodes, index), node, checking)
     errors += _output_errors(data.get("output"), _ids(nodes))

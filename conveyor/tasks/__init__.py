@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import setup_logging, worker_init, worker_process_init
+from celery.signals import celeryd_init, setup_logging, worker_init, worker_process_init
 from sqlalchemy.orm import configure_mappers
 
 from conveyor import logs, metrics, wiring
@@ -155,6 +155,13 @@ app.steps["worker"].add(MaintenanceStep)
 def _on_setup_logging(loglevel: Any = logging.INFO, **_: Any) -> None:
     # Connected, this replaces Celery's own logging set-up: every record becomes one JSON line.
     logs.configure(get_settings().log_format, loglevel or logging.INFO)
+
+
+@celeryd_init.connect
+def _on_worker_starting(options: dict[str, Any] | None = None, **_: Any) -> None:
+    # `celery worker` checks its privileges (a SecurityWarning as root) before it sets up its
+    # logging: set ours up already, so that the warning is a record like the others.
+    logs.configure(get_settings().log_format, (options or {}).get("loglevel") or logging.INFO)
 
 
 @worker_init.connect

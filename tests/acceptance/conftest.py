@@ -106,15 +106,16 @@ def start_worker(
             "--without-mingle",
             "--without-gossip",
         ]
+        # stderr (the logs) apart from stdout (Celery's banner): each stderr line is a record
         log = tmp_path / f"{name}.log"
-        with log.open("w") as out:
+        with log.open("w") as err, (tmp_path / f"{name}.out").open("w") as out:
             process = subprocess.Popen(
                 command,
                 cwd=ROOT,
                 env={**acceptance_env, **(env or {})},
                 text=True,
                 stdout=out,
-                stderr=out,
+                stderr=err,
                 start_new_session=True,  # its own process group: a test can kill it whole
             )
         started.append(process)

@@ -34,6 +34,43 @@ def test_demo_runs_on_the_embedded_default_in_an_empty_directory(tmp_path: Path)
     assert (tmp_path / ".conveyor" / "conveyor.db").exists()
 
 
+MYNODES = """\
+import conveyor
+
+
+@conveyor.node("greet")
+def greet(name: str) -> dict[str, str]:
+    return {"greeting": f"hello {name}"}
+"""
+GREET = """\
+name: greet
+nodes:
+  - {id: hello, type: python, config: {function: greet}, inputs: {name: "{{ input.name }}"}}
+output: {greeting: "{{ nodes.hello.greeting }}"}
+"""
+
+
+def test_run_json_from_a_project_directory_prints_only_json_and_logs_to_stderr(
+    tmp_path: Path,
+) -> None:
+    # Given a project directory holding its own node module, with no PYTHONPATH set
+    (tmp_path / "mynodes.py").write_text(MYNODES)
+    (tmp_path / "greet.yaml").write_text(GREET)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("CONVEYOR_") and k != "PYTHONPATH"}  # fmt: skip
+    env["CONVEYOR_IMPORTS"] = "mynodes"
+
+    # When it runs the workflow with -vv (-q and the default: tests/unit/test_cli_validate.py)
+    run = conveyor("-vv", "run", "greet.yaml", "--json", "-i", '{"name": "ada"}', env=env,
+                   cwd=tmp_path)  # fmt: skip
+
+    # Then stdout is the JSON alone; the logs, info and debug among them, went to stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["output"] == {"greeting": "hello ada"}
+    assert "[debug" in run.stderr
+    assert any("[info" in line and "job received" in line for line in run.stderr.splitlines())
+
+
 def test_run_wait_json_against_real_workers(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
 ) -> None:

@@ -23,11 +23,21 @@ def node(node_id: str, function: str, **inputs: Any) -> dict[str, Any]:
             "inputs": inputs}  # fmt: skip
 
 
+def is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
 def test_worker_logs_are_json_lines_with_the_jobs_fields(
     client: Conveyor, start_worker: Callable[..., Popen[str]], tmp_path: Path
 ) -> None:
-    # Given a worker, a run that succeeds on its second try and one that dead-letters
-    start_worker("workflow-execution,workflow-node", concurrency=2, name="logged")
+    # Given a worker importing a module that warns, a run that succeeds on its second try and
+    # one that dead-letters
+    imports = "tests.support.nodes,tests.support.warning_nodes"
+    start_worker("workflow-execution,workflow-node", concurrency=2, name="logged",
+                 env={"CONVEYOR_IMPORTS": imports})  # fmt: skip
     retry = {"backoff": 0.05, "jitter": 0}
     client.apply(
         parse_workflow(
@@ -46,10 +56,13 @@ def test_worker_logs_are_json_lines_with_the_jobs_fields(
     assert wait_for(client, bad).status is ExecutionStatus.FAILED
     time.sleep(0.5)  # the last lines are written after the commit
 
-    # Then every log line is a JSON object, and the job events carry the fields
+    # Then every line on stderr is a JSON object, the module's warning among them
     lines = (tmp_path / "logged.log").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.startswith("{")]
-    assert not [line for line in lines if line.startswith("[20")]  # no plain Celery format
+    assert [line for line in lines if not is_json_object(line)] == []
+    records = [json.loads(line) for line in lines]
+    warned = [r for r in records if r.get("logger") == "py.warnings"]
+    assert any("warning_nodes warns at import" in r["event"] for r in warned), lines
+    # and the job events carry the fields
     jobs = [r for r in records if r.get("logger") == "conveyor.jobs"]
     levels = {(r["event"], r["level"]) for r in jobs}
     assert {("job received", "info"), ("job completed", "info"),

@@ -239,9 +239,9 @@ def test_large_finite_numbers_and_long_integers_are_taken_as_they_are(acme: http
 
 
 def fan_in(needs: int, nodes: int = 1) -> dict[str, Any]:
-    fn = {"function": "test.add"}
-    members = [{"id": f"n{i}", "type": "python", "config": fn} for i in range(nodes)]
-    join = {"id": "join", "type": "python", "config": fn, "needs": ["n0"] * needs}
+    fn = {"config": {"function": "test.add"}, "inputs": {"a": 1, "b": 1}}
+    members = [{"id": f"n{i}", "type": "python", **fn} for i in range(nodes)]
+    join = {"id": "join", "type": "python", **fn, "needs": ["n0"] * needs}
     return {"name": "wide", "nodes": [*members, join]}
 
 

@@ -326,6 +326,25 @@ def test_an_invalid_definition_is_refused_with_every_problem(
     assert any("cycle" in e for e in errors) and any("Bad minute" in e for e in errors)
 
 
+def test_inputs_a_registered_function_does_not_take_are_refused_at_apply(
+    api_url: str, make_key: MakeKey
+) -> None:
+    # test.add (tests/support/nodes.py, CONVEYOR_IMPORTS) takes a, b and ctx
+    node = {"id": "s", "type": "python", "config": {"function": "test.add"},
+            "inputs": {"a": 1, "bb": 2}}  # fmt: skip
+    bad = {"name": "sum", "nodes": [node]}
+    with client(api_url, make_key("acme")) as http:
+        answer = http.post("/v1/workflows", json=bad)
+
+    assert answer.status_code == 422
+    assert answer.json()["errors"] == [
+        "node 's': inputs.bb is not a parameter: function 'test.add' takes (a, b, ctx); did you "
+        "mean 'b'?",
+        "node 's': function 'test.add' takes (a, b, ctx): 'b' has no default, so inputs.b is "
+        "required; add it",
+    ]
+
+
 def test_the_status_stream_shows_an_execution_go_from_running_to_completed(
     conveyor_service: Conveyor, api_url: str, make_key: MakeKey
 ) -> None:

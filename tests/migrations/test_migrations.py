@@ -9,11 +9,16 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
+from typer.testing import CliRunner
 
+from conveyor.cli import app
+from conveyor.config import get_settings
 from conveyor.models import Base
 from conveyor.store.engines import make_engine
 from tests.conftest import PG_ADMIN_URL, RUN_ID
+from tests.support.logging_state import kept_logging
 from tests.support.services import alembic_config, create_database, drop_database
 
 
@@ -105,3 +110,24 @@ def test_upgrading_an_embedded_database_keeps_its_work(sqlite_url: str) -> None:
                   for t in ("executions", "jobs", "node_states")]  # fmt: skip
     engine.dispose()
     assert counts == [1, 1, 1]
+
+
+def test_db_upgrade_says_what_it_did_to_a_fresh_then_current_then_older_database(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", postgres_url)
+    get_settings.cache_clear()
+    head = ScriptDirectory.from_config(alembic_config(postgres_url)).get_current_head()
+
+    with kept_logging():  # the command configures this process's logging
+        created = CliRunner().invoke(app, ["db", "upgrade"])
+        again = CliRunner().invoke(app, ["db", "upgrade"])
+        command.downgrade(alembic_config(postgres_url), "0009")
+        caught_up = CliRunner().invoke(app, ["db", "upgrade"])
+    get_settings.cache_clear()
+
+    assert created.exit_code == 0, created.output
+    assert f"created the schema at revision {head}" in created.stdout
+    assert f"up to date at revision {head}, nothing to do" in again.stdout
+    assert f"upgraded from revision 0009 to {head}" in caught_up.stdout
+    assert postgres_url.rsplit("/", 1)[1] in created.stdout  # which database

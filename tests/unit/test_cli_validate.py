@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 from conveyor.cli import app
 from conveyor.config import get_settings
 from conveyor.migrations import ROOT
+from tests.support.logging_state import kept_logging
 
 BROKEN = """\
 name: broken
@@ -30,7 +33,8 @@ def no_imports(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     monkeypatch.setenv("CONVEYOR_IMPORTS", "")
     monkeypatch.chdir(tmp_path)  # nothing may touch a database; if it did, not the repo's
     get_settings.cache_clear()
-    yield
+    with kept_logging():  # the command configures this process's logging
+        yield
     get_settings.cache_clear()
 
 
@@ -116,6 +120,7 @@ def test_validate_checks_function_names_only_when_imports_are_configured(
 def test_an_unimportable_module_in_conveyor_imports_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the current directory is added to it
     monkeypatch.setenv("CONVEYOR_IMPORTS", "no_such_module_here")
     path = write(
         tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
@@ -124,7 +129,145 @@ def test_an_unimportable_module_in_conveyor_imports_is_a_clear_error(
     result = runner.invoke(app, ["workflow", "validate", str(path)])
 
     assert result.exit_code == 1
-    assert "CONVEYOR_IMPORTS names a module that cannot be imported" in result.stderr
+    assert (
+        "CONVEYOR_IMPORTS names the module 'no_such_module_here', which is not found (searched "
+        f"the current directory {tmp_path} and sys.path); run from the directory that holds "
+        "it, add that directory to PYTHONPATH, or install its package"
+    ) in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+
+
+def test_a_module_of_conveyor_imports_that_imports_a_missing_package_names_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    write(tmp_path, "needy_nodes.py", "import package_nobody_installed\n")
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "needy_nodes")
+    path = write(
+        tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
+    )
+
+    result = runner.invoke(app, ["workflow", "validate", str(path)])
+
+    assert result.exit_code == 1
+    assert (
+        "the module 'needy_nodes' of CONVEYOR_IMPORTS imports 'package_nobody_installed', which "
+        "is not installed"
+    ) in " ".join(result.stderr.split())
+
+
+def test_validate_refuses_inputs_that_do_not_match_the_registered_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the project's module, imported from the current directory, and a misnamed input
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    write(tmp_path, "cli_billing.py", CLI_BILLING)
+    monkeypatch.setenv("CONVEYOR_IMPORTS", "cli_billing")
+    path = write(tmp_path, "pay.yaml", PAY.format(input="amt"))
+    good = write(tmp_path, "good.yaml", PAY.format(input="amount"))
+
+    result = runner.invoke(app, ["workflow", "validate", str(path), str(good)])
+
+    assert result.exit_code == 1
+    assert (
+        f"{path}: node 'pay': inputs.amt is not a parameter: function 'cli_charge' takes "
+        "(amount, ctx); did you mean 'amount'?"
+    ) in result.stderr
+    assert f"{good}: valid" in result.stdout
+
+
+CLI_BILLING = """\
+import conveyor
+
+
+@conveyor.node("cli_charge")
+def charge(amount, ctx):
+    return {"charged": amount}
+"""
+PAY = """\
+name: pay
+nodes:
+  - {{id: pay, type: python, config: {{function: cli_charge}}, inputs: {{{input}: 5}}}}
+"""
+
+
+def test_version_prints_the_installed_version() -> None:
+    result = runner.invoke(app, ["--version"])
+
+    assert result.exit_code == 0
+    assert result.stdout == f"conveyor {importlib.metadata.version('conveyor')}\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "shown"),
+    [
+        ([], {"warning", "error"}),  # Python shows warnings by default: so does the command
+        (["-q"], set()),
+        (["-v"], {"info", "warning", "error"}),
+        (["-vv"], {"debug", "info", "warning", "error"}),
+    ],
+    ids=["default", "quiet", "verbose", "very-verbose"],
+)
+def test_the_log_level_follows_the_flags_and_the_records_go_to_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], shown: set[str]
+) -> None:
+    # Given a node module that logs at each level when imported (once per name: one a case)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    module = "noisy_" + ("".join(flag.strip("-") for flag in flags) or "default")
+    write(tmp_path, f"{module}.py", NOISY)
+    monkeypatch.setenv("CONVEYOR_IMPORTS", module)
+    path = write(
+        tmp_path, "f.yaml", "name: f\nnodes:\n  - {id: a, type: delay, config: {seconds: 1}}\n"
+    )
+
+    result = runner.invoke(app, [*flags, "workflow", "validate", str(path)])
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{path}: valid\n"
+    logged = {level for level in LEVELS if f"noisy {level}" in result.stderr}
+    assert logged == shown, result.stderr
+    if not flags:  # errors and warnings only, an exception cut to one line
+        assert result.stderr.count("\n") == 2, result.stderr
+        assert f"UserWarning: noisy warning ({tmp_path / module}.py:" in result.stderr
+        assert "raised='ValueError: an exception logged with its record'" in result.stderr
+    assert ("Traceback" in result.stderr) == (flags not in ([], ["-q"]))
+
+
+LEVELS = ("debug", "info", "warning", "error")
+NOISY = """\
+import logging
+import warnings
+
+log = logging.getLogger("noisy")
+log.debug("noisy debug")
+log.info("noisy info")
+with warnings.catch_warnings():
+    warnings.simplefilter("default")  # as outside the tests, where warnings are not errors
+    warnings.warn("noisy warning")
+try:
+    raise ValueError("an exception logged with its record")
+except ValueError:
+    log.exception("noisy error")
+"""
+
+
+def test_a_command_s_help_answers_though_a_setting_is_invalid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONVEYOR_MAX_NODES", "many")
+
+    helped = runner.invoke(app, ["db", "upgrade", "--help"])
+    ran = runner.invoke(app, ["db", "upgrade"])
+
+    assert helped.exit_code == 0 and "Usage: root db upgrade" in helped.stdout
+    assert ran.exit_code == 1 and "a CONVEYOR_* setting is invalid" in ran.stderr
+
+
+def test_verbose_and_quiet_together_are_a_usage_error() -> None:
+    result = runner.invoke(app, ["-v", "-q", "limits"])
+
+    assert result.exit_code == 2
+    assert "-v and -q contradict each other" in result.stderr
 
 
 def test_run_refuses_input_that_is_not_json_with_exit_2() -> None:

@@ -3,7 +3,16 @@ logged in full once a spell, with how many were only counted."""
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Iterator
+
+import billiard.util
+import pytest
+
+from conveyor import logs
 from conveyor.logs import Flood
+from tests.support.logging_state import kept_logging
 
 
 class Clock:
@@ -39,3 +48,23 @@ def test_the_first_event_of_the_next_spell_says_how_many_were_only_counted() -> 
 
     assert next_spell == 41
     assert within is None
+
+
+@pytest.fixture
+def configured() -> Iterator[None]:
+    with kept_logging():
+        yield
+
+
+def test_the_worker_pool_s_records_are_json_though_its_logger_does_not_propagate(
+    configured: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure("json", logging.INFO)
+
+    pool = billiard.util.get_logger()  # what Celery's prefork pool logs a dead process with
+    pool.error("Process %r pid:%r exited with %r", "ForkPoolWorker-1", 42, "signal 9 (SIGKILL)")
+
+    [line] = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["logger"] == "multiprocessing" and record["level"] == "error"
+    assert "exited with 'signal 9 (SIGKILL)'" in record["event"]

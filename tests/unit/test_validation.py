@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
+import conveyor
+from conveyor import NodeContext
 from conveyor.engine.addresses import AllowList
 from conveyor.engine.validation import find_cycle, parse_workflow, validate
 from conveyor.exceptions import DefinitionError
+from conveyor.nodes import function_parameters
 
 
 def py(node_id: str, *needs: str, **fields: Any) -> dict[str, Any]:
@@ -495,3 +498,66 @@ def test_two_schedules_with_one_name_are_refused() -> None:
     assert error == (
         "workflow: schedules.1: schedules 0 and 1 are both named 'wf'; give each a distinct `name`"
     )
+
+
+# Python nodes' inputs against their functions' parameters (when the function is registered).
+
+
+@conveyor.node("test_validation.charge")
+def charge(amount: float, currency: str = "EUR", *, ctx: NodeContext) -> dict[str, float]:
+    return {"charged": amount}
+
+
+@conveyor.node("test_validation.anything")
+def anything(label: str, **rest: Any) -> dict[str, Any]:
+    return {"label": label, **rest}
+
+
+def call(function: str, **inputs: Any) -> dict[str, Any]:
+    return workflow(py("pay", config={"function": function}, inputs=inputs))
+
+
+def test_an_input_the_function_does_not_take_is_refused_naming_node_input_and_parameters() -> None:
+    definition = call("test_validation.charge", amt=5)
+
+    errors = validate(definition, parameters=function_parameters)
+
+    assert errors == [
+        "node 'pay': inputs.amt is not a parameter: function 'test_validation.charge' takes "
+        "(amount, currency='EUR', ctx); did you mean 'amount'?",
+        "node 'pay': function 'test_validation.charge' takes (amount, currency='EUR', ctx): "
+        "'amount' has no default, so inputs.amount is required; add it",
+    ]
+
+
+def test_inputs_that_match_are_valid_without_the_context_or_the_defaults() -> None:
+    assert validate(call("test_validation.charge", amount=5), parameters=function_parameters) == []
+    both = call("test_validation.charge", amount="{{ input.n }}", currency="USD")
+    assert validate(both, parameters=function_parameters) == []
+
+
+def test_an_input_named_ctx_is_refused_when_the_function_takes_the_context() -> None:
+    errors = validate(
+        call("test_validation.charge", amount=1, ctx=2), parameters=function_parameters
+    )
+
+    assert len(errors) == 1 and "inputs.ctx: " in errors[0]
+    assert "which an input cannot replace; rename the input" in errors[0]
+
+
+def test_a_function_taking_keywords_accepts_any_input_but_still_needs_its_required_ones() -> None:
+    free = call("test_validation.anything", label="x", whatever=1)
+    missing = call("test_validation.anything", whatever=1)
+
+    assert validate(free, parameters=function_parameters) == []
+    assert only_error(missing, parameters=function_parameters).endswith(
+        "'label' has no default, so inputs.label is required; add it"
+    )
+
+
+def test_a_function_not_registered_here_is_not_checked() -> None:
+    # the API may not import the node modules: the worker checks such a node when it runs
+    definition = call("registered.elsewhere", anything=1)
+
+    assert validate(definition, parameters=function_parameters) == []
+    assert validate(call("test_validation.charge", amt=5)) == []  # no port: no check
