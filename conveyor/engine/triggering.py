@@ -21,6 +21,7 @@ from conveyor.engine.records import (
     Created,
     Dispatch,
     ExecutionRecord,
+    TraceContext,
 )
 from conveyor.engine.states import (
     AttemptStatus,
@@ -93,13 +94,15 @@ def trigger(
     source: TriggerSource = TriggerSource.API,
     idempotency_key: str | None = None,
     dedupe_key: str | None = None,
+    trace: TraceContext | None = None,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
     every run. A larger one gets a start job, and an execution worker plans it. With an
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
-    deduplication key, a pending or running execution with that key is returned instead."""
+    deduplication key, a pending or running execution with that key is returned instead.
+    ``trace``: the trace context its tries join (stored with it)."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -119,7 +122,7 @@ def trigger(
             id=new_id(), tenant_id=tenant_id, workflow_id=workflow_id,
             status=ExecutionStatus.PENDING,
             priority=choose_priority(priority, workflow.priority, source),
-            input=input if input is not None else {}, created_at=now,
+            input=input if input is not None else {}, created_at=now, trace=trace,
         )  # fmt: skip
         try:
             created, dispatches = _create(

@@ -242,6 +242,10 @@ class Execution(Base):
     scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The W3C trace context where it was triggered, which its tries' spans join
+    # (conveyor.tracing); None: their trace is made from its id.
+    traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
+    tracestate: Mapped[str | None] = mapped_column(String(512), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

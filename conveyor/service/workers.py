@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.exc import DataError
 
-from conveyor import logs, nodes
+from conveyor import logs, nodes, tracing
 from conveyor.batches import Member, run_batch
 from conveyor.engine import (
     claiming,
@@ -21,7 +21,7 @@ from conveyor.engine import (
 )
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch, NodeHints
-from conveyor.engine.states import JobKind, JobStatus, Priority
+from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
 from conveyor.exceptions import (
     NodeCancelled,
     NonRetryableError,
@@ -32,10 +32,19 @@ from conveyor.service.base import ServiceBase, log, utcnow
 events = logs.get("conveyor.jobs")
 
 
+# A failed try's outcome as its span says it (None: the try was reclaimed meanwhile).
+_OUTCOMES: dict[JobStatus | None, str] = {
+    JobStatus.RETRY_WAIT: "retry",
+    JobStatus.DEAD_LETTER: "dead_letter",
+    JobStatus.CANCELLED: "cancelled",
+}
+
+
 def _log_failure(
     job_log: Any, failed: failure.Failed, error: BaseException, duration: float
 ) -> None:
     """A failed try, at the level its outcome deserves."""
+    tracing.outcome(_OUTCOMES.get(failed.outcome, "reclaimed"), error)
     fields = {"duration": round(duration, 3), "error": logs.short(failure.describe(error))}
     if failed.outcome is JobStatus.RETRY_WAIT:
         job_log.warning("retry scheduled", retry_in=round(failed.retry_in or 0.0, 3), **fields)
@@ -85,8 +94,11 @@ class Workers(ServiceBase):
 
     def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
         """The webhook worker: start the workflows a stored delivery matches."""
-        started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
-        self._publish([d for t in started for d in t.dispatches])
+        with tracing.trigger_span(f"delivery {delivery_id}", TriggerSource.WEBHOOK.value) as trace:
+            started = self.db.run(
+                lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow(), trace)
+            )
+            self._publish([d for t in started for d in t.dispatches])
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Take the job's permits (or park it), then claim, run and record it; the permits
@@ -114,6 +126,7 @@ class Workers(ServiceBase):
 
     def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Claim a node job, run the node outside any transaction, record the outcome."""
+        claiming_at = time.time_ns()
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
         run = self.db.autocommit(
@@ -122,6 +135,11 @@ class Workers(ServiceBase):
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
             return
+        with tracing.node_try(run, claiming_at):
+            self._try(run)
+
+    def _try(self, run: claiming.NodeRun) -> None:
+        """Run a claimed node, record its outcome and publish what it made ready."""
         job_log = events.bind(
             job_id=str(run.job.id),
             execution_id=str(run.execution.id),
@@ -172,6 +190,7 @@ class Workers(ServiceBase):
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log)
         job_log.info("job completed", duration=round(duration, 3))
+        tracing.outcome("completed")
         return dispatches
 
     def _record_stopped(
@@ -188,6 +207,7 @@ class Workers(ServiceBase):
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log)
         if failed is None:  # its execution is still finished: cancelled, its output kept
+            tracing.outcome("cancelled")
             job_log.info("job stopped", outcome="cancelled", duration=round(duration, 3))
             return []
         _log_failure(job_log, failed, stopped, duration)

@@ -18,6 +18,7 @@ from conveyor.engine.records import (
     JobRecord,
     NodeRow,
     ScheduleRecord,
+    TraceContext,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
@@ -64,15 +65,22 @@ class ExecutionRow:
     scheduled_for: datetime | None = None
     idempotency_key: str | None = None
     dedupe_key: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
     def record(self) -> ExecutionRecord:
+        trace = (
+            TraceContext(traceparent=self.traceparent, tracestate=self.tracestate)
+            if self.traceparent
+            else None
+        )
         return ExecutionRecord(
             id=self.id, tenant_id=self.tenant_id, workflow_id=self.workflow_id,
             status=self.status, priority=self.priority, input=self.input,
-            created_at=self.created_at, scheduled_for=self.scheduled_for,
+            created_at=self.created_at, scheduled_for=self.scheduled_for, trace=trace,
         )  # fmt: skip
 
 
