@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.status import Status, StatusCode
 
@@ -107,6 +107,9 @@ def trigger_span(what: str, source: str) -> Iterator[TraceContext | None]:
     around a trigger from ``source`` (api, cli, event, webhook), current while it runs;
     yields the trace context to store with the executions it makes (None when no span
     records and the caller has none)."""
+    if not _on():  # no span to make: the caller's context, if it has one
+        yield current_context()
+        return
     with _tracer.start_as_current_span(
         f"conveyor.trigger {what}",
         kind=SpanKind.PRODUCER,
@@ -117,6 +120,8 @@ def trigger_span(what: str, source: str) -> Iterator[TraceContext | None]:
 
 def current_context() -> TraceContext | None:
     """The current span's W3C trace context, or None when there is none."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
     carrier: dict[str, str] = {}
     _W3C.inject(carrier)
     parent = carrier.get("traceparent")
@@ -133,10 +138,22 @@ def annotate(**attributes: str | int | bool) -> None:
 
 
 @contextmanager
-def node_try(run: NodeRun, started_ns: int) -> Iterator[Span]:
+def node_try(run: NodeRun, started_ns: int) -> Iterator[None]:
     """The span of one try (from ``started_ns``, before its claim), current while the node
-    runs and its outcome is recorded; a child of the execution's trace context."""
+    runs and its outcome is recorded; a child of the execution's trace context. With no
+    provider to record it, the stored context alone is made current (an http node still
+    passes it on), and nothing at all is done for an execution that has none."""
     execution = run.execution
+    if not _on():
+        if execution.trace is None:
+            yield
+            return
+        token = otel_context.attach(_parent(execution.id, execution.trace))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+        return
     name = f"{run.workflow.name}/{run.node.id}"
     span = _tracer.start_span(
         f"conveyor.node {name}",
@@ -153,7 +170,16 @@ def node_try(run: NodeRun, started_ns: int) -> Iterator[Span]:
     )
     # (the exception, if any, is recorded by outcome(); use_span would record it twice)
     with trace.use_span(span, end_on_exit=True, record_exception=False):
-        yield span
+        yield
+
+
+def _on() -> bool:
+    """Whether spans can go anywhere: a provider was given (:func:`use`) or set globally.
+    Checked at every span, so that a provider the application sets later is followed; it
+    costs a global's read and an environment lookup."""
+    return _tracer is not _GLOBAL or not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider
+    )
 
 
 def outcome(name: str, error: BaseException | None = None) -> None:
