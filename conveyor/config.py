@@ -275,7 +275,7 @@ class Settings(BaseSettings):
         default="none",
         pattern="^(none|console|otlp)$",
         description="OpenTelemetry exporter this process installs: none (spans go to the "
-        "provider the application set, if any), console (JSON on stdout) or otlp (to "
+        "provider the application set, if any), console (JSON on stderr) or otlp (to "
         "OTEL_EXPORTER_OTLP_ENDPOINT; needs the otlp extra).",
     )
     alert_interval: float = Field(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,9 +54,10 @@ _LOW_64 = (1 << 64) - 1
 
 
 def configure(exporter: str) -> None:
-    """Install the SDK's tracer provider with ``exporter`` (``console``: JSON lines on
-    stdout; ``otlp``: OTLP over HTTP to ``OTEL_EXPORTER_OTLP_ENDPOINT``, which needs the
-    ``otlp`` extra) as this process's global provider; ``none`` installs nothing. The
+    """Install the SDK's tracer provider with ``exporter`` (``console``: JSON on stderr,
+    never mixed with a command's output; ``otlp``: OTLP over HTTP to
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``, which needs the ``otlp`` extra) as this process's
+    global provider; ``none`` installs nothing. The
     resource's ``service.name`` is ``OTEL_SERVICE_NAME``, else ``conveyor``; the batch
     processor and the exporter read their other ``OTEL_*`` variables themselves."""
     if exporter == "none":
@@ -65,7 +67,7 @@ def configure(exporter: str) -> None:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
     if exporter == "console":
-        made: SpanExporter = ConsoleSpanExporter()
+        made: SpanExporter = ConsoleSpanExporter(out=sys.stderr)
     elif exporter == "otlp":
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found, unused-ignore]
