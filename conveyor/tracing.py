@@ -1,9 +1,10 @@
 """OpenTelemetry traces: one trace per execution, from its trigger to its last node's try.
 
 - Where an execution is triggered (the API, the CLI, :func:`conveyor.enqueue`, an event, a
-  webhook delivery) a ``conveyor.trigger`` span is started as a child of the caller's current
-  span, if any; its W3C trace context is stored with the execution (``traceparent``,
-  ``tracestate``), so that the trace crosses processes with the execution's row, which the
+  webhook delivery received) a ``conveyor.trigger`` span is started as a child of the
+  caller's current span, if any; its W3C trace context is stored with the execution
+  (``traceparent``, ``tracestate``; with a delivery until the webhook worker makes its
+  executions), so that the trace crosses processes with the execution's row, which the
   node's claim reads anyway: no message header, no extra read.
 - Every try of a node is a ``conveyor.node <workflow>/<node>`` span, a child of that context,
   with the workflow, node, execution, job, attempt and outcome as attributes, and status ERROR

@@ -237,3 +237,4 @@ class DeliveryRecord:
     event: str | None
     payload: Any
     status: DeliveryStatus
+    trace: TraceContext | None = None  # where it was received: its executions' tries join it

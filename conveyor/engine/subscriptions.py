@@ -80,6 +80,7 @@ def store_delivery(
     verified: Verified,
     now: datetime,
     replay_window: timedelta,
+    trace: TraceContext | None = None,
 ) -> uuid.UUID:
     """Store a verified delivery for the webhook worker; its id. A delivery id the endpoint
     received before is a :class:`DuplicateDelivery`; a body whose signature it noted within
@@ -87,7 +88,7 @@ def store_delivery(
     whatever its delivery id. Both are decided by unique keys, in this transaction: of two
     concurrent equal deliveries, one is stored."""
     stored = store.add_delivery(
-        endpoint, verified.delivery_id, verified.event, verified.payload, now
+        endpoint, verified.delivery_id, verified.event, verified.payload, now, trace
     )
     if stored is None:
         raise DuplicateDelivery(
@@ -112,10 +113,10 @@ def delivery_dispatch(delivery_id: uuid.UUID) -> Dispatch:
 
 
 def deliver_webhook(
-    store: Store, delivery_id: uuid.UUID, now: datetime, trace: TraceContext | None = None
+    store: Store, delivery_id: uuid.UUID, now: datetime
 ) -> list[triggering.Triggered]:
     """Start the workflows a stored delivery matches, once: the delivery row is locked and
-    marked handled in the same transaction (their tries join ``trace``)."""
+    marked handled in the same transaction (their tries join the trace it was received in)."""
     delivery = store.claim_delivery(delivery_id)
     if delivery is None:
         return []  # handled already (a duplicate message), or no such delivery
@@ -140,7 +141,7 @@ def deliver_webhook(
             },
             now=now,
             source=TriggerSource.WEBHOOK,
-            trace=trace,
+            trace=delivery.trace,
         )
         for name in names
     ]

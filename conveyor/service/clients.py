@@ -132,16 +132,18 @@ class Clients(ServiceBase):
             self.db.run(lambda s: s.count_rejected(endpoint.id))
             log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
             raise
-        try:
-            stored = self.db.run(
-                lambda s: subscriptions.store_delivery(
-                    s, endpoint, verified, utcnow(), self.replay_window
+        with tracing.trigger_span(f"webhook {endpoint.name}", TriggerSource.WEBHOOK.value) as trace:
+            try:
+                stored = self.db.run(
+                    lambda s: subscriptions.store_delivery(
+                        s, endpoint, verified, utcnow(), self.replay_window, trace
+                    )
                 )
-            )
-        except ReplayedDelivery as exc:
-            log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
-            raise
-        self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
+            except ReplayedDelivery as exc:
+                log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
+                raise
+            tracing.annotate(delivery=str(stored))
+            self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
         return stored
 
     def cancel(self, execution_id: uuid.UUID) -> None:

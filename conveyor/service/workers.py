@@ -21,7 +21,7 @@ from conveyor.engine import (
 )
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch, NodeHints
-from conveyor.engine.states import JobKind, JobStatus, Priority, TriggerSource
+from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
     NodeCancelled,
     NonRetryableError,
@@ -94,11 +94,8 @@ class Workers(ServiceBase):
 
     def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
         """The webhook worker: start the workflows a stored delivery matches."""
-        with tracing.trigger_span(f"delivery {delivery_id}", TriggerSource.WEBHOOK.value) as trace:
-            started = self.db.run(
-                lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow(), trace)
-            )
-            self._publish([d for t in started for d in t.dispatches])
+        started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
+        self._publish([d for t in started for d in t.dispatches])
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Take the job's permits (or park it), then claim, run and record it; the permits

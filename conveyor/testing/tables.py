@@ -40,6 +40,11 @@ def stored(value: Any) -> Any:
     return json.loads(json.dumps(value, allow_nan=False))
 
 
+def trace_of(traceparent: str | None, tracestate: str | None) -> TraceContext | None:
+    """A row's trace context columns as the record carries them (as conveyor.store.rows)."""
+    return TraceContext(traceparent=traceparent, tracestate=tracestate) if traceparent else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TenantRow:
     id: uuid.UUID
@@ -72,15 +77,11 @@ class ExecutionRow:
     finished_at: datetime | None = None
 
     def record(self) -> ExecutionRecord:
-        trace = (
-            TraceContext(traceparent=self.traceparent, tracestate=self.tracestate)
-            if self.traceparent
-            else None
-        )
         return ExecutionRecord(
             id=self.id, tenant_id=self.tenant_id, workflow_id=self.workflow_id,
             status=self.status, priority=self.priority, input=self.input,
-            created_at=self.created_at, scheduled_for=self.scheduled_for, trace=trace,
+            created_at=self.created_at, scheduled_for=self.scheduled_for,
+            trace=trace_of(self.traceparent, self.tracestate),
         )  # fmt: skip
 
 
@@ -175,6 +176,12 @@ class DeliveryRow:
     executions: int = 0
     received_at: datetime
     processed_at: datetime | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    @property
+    def trace(self) -> TraceContext | None:
+        return trace_of(self.traceparent, self.tracestate)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,5 @@
 """execution trace context: the W3C traceparent and tracestate where an execution was
-triggered, which its tries' spans join
+triggered (or a webhook delivery received), which its tries' spans join
 
 Revision ID: 0012
 Revises: 0011
@@ -24,9 +24,17 @@ def upgrade() -> None:
     # from their id (conveyor.tracing). Adding such a column rewrites no rows.
     op.add_column("executions", sa.Column("traceparent", sa.String(length=55), nullable=True))
     op.add_column("executions", sa.Column("tracestate", sa.String(length=512), nullable=True))
+    for column in (
+        sa.Column("traceparent", sa.String(55)),
+        sa.Column("tracestate", sa.String(512)),
+    ):
+        op.add_column("webhook_deliveries", column)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("webhook_deliveries") as batch:
+        batch.drop_column("tracestate")
+        batch.drop_column("traceparent")
     with op.batch_alter_table("executions") as batch:
         batch.drop_column("tracestate")
         batch.drop_column("traceparent")

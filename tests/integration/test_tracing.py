@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,11 +17,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from standardwebhooks import Webhook
 
 import conveyor
 from conveyor import tracing
 from conveyor.engine import triggering
-from conveyor.engine.states import ExecutionStatus, TriggerSource
+from conveyor.engine.credentials import new_webhook_secret
+from conveyor.engine.states import ExecutionStatus, SignatureScheme, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
 from conveyor.service.base import utcnow
@@ -199,6 +202,59 @@ def test_an_execution_stored_without_a_trace_context_gets_one_trace_from_its_id(
     assert only.parent is not None and only.parent.is_remote
     assert attributes(only)["conveyor.outcome"] == "dead_letter"
     assert only.status.status_code is StatusCode.ERROR
+
+
+def test_executions_an_event_or_a_webhook_starts_join_the_trace_they_were_sent_in(
+    conveyor_service: Conveyor, spans: InMemorySpanExporter
+) -> None:
+    # Given a workflow started by an event and one by a webhook endpoint's deliveries
+    conveyor_service.apply(
+        parse_workflow(
+            {"name": "on-event", "nodes": [py("only", "traced")], "events": ["order.placed"]}
+        )
+    )
+    secret = new_webhook_secret(SignatureScheme.STANDARD)
+    with conveyor_service.db.transaction() as store:
+        endpoint = store.add_endpoint(
+            store.tenant_id("default"), "hooks", SignatureScheme.STANDARD, secret, utcnow()
+        )
+    hooked = {
+        "name": "on-hook",
+        "nodes": [py("only", "traced")],
+        "webhooks": [{"endpoint": "hooks"}],
+    }
+    conveyor_service.apply(parse_workflow(hooked))
+    body, at = b'{"type": "paid"}', datetime.now(UTC)
+    headers = {
+        "webhook-id": "msg_1",
+        "webhook-timestamp": str(int(at.timestamp())),
+        "webhook-signature": Webhook(secret).sign("msg_1", at, body.decode()),
+    }
+    assert _provider is not None
+    app = _provider.get_tracer("app")
+
+    # When the application emits the event, and the API receives the delivery, each in a
+    # request's span (the delivery's workflow is started later, by the webhook worker)
+    with app.start_as_current_span("POST /events") as emitting:
+        (by_event,) = conveyor_service.emit("default", "order.placed", {"id": 7})
+    with app.start_as_current_span("POST /webhooks") as receiving:
+        conveyor_service.receive_webhook(endpoint.id, body, headers)
+    wait_for(conveyor_service, by_event)
+
+    # Then each execution's try is in the trace of the request that sent it, under its
+    # trigger span
+    tries = ended(spans, 2, "conveyor.node ")
+    triggers = {s.name: s for s in ended(spans, 2, "conveyor.trigger ")}
+    for request, trigger_name, workflow in (
+        (emitting, "conveyor.trigger order.placed", "on-event"),
+        (receiving, "conveyor.trigger webhook hooks", "on-hook"),
+    ):
+        trigger = triggers[trigger_name]
+        (run,) = [s for s in tries if attributes(s)["conveyor.workflow"] == workflow]
+        caller = request.get_span_context()
+        assert trigger.parent is not None and trigger.parent.span_id == caller.span_id
+        assert run.context.trace_id == caller.trace_id
+        assert run.parent is not None and run.parent.span_id == trigger.context.span_id
 
 
 class _Recorder(BaseHTTPRequestHandler):
