@@ -133,6 +133,15 @@ def current_context() -> TraceContext | None:
     return TraceContext(traceparent=parent, tracestate=carrier.get("tracestate") or None)
 
 
+def log_fields() -> dict[str, str]:
+    """``trace_id`` and ``span_id`` of the current span for a log line (none without one), so
+    that a try's log lines and its span find each other."""
+    found = trace.get_current_span().get_span_context()
+    if not found.is_valid:
+        return {}
+    return {"trace_id": format(found.trace_id, "032x"), "span_id": format(found.span_id, "016x")}
+
+
 def annotate(**attributes: str | int | bool) -> None:
     """Attributes on the current span (``conveyor.`` prefixed)."""
     span = trace.get_current_span()

@@ -145,6 +145,7 @@ class Workers(ServiceBase):
             workflow=run.workflow.name,
             queue=run.job.queue,
             attempt=run.attempt,
+            **tracing.log_fields(),
         )
         job_log.info("job received")
         ctx = NodeContext(

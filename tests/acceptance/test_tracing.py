@@ -3,10 +3,12 @@ exports its spans over OTLP/HTTP (CONVEYOR_TRACING=otlp) to a collector on loopb
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
@@ -61,7 +63,7 @@ def loopback() -> Iterator[str]:
 
 
 def test_a_worker_process_continues_the_trace_its_execution_was_triggered_in(
-    client: Conveyor, start_worker: Callable[..., Popen[str]], loopback: str
+    client: Conveyor, start_worker: Callable[..., Popen[str]], loopback: str, tmp_path: Path
 ) -> None:
     # Given a prefork worker exporting over OTLP, and this process tracing in memory
     start_worker(
@@ -125,6 +127,15 @@ def test_a_worker_process_continues_the_trace_its_execution_was_triggered_in(
         "conveyor.outcome": "completed",
     }
     assert sent.split("-")[2] == spans["conveyor.node accept-traced/call"].span_id.hex()
+    # And the try's log lines name its span
+    received = [
+        json.loads(line)
+        for line in (tmp_path / "traced.log").read_text().splitlines()
+        if '"job received"' in line and '"node_id": "look"' in line
+    ]
+    assert [(r["trace_id"], r["span_id"]) for r in received] == [
+        (format(trace_id, "032x"), look.span_id.hex())
+    ]
 
 
 def look_job(client: Conveyor, execution_id: Any) -> str:
