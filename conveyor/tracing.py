@@ -37,6 +37,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.status import Status, StatusCode
 
+from conveyor import logs
 from conveyor.engine.records import TraceContext
 from conveyor.exceptions import ConfigurationError
 
@@ -180,8 +181,9 @@ def node_try(run: NodeRun, started_ns: int) -> Iterator[None]:
             "conveyor.attempt": run.attempt,
         },
     )
-    # (the exception, if any, is recorded by outcome(); use_span would record it twice)
-    with trace.use_span(span, end_on_exit=True, record_exception=False):
+    # A failed try's exception is recorded by outcome(); one that escapes here is not the
+    # node's (recording its outcome failed): use_span records it, and the span has no outcome.
+    with trace.use_span(span, end_on_exit=True):
         yield
 
 
@@ -203,7 +205,7 @@ def outcome(name: str, error: BaseException | None = None) -> None:
     span.set_attribute("conveyor.outcome", name)
     if error is not None:
         span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.set_status(Status(StatusCode.ERROR, logs.short(f"{type(error).__name__}: {error}")))
 
 
 def _parent(execution_id: uuid.UUID, stored: TraceContext | None) -> otel_context.Context:
