@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from sqlalchemy.orm import Session
 from standardwebhooks import Webhook
 
 import conveyor
@@ -172,6 +173,29 @@ def test_a_trigger_inside_the_callers_span_joins_its_trace(
         trigger.parent is not None and trigger.parent.span_id == request.get_span_context().span_id
     )
     assert only.context.trace_id == request.get_span_context().trace_id
+    assert only.parent is not None and only.parent.span_id == trigger.context.span_id
+
+
+def test_an_enqueue_in_the_applications_transaction_joins_its_span(
+    conveyor_service: Conveyor, spans: InMemorySpanExporter
+) -> None:
+    apply(conveyor_service, "traced-enqueued", [py("only", "traced")])
+    assert _provider is not None
+
+    with (
+        _provider.get_tracer("app").start_as_current_span("POST /invoices") as request,
+        Session(conveyor_service.db.engine) as session,
+        session.begin(),
+    ):
+        execution_id = conveyor.enqueue(session, "traced-enqueued", {})
+    wait_for(conveyor_service, execution_id)
+
+    (trigger,) = ended(spans, 1, "conveyor.trigger ")
+    (only,) = ended(spans, 1, "conveyor.node ")
+    assert (
+        trigger.parent is not None and trigger.parent.span_id == request.get_span_context().span_id
+    )
+    assert attributes(trigger)["conveyor.execution_id"] == str(execution_id)
     assert only.parent is not None and only.parent.span_id == trigger.context.span_id
 
 
