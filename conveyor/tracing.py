@@ -98,6 +98,15 @@ def configure(exporter: str) -> None:
     trace.set_tracer_provider(provider)
 
 
+def flush(timeout: float = 5.0) -> None:
+    """Export the spans still buffered (a process about to end: a pool process exits without
+    running the SDK's exit handler)."""
+    provider = trace.get_tracer_provider()
+    force_flush = getattr(provider, "force_flush", None)  # the SDK's; the API's has none
+    if force_flush is not None:
+        force_flush(int(timeout * 1000))
+
+
 def use(provider: trace.TracerProvider | None) -> None:
     """Send Conveyor's spans to ``provider`` rather than the global one (None: the global
     one again): for an application that keeps its provider to itself, and for tests."""
