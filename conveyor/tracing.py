@@ -6,6 +6,7 @@
   (``traceparent``, ``tracestate``; with a delivery until the webhook worker makes its
   executions), so that the trace crosses processes with the execution's row, which the
   node's claim reads anyway: no message header, no extra read.
+- An execution planned by an execution worker has a ``conveyor.plan <workflow>`` span there.
 - Every try of a node is a ``conveyor.node <workflow>/<node>`` span, a child of that context,
   with the workflow, node, execution, job, attempt and outcome as attributes, and status ERROR
   with the exception when the try failed. It is the current span while the node runs: a
@@ -38,7 +39,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from conveyor import logs
-from conveyor.engine.records import TraceContext
+from conveyor.engine.records import ExecutionRecord, TraceContext
 from conveyor.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -192,6 +193,24 @@ def node_try(run: NodeRun, started_ns: int) -> Iterator[None]:
     )
     # A failed try's exception is recorded by outcome(); one that escapes here is not the
     # node's (recording its outcome failed): use_span records it, and the span has no outcome.
+    with trace.use_span(span, end_on_exit=True):
+        yield
+
+
+@contextmanager
+def plan_span(execution: ExecutionRecord, workflow: str, started_ns: int) -> Iterator[None]:
+    """The span of an execution's plan by an execution worker (from ``started_ns``, before
+    its claim, to the publish of its root jobs), in the execution's trace."""
+    if not _on():
+        yield
+        return
+    span = _tracer.start_span(
+        f"conveyor.plan {workflow}",
+        context=_parent(execution.id, execution.trace),
+        kind=SpanKind.CONSUMER,
+        start_time=started_ns,
+        attributes={"conveyor.workflow": workflow, "conveyor.execution_id": str(execution.id)},
+    )
     with trace.use_span(span, end_on_exit=True):
         yield
 

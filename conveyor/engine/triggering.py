@@ -211,14 +211,24 @@ def _earlier(
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """What a plan made: the messages to publish and, when it planned one, the execution and
+    its workflow's name."""
+
+    dispatches: list[Dispatch]
+    execution: ExecutionRecord | None = None
+    workflow: str = ""
+
+
 def start_execution(
     store: Store, job_id: uuid.UUID, now: datetime, worker: str | None = None
-) -> list[Dispatch]:
+) -> Planned:
     """Plan an execution: a state row per node and a job per root node."""
     started = time.monotonic()
     job = store.claim_job(job_id, JobKind.EXECUTION, now)
     if job is None:
-        return []  # a duplicate or stale message: the job is not queued any more
+        return Planned(dispatches=[])  # a duplicate or stale message: not queued any more
     store.add_attempt(job, worker, now)
     execution = store.execution(job.execution_id)
     if execution.status is not ExecutionStatus.PENDING:
@@ -231,7 +241,7 @@ def start_execution(
             0.0,
             error=f"execution is {execution.status.value}",
         )
-        return []
+        return Planned(dispatches=[])
     workflow, shape = load_workflow(store, execution.workflow_id)
     store.start_execution(execution.id, len(workflow.nodes), now)
     dispatches = _plan(store, execution, workflow, shape, now)
@@ -239,7 +249,7 @@ def start_execution(
     store.finish_attempt(
         job.id, job.try_number, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
     )
-    return dispatches
+    return Planned(dispatches=dispatches, execution=execution, workflow=workflow.name)
 
 
 def _plan(

@@ -88,9 +88,14 @@ class Workers(ServiceBase):
         self.watcher.heartbeat_interval = seconds
 
     def start_execution(self, job_id: uuid.UUID) -> None:
-        self._publish(
-            self.db.run(lambda s: triggering.start_execution(s, job_id, utcnow(), self.worker))
+        started_ns = time.time_ns()
+        planned = self.db.run(
+            lambda s: triggering.start_execution(s, job_id, utcnow(), self.worker)
         )
+        if planned.execution is None:
+            return
+        with tracing.plan_span(planned.execution, planned.workflow, started_ns):
+            self._publish(planned.dispatches)
 
     def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
         """The webhook worker: start the workflows a stored delivery matches."""

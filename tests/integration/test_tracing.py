@@ -176,6 +176,28 @@ def test_a_trigger_inside_the_callers_span_joins_its_trace(
     assert only.parent is not None and only.parent.span_id == trigger.context.span_id
 
 
+def test_a_large_executions_plan_on_an_execution_worker_is_in_its_trace(
+    conveyor_service: Conveyor, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a workflow too large to be planned by its trigger (a limit under its two nodes)
+    monkeypatch.setattr(triggering, "INLINE_PLAN_NODES", 1)
+    apply(conveyor_service, "traced-large", [py("a", "traced"), py("b", "traced", "a")])
+
+    execution_id = conveyor_service.trigger("traced-large", {})
+    wait_for(conveyor_service, execution_id)
+
+    # Then its plan is a span beside its tries, each a child of the trigger span
+    (trigger,) = ended(spans, 1, "conveyor.trigger ")
+    (plan,) = ended(spans, 1, "conveyor.plan ")
+    tries = ended(spans, 2, "conveyor.node ")
+    assert plan.name == "conveyor.plan traced-large"
+    assert attributes(plan)["conveyor.execution_id"] == str(execution_id)
+    assert len(tries) == 2
+    for span in (plan, *tries):
+        assert span.context.trace_id == trigger.context.trace_id
+        assert span.parent is not None and span.parent.span_id == trigger.context.span_id
+
+
 def test_an_enqueue_in_the_applications_transaction_joins_its_span(
     conveyor_service: Conveyor, spans: InMemorySpanExporter
 ) -> None:
