@@ -18,7 +18,7 @@ WORKDIR /opt/conveyor
 COPY pyproject.toml README.md alembic.ini ./
 COPY conveyor ./conveyor
 COPY migrations ./migrations
-RUN pip install -e ".[flower]"
+RUN pip install -e ".[flower,otlp]"
 
 # Your code goes in /app: the working directory of every command, and on the import path, so
 # that CONVEYOR_IMPORTS=myapp.nodes finds /app/myapp/nodes.py in workers, beat and the API.

@@ -281,6 +281,13 @@ class Settings(BaseSettings):
         pattern="^(json|console)$",
         description="Worker and beat logs: json (one object a line) or console.",
     )
+    tracing: str = Field(
+        default="none",
+        pattern="^(none|console|otlp)$",
+        description="OpenTelemetry exporter this process installs: none (spans go to the "
+        "provider the application set, if any), console (JSON on stderr) or otlp (to "
+        "OTEL_EXPORTER_OTLP_ENDPOINT; needs the otlp extra).",
+    )
     alert_interval: float = Field(
         default=60.0, ge=1, description="Seconds between alert evaluations (one worker a turn)."
     )

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from conveyor import tracing
 from conveyor.engine import triggering
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch
@@ -43,16 +44,19 @@ def enqueue(
 ) -> uuid.UUID:
     """Create an execution in the caller's transaction; its id. With ``dedupe_key``, a
     pending or running execution with that key is returned instead of a new one."""
-    result = triggering.trigger(
-        store_on(session),
-        workflow_name=workflow,
-        tenant=tenant,
-        input=input,
-        now=datetime.now(UTC),
-        priority=priority,
-        source=source,
-        dedupe_key=dedupe_key,
-    )
+    with tracing.trigger_span(workflow, source.value) as trace:
+        result = triggering.trigger(
+            store_on(session),
+            workflow_name=workflow,
+            tenant=tenant,
+            input=input,
+            now=datetime.now(UTC),
+            priority=priority,
+            source=source,
+            dedupe_key=dedupe_key,
+            trace=trace,
+        )
+        tracing.annotate(workflow=workflow, execution_id=str(result.execution_id))
     if result.dispatches:
         _pending(session, dispatcher).extend(result.dispatches)
     return result.execution_id

@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpcore
 import httpx
+from opentelemetry import propagate
 
 from conveyor.config import get_settings
 from conveyor.engine import templates
@@ -119,7 +120,7 @@ def call(
             request = client.build_request(
                 method,
                 url,
-                headers=config.get("headers"),
+                headers=_traced(config.get("headers")),
                 params=config.get("params"),
                 json=config.get("json"),
                 content=config.get("body"),
@@ -131,6 +132,20 @@ def call(
             raise NonRetryableError(f"{what}: the URL is invalid ({exc})") from exc
         except httpx.HTTPError as exc:
             raise NodeError(f"{what} failed: {exc}") from exc
+
+
+def _traced(headers: Any) -> Any:
+    """The node's headers with the current trace context (``traceparent``: the try's span),
+    so that the called service's spans join the execution's trace; a node that sets the
+    header itself keeps its own."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return headers
+    given = httpx.Headers(headers)
+    for name, value in carrier.items():
+        given.setdefault(name, value)
+    return given
 
 
 def shown(url: str | httpx.URL) -> str:

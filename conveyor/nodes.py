@@ -17,6 +17,7 @@ Inputs arrive as keyword arguments; a parameter named ``ctx`` receives the :clas
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import os
@@ -223,12 +224,14 @@ def _call_python(
 
 
 class _Call:
-    """One call of a node function, handed to a :class:`_NodeThread`."""
+    """One call of a node function, handed to a :class:`_NodeThread`. It runs in the
+    caller's context (contextvars): the function sees the try's span as the current one."""
 
-    __slots__ = ("done", "error", "fn", "kwargs", "name", "value")
+    __slots__ = ("context", "done", "error", "fn", "kwargs", "name", "value")
 
     def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> None:
         self.fn, self.kwargs, self.name = fn, kwargs, name
+        self.context = contextvars.copy_context()
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
@@ -276,7 +279,7 @@ class _NodeThread:
         while (call := self._calls.get()) is not None:
             current.name = call.name
             try:
-                call.value = call.fn(**call.kwargs)
+                call.value = call.context.run(call.fn, **call.kwargs)
             except BaseException as exc:
                 call.error = exc
             call.done.set()

@@ -20,7 +20,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from conveyor import metrics
+from conveyor import metrics, tracing
 from conveyor.config import get_settings
 from conveyor.engine import template_budget as budgets
 from conveyor.engine.addresses import AllowList
@@ -51,6 +51,7 @@ def service() -> Conveyor:
     """The service of this process: the one the tasks, the API and the CLI call."""
     settings = get_settings()
     budgets.configure(template_budget())  # every process that renders builds this
+    tracing.configure(settings.tracing)  # every process that triggers or runs nodes builds this
     made = Conveyor(
         database(),
         dispatcher(),

@@ -24,6 +24,7 @@ from conveyor.engine.records import (
     NewJob,
     NodeRow,
     ScheduleRecord,
+    TraceContext,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
@@ -365,8 +366,10 @@ class Deliveries(Protocol):
         event: str | None,
         payload: Any,
         now: datetime,
+        trace: TraceContext | None = None,
     ) -> uuid.UUID | None:
-        """A verified delivery stored; None when the endpoint has one with that id."""
+        """A verified delivery stored (with the trace context where it was received); None
+        when the endpoint has one with that id."""
         ...
 
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:

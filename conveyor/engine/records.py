@@ -64,6 +64,16 @@ class NewJob:
     next_run_at: datetime | None = None  # a delay node's: held until then
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TraceContext:
+    """The W3C trace context an execution's tries join: the ``traceparent`` (and
+    ``tracestate``) of where it was triggered, stored with the execution (see
+    :mod:`conveyor.tracing`)."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecutionRecord:
     id: uuid.UUID
@@ -74,6 +84,7 @@ class ExecutionRecord:
     input: Any
     created_at: datetime
     scheduled_for: datetime | None = None  # the slot, when a schedule started it
+    trace: TraceContext | None = None  # None: its tries' trace is made from its id
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,3 +237,4 @@ class DeliveryRecord:
     event: str | None
     payload: Any
     status: DeliveryStatus
+    trace: TraceContext | None = None  # where it was received: its executions' tries join it

@@ -17,7 +17,7 @@ from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.queues import QUEUE_FOR_KIND
-from conveyor.engine.records import Dispatch, EndpointRecord
+from conveyor.engine.records import Dispatch, EndpointRecord, TraceContext
 from conveyor.engine.states import (
     DeliveryStatus,
     JobKind,
@@ -49,9 +49,15 @@ def sync(store: Store, tenant: str, workflow: Workflow) -> None:
 
 
 def emit_event(
-    store: Store, tenant: str, event_type: str, payload: Any, now: datetime
+    store: Store,
+    tenant: str,
+    event_type: str,
+    payload: Any,
+    now: datetime,
+    trace: TraceContext | None = None,
 ) -> list[triggering.Triggered]:
-    """Start every workflow of the tenant that subscribes to the event type."""
+    """Start every workflow of the tenant that subscribes to the event type (their tries
+    join ``trace``)."""
     rows = store.subscribers(store.tenant_id(tenant), SubscriptionKind.EVENT, event_type)
     # once a workflow, even if two applies racing left its subscription twice
     return [
@@ -62,6 +68,7 @@ def emit_event(
             input={"event": event_type, "payload": payload},
             now=now,
             source=TriggerSource.EVENT,
+            trace=trace,
         )
         for name in sorted({name for name, _ in rows})
     ]
@@ -73,6 +80,7 @@ def store_delivery(
     verified: Verified,
     now: datetime,
     replay_window: timedelta,
+    trace: TraceContext | None = None,
 ) -> uuid.UUID:
     """Store a verified delivery for the webhook worker; its id. A delivery id the endpoint
     received before is a :class:`DuplicateDelivery`; a body whose signature it noted within
@@ -80,7 +88,7 @@ def store_delivery(
     whatever its delivery id. Both are decided by unique keys, in this transaction: of two
     concurrent equal deliveries, one is stored."""
     stored = store.add_delivery(
-        endpoint, verified.delivery_id, verified.event, verified.payload, now
+        endpoint, verified.delivery_id, verified.event, verified.payload, now, trace
     )
     if stored is None:
         raise DuplicateDelivery(
@@ -108,7 +116,7 @@ def deliver_webhook(
     store: Store, delivery_id: uuid.UUID, now: datetime
 ) -> list[triggering.Triggered]:
     """Start the workflows a stored delivery matches, once: the delivery row is locked and
-    marked handled in the same transaction."""
+    marked handled in the same transaction (their tries join the trace it was received in)."""
     delivery = store.claim_delivery(delivery_id)
     if delivery is None:
         return []  # handled already (a duplicate message), or no such delivery
@@ -133,6 +141,7 @@ def deliver_webhook(
             },
             now=now,
             source=TriggerSource.WEBHOOK,
+            trace=delivery.trace,
         )
         for name in names
     ]

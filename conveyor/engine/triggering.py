@@ -21,6 +21,7 @@ from conveyor.engine.records import (
     Created,
     Dispatch,
     ExecutionRecord,
+    TraceContext,
 )
 from conveyor.engine.states import (
     AttemptStatus,
@@ -93,13 +94,15 @@ def trigger(
     source: TriggerSource = TriggerSource.API,
     idempotency_key: str | None = None,
     dedupe_key: str | None = None,
+    trace: TraceContext | None = None,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
     every run. A larger one gets a start job, and an execution worker plans it. With an
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
-    deduplication key, a pending or running execution with that key is returned instead."""
+    deduplication key, a pending or running execution with that key is returned instead.
+    ``trace``: the trace context its tries join (stored with it)."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -119,7 +122,7 @@ def trigger(
             id=new_id(), tenant_id=tenant_id, workflow_id=workflow_id,
             status=ExecutionStatus.PENDING,
             priority=choose_priority(priority, workflow.priority, source),
-            input=input if input is not None else {}, created_at=now,
+            input=input if input is not None else {}, created_at=now, trace=trace,
         )  # fmt: skip
         try:
             created, dispatches = _create(
@@ -208,14 +211,24 @@ def _earlier(
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """What a plan made: the messages to publish and, when it planned one, the execution and
+    its workflow's name."""
+
+    dispatches: list[Dispatch]
+    execution: ExecutionRecord | None = None
+    workflow: str = ""
+
+
 def start_execution(
     store: Store, job_id: uuid.UUID, now: datetime, worker: str | None = None
-) -> list[Dispatch]:
+) -> Planned:
     """Plan an execution: a state row per node and a job per root node."""
     started = time.monotonic()
     job = store.claim_job(job_id, JobKind.EXECUTION, now)
     if job is None:
-        return []  # a duplicate or stale message: the job is not queued any more
+        return Planned(dispatches=[])  # a duplicate or stale message: not queued any more
     store.add_attempt(job, worker, now)
     execution = store.execution(job.execution_id)
     if execution.status is not ExecutionStatus.PENDING:
@@ -228,7 +241,7 @@ def start_execution(
             0.0,
             error=f"execution is {execution.status.value}",
         )
-        return []
+        return Planned(dispatches=[])
     workflow, shape = load_workflow(store, execution.workflow_id)
     store.start_execution(execution.id, len(workflow.nodes), now)
     dispatches = _plan(store, execution, workflow, shape, now)
@@ -236,7 +249,7 @@ def start_execution(
     store.finish_attempt(
         job.id, job.try_number, AttemptStatus.SUCCEEDED, now, time.monotonic() - started
     )
-    return dispatches
+    return Planned(dispatches=dispatches, execution=execution, workflow=workflow.name)
 
 
 def _plan(

@@ -108,6 +108,9 @@ class WebhookDelivery(Base):
     executions: Mapped[int] = mapped_column(Integer, default=0)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Where it was received (the trace context), passed on to the executions it starts.
+    traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
+    tracestate: Mapped[str | None] = mapped_column(String(512), nullable=True)
 
 
 class WebhookSignature(Base):
@@ -242,6 +245,10 @@ class Execution(Base):
     scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The W3C trace context where it was triggered, which its tries' spans join
+    # (conveyor.tracing); None: their trace is made from its id.
+    traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
+    tracestate: Mapped[str | None] = mapped_column(String(512), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

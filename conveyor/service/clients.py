@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from conveyor import tracing
 from conveyor.engine import (
     cancellation,
     credentials,
@@ -71,29 +72,35 @@ class Clients(ServiceBase):
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
-        # Its writes are one statement each (PostgreSQL): no transaction round trips.
-        result = self.db.autocommit(
-            lambda s: triggering.trigger(
-                s,
-                workflow_name=workflow,
-                tenant=tenant,
-                input=input,
-                priority=priority,
-                source=source,
-                now=utcnow(),
-                idempotency_key=idempotency_key,
-                dedupe_key=dedupe_key,
+        with tracing.trigger_span(workflow, source.value) as trace:
+            # Its writes are one statement each (PostgreSQL): no transaction round trips.
+            result = self.db.autocommit(
+                lambda s: triggering.trigger(
+                    s,
+                    workflow_name=workflow,
+                    tenant=tenant,
+                    input=input,
+                    priority=priority,
+                    source=source,
+                    now=utcnow(),
+                    idempotency_key=idempotency_key,
+                    dedupe_key=dedupe_key,
+                    trace=trace,
+                )
             )
-        )
-        self._publish_now(result.dispatches, f"execution {result.execution_id}")
+            tracing.annotate(
+                workflow=workflow, execution_id=str(result.execution_id), replayed=result.replayed
+            )
+            self._publish_now(result.dispatches, f"execution {result.execution_id}")
         return result.execution_id, result.replayed
 
     def emit(self, tenant: str, event_type: str, payload: Any) -> list[uuid.UUID]:
         """Start every workflow of the tenant that subscribes to the event type."""
-        started = self.db.run(
-            lambda s: subscriptions.emit_event(s, tenant, event_type, payload, utcnow())
-        )
-        self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
+        with tracing.trigger_span(event_type, TriggerSource.EVENT.value) as trace:
+            started = self.db.run(
+                lambda s: subscriptions.emit_event(s, tenant, event_type, payload, utcnow(), trace)
+            )
+            self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
         return [t.execution_id for t in started]
 
     def authenticate(self, key: str) -> TenantRef:
@@ -125,16 +132,18 @@ class Clients(ServiceBase):
             self.db.run(lambda s: s.count_rejected(endpoint.id))
             log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
             raise
-        try:
-            stored = self.db.run(
-                lambda s: subscriptions.store_delivery(
-                    s, endpoint, verified, utcnow(), self.replay_window
+        with tracing.trigger_span(f"webhook {endpoint.name}", TriggerSource.WEBHOOK.value) as trace:
+            try:
+                stored = self.db.run(
+                    lambda s: subscriptions.store_delivery(
+                        s, endpoint, verified, utcnow(), self.replay_window, trace
+                    )
                 )
-            )
-        except ReplayedDelivery as exc:
-            log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
-            raise
-        self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
+            except ReplayedDelivery as exc:
+                log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
+                raise
+            tracing.annotate(delivery=str(stored))
+            self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
         return stored
 
     def cancel(self, execution_id: uuid.UUID) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.exc import DataError
 
-from conveyor import logs, nodes
+from conveyor import logs, nodes, tracing
 from conveyor.batches import Member, run_batch
 from conveyor.engine import (
     claiming,
@@ -32,10 +32,19 @@ from conveyor.service.base import ServiceBase, log, utcnow
 events = logs.get("conveyor.jobs")
 
 
+# A failed try's outcome as its span says it (None: the try was reclaimed meanwhile).
+_OUTCOMES: dict[JobStatus | None, str] = {
+    JobStatus.RETRY_WAIT: "retry",
+    JobStatus.DEAD_LETTER: "dead_letter",
+    JobStatus.CANCELLED: "cancelled",
+}
+
+
 def _log_failure(
     job_log: Any, failed: failure.Failed, error: BaseException, duration: float
 ) -> None:
     """A failed try, at the level its outcome deserves."""
+    tracing.outcome(_OUTCOMES.get(failed.outcome, "reclaimed"), error)
     fields = {"duration": round(duration, 3), "error": logs.short(failure.describe(error))}
     if failed.outcome is JobStatus.RETRY_WAIT:
         job_log.warning("retry scheduled", retry_in=round(failed.retry_in or 0.0, 3), **fields)
@@ -79,9 +88,14 @@ class Workers(ServiceBase):
         self.watcher.heartbeat_interval = seconds
 
     def start_execution(self, job_id: uuid.UUID) -> None:
-        self._publish(
-            self.db.run(lambda s: triggering.start_execution(s, job_id, utcnow(), self.worker))
+        started_ns = time.time_ns()
+        planned = self.db.run(
+            lambda s: triggering.start_execution(s, job_id, utcnow(), self.worker)
         )
+        if planned.execution is None:
+            return
+        with tracing.plan_span(planned.execution, planned.workflow, started_ns):
+            self._publish(planned.dispatches)
 
     def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
         """The webhook worker: start the workflows a stored delivery matches."""
@@ -114,6 +128,7 @@ class Workers(ServiceBase):
 
     def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
         """Claim a node job, run the node outside any transaction, record the outcome."""
+        claiming_at = time.time_ns()
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
         run = self.db.autocommit(
@@ -122,6 +137,11 @@ class Workers(ServiceBase):
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
             return
+        with tracing.node_try(run, claiming_at):
+            self._try(run)
+
+    def _try(self, run: claiming.NodeRun) -> None:
+        """Run a claimed node, record its outcome and publish what it made ready."""
         job_log = events.bind(
             job_id=str(run.job.id),
             execution_id=str(run.execution.id),
@@ -130,6 +150,7 @@ class Workers(ServiceBase):
             workflow=run.workflow.name,
             queue=run.job.queue,
             attempt=run.attempt,
+            **tracing.log_fields(),
         )
         job_log.info("job received")
         ctx = NodeContext(
@@ -172,6 +193,7 @@ class Workers(ServiceBase):
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log)
         job_log.info("job completed", duration=round(duration, 3))
+        tracing.outcome("completed")
         return dispatches
 
     def _record_stopped(
@@ -188,6 +210,7 @@ class Workers(ServiceBase):
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log)
         if failed is None:  # its execution is still finished: cancelled, its output kept
+            tracing.outcome("cancelled")
             job_log.info("job stopped", outcome="cancelled", duration=round(duration, 3))
             return []
         _log_failure(job_log, failed, stopped, duration)

@@ -12,7 +12,7 @@ from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from conveyor.engine.records import DeliveryRecord, EndpointRecord, TenantRef
+from conveyor.engine.records import DeliveryRecord, EndpointRecord, TenantRef, TraceContext
 from conveyor.engine.states import DeliveryStatus, JobStatus, SignatureScheme, SubscriptionKind
 from conveyor.exceptions import ConveyorError
 from conveyor.models import (
@@ -26,7 +26,7 @@ from conveyor.models import (
     WebhookSignature,
     WorkflowVersion,
 )
-from conveyor.store.rows import endpoint_record
+from conveyor.store.rows import endpoint_record, trace_context
 from conveyor.store.session import upsert
 
 
@@ -125,12 +125,14 @@ class AccessQueries:
         event: str | None,
         payload: Any,
         now: datetime,
+        trace: TraceContext | None = None,
     ) -> uuid.UUID | None:
         """Store a verified delivery; None if the endpoint has one with that id (a replay)."""
         row = WebhookDelivery(
             endpoint_id=endpoint.id, tenant_id=endpoint.tenant_id, delivery_id=delivery_id,
             event=event, payload=payload, status=DeliveryStatus.RECEIVED, executions=0,
-            received_at=now,
+            received_at=now, traceparent=trace.traceparent if trace else None,
+            tracestate=trace.tracestate if trace else None,
         )  # fmt: skip
         try:
             with self.session.begin_nested():
@@ -198,6 +200,7 @@ class AccessQueries:
             event=delivery.event,
             payload=delivery.payload,
             status=delivery.status,
+            trace=trace_context(delivery.traceparent, delivery.tracestate),
         )
 
     def stale_deliveries(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:

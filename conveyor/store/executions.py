@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from conveyor.engine.records import ExecutionRecord, Finish, NodeRow
+from conveyor.engine.records import ExecutionRecord, Finish, NodeRow, TraceContext
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
     RUNNABLE_JOB,
@@ -63,6 +63,7 @@ class ExecutionQueries(StoreCore):
         dedupe_key: str | None = None,
         planned_nodes: int | None = None,
         execution_id: uuid.UUID | None = None,
+        trace: TraceContext | None = None,
     ) -> uuid.UUID:
         """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
         planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
@@ -81,6 +82,8 @@ class ExecutionQueries(StoreCore):
             created_at=now,
             idempotency_key=idempotency_key,
             dedupe_key=dedupe_key,
+            traceparent=trace.traceparent if trace else None,
+            tracestate=trace.tracestate if trace else None,
         )
         if idempotency_key is None and dedupe_key is None:
             self._core(statement)

@@ -42,6 +42,7 @@ from sqlalchemy.pool import Pool, PoolProxiedConnection
 from conveyor.engine.records import ExecutionRecord, JobRecord
 from conveyor.engine.states import RUNNABLE_JOB, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.models.base import JsonType, UTCDateTime
+from conveyor.store.rows import trace_context
 
 _DIALECT: Dialect = psycopg_dialect()  # type: ignore[no-untyped-call]
 
@@ -149,8 +150,9 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
         id=job.execution_id, tenant_id=job.tenant_id, workflow_id=job.workflow_id,
         status=ExecutionStatus(row[13]), priority=Priority(row[14]), input=row[15],
         created_at=row[16].astimezone(UTC), scheduled_for=_utc(row[17]),
+        trace=trace_context(row[18], row[19]),
     )  # fmt: skip
-    return job, execution, row[18] or {}
+    return job, execution, row[20] or {}
 
 
 # Nodes of an execution are found by name one at a time, each by a LATERAL lookup on the
@@ -192,7 +194,7 @@ WITH job AS (
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
-       {needs}
+       ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs}
 FROM job, ex
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
@@ -356,11 +358,12 @@ WITH target AS (
 ), made AS (
     INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
                             remaining_nodes, started_at, created_at, idempotency_key,
-                            dedupe_key)
+                            dedupe_key, traceparent, tracestate)
     SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
            CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
            CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
-           CAST(:dedupe_key AS varchar)
+           CAST(:dedupe_key AS varchar), CAST(:traceparent AS varchar),
+           CAST(:tracestate AS varchar)
     FROM target WHERE target.latest
     ON CONFLICT DO NOTHING
     RETURNING id

@@ -11,6 +11,7 @@ from conveyor.engine.records import (
     ExecutionRecord,
     JobRecord,
     ScheduleRecord,
+    TraceContext,
     WorkflowRecord,
 )
 from conveyor.models import Execution, Job, Schedule, WebhookEndpoint, WorkflowVersion
@@ -44,7 +45,13 @@ def execution_record(row: Execution | Row[Any]) -> ExecutionRecord:
         input=row.input,
         created_at=row.created_at,
         scheduled_for=row.scheduled_for,
+        trace=trace_context(row.traceparent, row.tracestate),
     )
+
+
+def trace_context(traceparent: str | None, tracestate: str | None) -> TraceContext | None:
+    """An execution's stored trace context (None when it has none)."""
+    return TraceContext(traceparent=traceparent, tracestate=tracestate) if traceparent else None
 
 
 def workflow_record(row: WorkflowVersion | Row[Any]) -> WorkflowRecord:

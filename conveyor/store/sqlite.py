@@ -58,7 +58,7 @@ class SqliteStore(SqlStore):
                 input=execution.input, priority=execution.priority, trigger=trigger,
                 now=now, idempotency_key=idempotency_key, dedupe_key=dedupe_key,
                 planned_nodes=len(waiting_on) if waiting_on is not None else None,
-                execution_id=execution.id,
+                execution_id=execution.id, trace=execution.trace,
             )  # fmt: skip
         except DuplicateExecution:
             return Created.KEY_TAKEN

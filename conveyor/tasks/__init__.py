@@ -13,10 +13,16 @@ from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import celeryd_init, setup_logging, worker_init, worker_process_init
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from sqlalchemy.orm import configure_mappers
 
-from conveyor import logs, metrics, wiring
+from conveyor import logs, metrics, tracing, wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.exceptions import LimitError
@@ -177,3 +183,9 @@ def _on_process_init(**_: Any) -> None:
     # A forked pool process must not share the parent's database connections.
     wiring.database().engine.dispose(close=False)
     wiring.load_imports()
+
+
+@worker_process_shutdown.connect
+def _on_process_shutdown(**_: Any) -> None:
+    # A pool process ends without the interpreter's exit handlers: its buffered spans go now.
+    tracing.flush()

@@ -186,6 +186,8 @@ class MemoryExecutions(MemoryCatalog):
             priority=execution.priority, trigger=trigger, input=stored(execution.input),
             remaining_nodes=len(waiting_on or {}), started_at=now if planned else None,
             created_at=now, idempotency_key=idempotency_key, dedupe_key=dedupe_key,
+            traceparent=execution.trace.traceparent if execution.trace else None,
+            tracestate=execution.trace.tracestate if execution.trace else None,
         )  # fmt: skip
         if waiting_on is not None:
             self.add_node_states(execution.id, waiting_on, queued)

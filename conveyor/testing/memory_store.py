@@ -17,6 +17,7 @@ from conveyor.engine.records import (
     EndpointRecord,
     Fire,
     ScheduleRecord,
+    TraceContext,
 )
 from conveyor.engine.states import (
     DeliveryStatus,
@@ -69,6 +70,7 @@ class MemoryDeliveries(MemoryDeadLetters):
         event: str | None,
         payload: Any,
         now: datetime,
+        trace: TraceContext | None = None,
     ) -> uuid.UUID | None:
         taken = any(
             (d.endpoint_id, d.delivery_id) == (endpoint.id, delivery_id)
@@ -80,6 +82,8 @@ class MemoryDeliveries(MemoryDeadLetters):
             id=new_id(), endpoint_id=endpoint.id, tenant_id=endpoint.tenant_id,
             delivery_id=delivery_id, event=event, payload=stored(payload),
             status=DeliveryStatus.RECEIVED, received_at=now,
+            traceparent=trace.traceparent if trace else None,
+            tracestate=trace.tracestate if trace else None,
         )  # fmt: skip
         self.tables.deliveries[row.id] = row
         return row.id
@@ -92,7 +96,7 @@ class MemoryDeliveries(MemoryDeadLetters):
             id=row.id, endpoint_id=row.endpoint_id,
             endpoint_name=self.tables.endpoints[row.endpoint_id].name, tenant_id=row.tenant_id,
             tenant_name=self.tables.tenants[row.tenant_id].name, delivery_id=row.delivery_id,
-            event=row.event, payload=row.payload, status=row.status,
+            event=row.event, payload=row.payload, status=row.status, trace=row.trace,
         )  # fmt: skip
 
     def finish_delivery(

@@ -18,6 +18,7 @@ from conveyor.engine.records import (
     JobRecord,
     NodeRow,
     ScheduleRecord,
+    TraceContext,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
@@ -37,6 +38,11 @@ def stored(value: Any) -> Any:
     the caller's, tuples as lists, keys as strings (and a TypeError or ValueError for what
     no JSON column holds)."""
     return json.loads(json.dumps(value, allow_nan=False))
+
+
+def trace_of(traceparent: str | None, tracestate: str | None) -> TraceContext | None:
+    """A row's trace context columns as the record carries them (as conveyor.store.rows)."""
+    return TraceContext(traceparent=traceparent, tracestate=tracestate) if traceparent else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +70,8 @@ class ExecutionRow:
     scheduled_for: datetime | None = None
     idempotency_key: str | None = None
     dedupe_key: str | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -73,6 +81,7 @@ class ExecutionRow:
             id=self.id, tenant_id=self.tenant_id, workflow_id=self.workflow_id,
             status=self.status, priority=self.priority, input=self.input,
             created_at=self.created_at, scheduled_for=self.scheduled_for,
+            trace=trace_of(self.traceparent, self.tracestate),
         )  # fmt: skip
 
 
@@ -167,6 +176,12 @@ class DeliveryRow:
     executions: int = 0
     received_at: datetime
     processed_at: datetime | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+    @property
+    def trace(self) -> TraceContext | None:
+        return trace_of(self.traceparent, self.tracestate)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -155,3 +155,12 @@ def chaos_effect(seconds: float, ctx: NodeContext) -> dict[str, str]:
             {"k": ctx.idempotency_key},
         )
     return {"key": ctx.idempotency_key}
+
+
+@conveyor.node("test.current_span")
+def current_span(ctx: NodeContext) -> dict[str, str]:
+    """The trace and span ids of the span current in the node's code (its try's)."""
+    from opentelemetry import trace
+
+    seen = trace.get_current_span().get_span_context()
+    return {"trace_id": format(seen.trace_id, "032x"), "span_id": format(seen.span_id, "016x")}

@@ -11,7 +11,7 @@ import pytest
 from conveyor.engine import subscriptions
 from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import ScheduleSpec
-from conveyor.engine.records import Fire
+from conveyor.engine.records import Fire, TraceContext
 from conveyor.engine.states import (
     DeliveryStatus,
     ExecutionStatus,
@@ -129,6 +129,28 @@ def test_a_webhook_delivery_is_stored_once_and_starts_its_workflows_once(bench: 
         "event": "push", "delivery_id": "d-1", "payload": {"ref": "main"},
     }  # fmt: skip
     assert bench.probe.counts()["executions"] == 1
+
+
+def test_the_executions_a_delivery_starts_keep_the_trace_context_it_was_received_in(
+    bench: Bench,
+) -> None:
+    tenant = bench.units.run(lambda s: s.tenant_id("default"))
+    endpoint = bench.units.run(lambda s: s.add_endpoint(
+        tenant, "gh", SignatureScheme.STANDARD, "secret", bench.clock()))  # fmt: skip
+    bench.apply("on_push", node("build"), webhooks=[{"endpoint": "gh"}])
+    trace = TraceContext(
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", tracestate="k=v"
+    )
+    delivery = bench.units.run(lambda s: subscriptions.store_delivery(
+        s, endpoint, Verified(delivery_id="d-3", event="push", payload={}), bench.clock(),
+        timedelta(days=1), trace))  # fmt: skip
+
+    (started,) = bench.units.run(
+        lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock())
+    )
+
+    with bench.store() as store:
+        assert store.execution(started.execution_id).trace == trace
 
 
 def test_a_delivery_no_workflow_listens_to_is_marked_unmatched(bench: Bench) -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from conveyor.engine.records import Finish
+from conveyor.engine.records import Finish, TraceContext
 from conveyor.engine.states import (
     AttemptStatus,
     ExecutionStatus,
@@ -63,6 +63,29 @@ def test_claim_node_job_reads_the_one_need_asked_and_none_unasked(bench: Bench) 
 
     assert claim(first)[2] is None
     assert claim(second, "a")[2] == {"a": {"n": 1}}
+
+
+def test_an_execution_keeps_the_trace_context_it_was_triggered_with_and_its_claims_read_it(
+    bench: Bench,
+) -> None:
+    # Given two runs, one triggered with a W3C trace context (tracestate and all), one without
+    bench.apply("chain", *CHAIN)
+    trace = TraceContext(
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        tracestate="vendor=opaque,other=1",
+    )
+    traced, untraced = bench.trigger("chain", trace=trace), bench.trigger("chain")
+
+    def claimed(made: Any) -> Any:
+        job_id = bench.job(made.execution_id, "a").id
+        return bench.units.autocommit(lambda s: s.claim_node_job(job_id, bench.clock(), None))
+
+    # Then a node's claim reads it with the execution, as does a read of the execution
+    assert claimed(traced)[1].trace == trace
+    assert claimed(untraced)[1].trace is None
+    with bench.store() as store:
+        assert store.execution(traced.execution_id).trace == trace
+        assert store.execution(untraced.execution_id).trace is None
 
 
 def test_a_job_is_claimed_once(bench: Bench) -> None:

@@ -30,7 +30,7 @@ LARGE = (*(node(f"r{i}") for i in range(triggering.INLINE_PLAN_NODES)), node("si
 def start(bench: Bench, job_id: uuid.UUID) -> list[Dispatch]:
     return bench.units.run(
         lambda s: triggering.start_execution(s, job_id, bench.clock(), "planner")
-    )
+    ).dispatches
 
 
 def test_a_small_workflow_is_planned_by_its_trigger_with_its_roots_queued(bench: Bench) -> None:

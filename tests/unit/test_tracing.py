@@ -1,0 +1,77 @@
+"""conveyor.tracing without a tracer provider (the default), and its settings."""
+
+from __future__ import annotations
+
+import re
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from pydantic import ValidationError
+
+from conveyor import tracing
+from conveyor.config import Settings
+from conveyor.engine.records import TraceContext
+from conveyor.exceptions import ConfigurationError
+from conveyor.ids import new_id
+
+STORED = TraceContext(
+    traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", tracestate="k=v"
+)
+
+
+def a_run(stored: TraceContext | None) -> Any:
+    execution = SimpleNamespace(id=new_id(), trace=stored)
+    return SimpleNamespace(
+        execution=execution, workflow=SimpleNamespace(name="wf"),
+        node=SimpleNamespace(id="n"), job=SimpleNamespace(id=new_id()), attempt=1,
+    )  # fmt: skip
+
+
+def test_without_a_provider_a_try_makes_its_stored_context_current_for_the_node() -> None:
+    with tracing.node_try(a_run(STORED), 0):
+        current = trace.get_current_span().get_span_context()
+        passed_on = tracing.current_context()
+
+    assert current.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert current.span_id == 0xB7AD6B7169203331
+    assert passed_on == STORED  # what the http node sends on
+    assert not trace.get_current_span().get_span_context().is_valid  # and no more after
+
+
+def test_without_a_provider_a_try_of_an_execution_without_a_context_does_nothing() -> None:
+    with tracing.node_try(a_run(None), 0):
+        assert tracing.current_context() is None
+
+
+def test_without_a_provider_a_trigger_stores_no_context_unless_the_caller_has_one() -> None:
+    with tracing.trigger_span("wf", "api") as stored:
+        assert stored is None
+    caller = trace.NonRecordingSpan(
+        trace.SpanContext(trace_id=5, span_id=7, is_remote=True, trace_flags=trace.TraceFlags(1))
+    )
+    with trace.use_span(caller), tracing.trigger_span("wf", "api") as stored:
+        assert stored == TraceContext(traceparent=f"00-{5:032x}-{7:016x}-01")
+
+
+def test_an_unknown_exporter_is_refused_with_the_choices() -> None:
+    with pytest.raises(ConfigurationError, match="none, console, otlp"):
+        tracing.configure("jaeger")
+    with pytest.raises(ValidationError, match=re.escape("(none|console|otlp)")):
+        Settings(tracing="jaeger")
+
+
+def test_the_otlp_exporter_without_its_package_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (a None entry in sys.modules makes its import fail, as when it is not installed)
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(ConfigurationError, match=r"conveyor\[otlp\]"):
+        tracing.configure("otlp")
+
+
+def test_none_installs_no_provider() -> None:
+    tracing.configure("none")
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
