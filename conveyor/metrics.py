@@ -7,13 +7,16 @@ Metrics (all prefixed ``conveyor_``):
 
 - ``queue_depth{queue,priority}``: messages waiting in the broker (Redis lists; not reserved
   ones);
-- ``jobs{kind,status}``, ``executions{status}``, ``dead_letters`` and ``discarded``;
+- ``build_info{version,python}``: 1, the version of Conveyor and Python serving the metrics;
+- ``jobs{kind,status}``, ``executions{status}`` (every status, 0 when none), ``dead_letters``
+  and ``discarded``;
 - ``attempts_total{status}``: tries ever, by outcome (those the retention sweep deleted
   included: ``pruned_tallies``): ``rate()`` of it is throughput, the ``failed`` share the
   error rate;
 - ``job_wait_seconds`` and ``job_run_seconds``: histograms of how long tries waited in the
   queue (queued to started) and ran (started to finished);
-- ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits);
+- ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits),
+  named as ``conveyor limits`` names them: a tenant by its name, a workflow ``tenant/workflow``;
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
   oldest one's delay;
 - ``recovered_total{what}``: jobs of dead workers reclaimed, lost messages re-published, and
@@ -22,9 +25,12 @@ Metrics (all prefixed ``conveyor_``):
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
+from importlib import metadata
 
 import redis
 from prometheus_client.core import (
@@ -38,7 +44,7 @@ from prometheus_client.registry import Collector
 from conveyor.engine.limits import KeyUsage
 from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import ALL_QUEUES
-from conveyor.engine.states import Priority
+from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.store import Database, stats
 from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re-exported
 
@@ -75,6 +81,7 @@ class Snapshot:
     schedules_late: int = 0
     schedule_lag: float = 0.0
     recovered: dict[str, int] = field(default_factory=dict)  # by the recovery sweep, ever
+    tenant_names: dict[str, str] = field(default_factory=dict)  # id -> name, for the permits
 
     @property
     def dead_letters(self) -> int:
@@ -95,6 +102,8 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         tries = stats.merged(store.attempt_tallies(), store.pruned_tallies())
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
+        permits = limiter.snapshot() if limiter is not None else []
+        names = {str(t.id): t.name for t in store.tenants()} if permits else {}
     return Snapshot(
         taken_at=now,
         queue_depth=queue_depth(broker_url),
@@ -103,10 +112,11 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         attempts=stats.counts_of(tries),
         wait=_histogram(*stats.histogram_of(tries, "waited")),
         run=_histogram(*stats.histogram_of(tries, "duration")),
-        permits=limiter.snapshot() if limiter is not None else [],
+        permits=permits,
         schedules_late=late,
         schedule_lag=lag,
         recovered=recovered,
+        tenant_names=names,
     )
 
 
@@ -161,7 +171,27 @@ class SnapshotCollector(Collector):
         yield from metric_families(self.source())
 
 
+# The kinds of job the jobs table holds (a webhook delivery has a table of its own).
+_JOB_KINDS = (JobKind.EXECUTION, JobKind.NODE)
+
+
+@cache
+def build_info() -> dict[str, str]:
+    """The version of Conveyor installed, and of the Python running it."""
+    try:
+        version = metadata.version("conveyor")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = "unknown"
+    return {"version": version, "python": platform.python_version()}
+
+
 def metric_families(snap: Snapshot) -> Iterator[Metric]:
+    info = build_info()
+    build = GaugeMetricFamily(
+        "conveyor_build_info", "Always 1: the versions serving these metrics.", labels=list(info)
+    )
+    build.add_metric(list(info.values()), 1)
+    yield build
     if snap.queue_depth is not None:
         depth = GaugeMetricFamily(
             "conveyor_queue_depth", "Messages waiting in the broker.", labels=["queue", "priority"]
@@ -169,23 +199,26 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
         for (queue, priority), n in sorted(snap.queue_depth.items()):
             depth.add_metric([queue, priority], n)
         yield depth
+    # Every status is shown, 0 when no row has it, so that a series never vanishes (an alert
+    # on a rate or an absence would misread the gap).
     jobs = GaugeMetricFamily("conveyor_jobs", "Jobs by kind and status.", labels=["kind", "status"])
-    for (kind, status), n in sorted(snap.jobs.items()):
-        jobs.add_metric([kind, status], n)
+    every = {(kind.value, status.value) for kind in _JOB_KINDS for status in JobStatus}
+    for kind, status in sorted(every | snap.jobs.keys()):
+        jobs.add_metric([kind, status], snap.jobs.get((kind, status), 0))
     yield jobs
     executions = GaugeMetricFamily(
         "conveyor_executions", "Executions by status.", labels=["status"]
     )
-    for status, n in sorted(snap.executions.items()):
-        executions.add_metric([status], n)
+    for status in sorted({s.value for s in ExecutionStatus} | snap.executions.keys()):
+        executions.add_metric([status], snap.executions.get(status, 0))
     yield executions
     yield GaugeMetricFamily("conveyor_dead_letters", "Dead-lettered node jobs.", snap.dead_letters)
     yield GaugeMetricFamily(
         "conveyor_discarded", "Discarded dead letters (archive).", snap.discarded
     )
     tries = CounterMetricFamily("conveyor_attempts", "Tries ever, by outcome.", labels=["status"])
-    for status, n in sorted(snap.attempts.items()):
-        tries.add_metric([status], n)
+    for status in sorted({s.value for s in AttemptStatus} | snap.attempts.keys()):
+        tries.add_metric([status], snap.attempts.get(status, 0))
     yield tries
     for name, doc, hist in (
         ("conveyor_job_wait_seconds", "Queued to started, per try.", snap.wait),
@@ -196,7 +229,7 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
         family.add_metric([], [*buckets, ("+Inf", hist.count)], hist.total)
         yield family
     if snap.permits:
-        yield from _permit_families(snap.permits)
+        yield from _permit_families(snap.permits, snap.tenant_names)
     recovered = CounterMetricFamily(
         "conveyor_recovered", "Repairs by the recovery sweep, ever.", labels=["what"]
     )
@@ -212,13 +245,13 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
     )
 
 
-def _permit_families(permits: list[KeyUsage]) -> Iterator[Metric]:
+def _permit_families(permits: list[KeyUsage], tenant_names: Mapping[str, str]) -> Iterator[Metric]:
     labels = ["scope", "name"]
     in_use = GaugeMetricFamily("conveyor_permits_in_use", "Permits held.", labels=labels)
     limit = GaugeMetricFamily("conveyor_permits_limit", "The limit of the key.", labels=labels)
     waiting = GaugeMetricFamily("conveyor_permits_waiting", "Jobs parked.", labels=labels)
     for usage in permits:
-        key = [usage.kind, usage.key.split(":", 1)[1] if ":" in usage.key else ""]
+        key = [usage.kind, usage.name(tenant_names)]
         in_use.add_metric(key, usage.in_use)
         limit.add_metric(key, usage.limit)
         waiting.add_metric(key, usage.waiting)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from datetime import timedelta
+from importlib import metadata
 from pathlib import Path
 
 import httpx
@@ -87,6 +89,18 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     depths = {labels: v for (name, labels), v in scraped.items() if name == "conveyor_queue_depth"}
     assert len(depths) == 4 * 3
     assert scraped[("conveyor_schedules_late", ())] == 0
+    # every status is shown, 0 when none has it: a series never vanishes
+    assert scraped[("conveyor_executions", (("status", "cancelled"),))] == 0
+    assert scraped[("conveyor_jobs", (("kind", "node"), ("status", "parked")))] == 0
+    # the limits' keys are named as `conveyor limits` names them: tenants by name
+    tenant, workflow = (("name", "default"), ("scope", "tenant")), (
+        ("name", "default/good"), ("scope", "workflow"))  # fmt: skip
+    assert scraped[("conveyor_permits_limit", tenant)] == 10
+    assert scraped[("conveyor_permits_in_use", workflow)] == 0
+    # which Conveyor and Python serve them
+    (build,) = [labels for (name, labels), _ in scraped.items() if name == "conveyor_build_info"]
+    assert dict(build) == {"version": metadata.version("conveyor"),
+                           "python": platform.python_version()}  # fmt: skip
 
 
 def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_them(
