@@ -13,8 +13,8 @@ Metrics (all prefixed ``conveyor_``):
 - ``attempts_total{status}``: tries ever, by outcome (those the retention sweep deleted
   included: ``pruned_tallies``): ``rate()`` of it is throughput, the ``failed`` share the
   error rate;
-- ``job_wait_seconds`` and ``job_run_seconds``: histograms of how long tries waited in the
-  queue (queued to started) and ran (started to finished);
+- ``job_wait_seconds{queue}`` and ``job_run_seconds{queue,workflow}``: histograms of how
+  long tries waited in the queue (queued to started) and ran (started to finished);
 - ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits),
   named as ``conveyor limits`` names them: a tenant by its name, a workflow ``tenant/workflow``;
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
@@ -75,8 +75,11 @@ class Snapshot:
     jobs: dict[tuple[str, str], int]
     executions: dict[str, int]
     attempts: dict[str, int]
-    wait: Histogram
+    wait: Histogram  # every try's
     run: Histogram
+    # by label values: wait by (queue,), run by (queue, workflow); see stats.LABELS
+    wait_by: dict[tuple[str, ...], Histogram] = field(default_factory=dict)
+    run_by: dict[tuple[str, ...], Histogram] = field(default_factory=dict)
     permits: list[KeyUsage] = field(default_factory=list)
     schedules_late: int = 0
     schedule_lag: float = 0.0
@@ -110,8 +113,10 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         jobs=jobs,
         executions=executions,
         attempts=stats.counts_of(tries),
-        wait=_histogram(*stats.histogram_of(tries, "waited")),
-        run=_histogram(*stats.histogram_of(tries, "duration")),
+        wait=_summed(wait_by := _histograms(tries, "waited")),
+        run=_summed(run_by := _histograms(tries, "duration")),
+        wait_by=wait_by,
+        run_by=run_by,
         permits=permits,
         schedules_late=late,
         schedule_lag=lag,
@@ -120,8 +125,21 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
     )
 
 
-def _histogram(buckets: list[int], total: float, count: int) -> Histogram:
-    return Histogram(buckets=buckets, total=total, count=count)
+def _histograms(tallies: stats.Tallies, column: str) -> dict[tuple[str, ...], Histogram]:
+    return {
+        labels: Histogram(buckets=buckets, total=total, count=count)
+        for labels, (buckets, total, count) in stats.histograms_of(tallies, column).items()
+    }
+
+
+def _summed(histograms: Mapping[tuple[str, ...], Histogram]) -> Histogram:
+    """One histogram of every label's values (what `conveyor stats` and the alerts read)."""
+    every = list(histograms.values())
+    return Histogram(
+        buckets=[sum(h.buckets[i] for h in every) for i in range(len(BOUNDS))],
+        total=sum(h.total for h in every),
+        count=sum(h.count for h in every),
+    )
 
 
 def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
@@ -220,13 +238,18 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
     for status in sorted({s.value for s in AttemptStatus} | snap.attempts.keys()):
         tries.add_metric([status], snap.attempts.get(status, 0))
     yield tries
-    for name, doc, hist in (
-        ("conveyor_job_wait_seconds", "Queued to started, per try.", snap.wait),
-        ("conveyor_job_run_seconds", "Started to finished, per try.", snap.run),
+    # every queue's wait is shown, empty when none of its tries is left or counted
+    empty = Histogram(buckets=[0] * len(BOUNDS), total=0.0, count=0)
+    waits: dict[tuple[str, ...], Histogram] = {(queue,): empty for queue in ALL_QUEUES}
+    waits.update(snap.wait_by)
+    for name, doc, column, histograms in (
+        ("conveyor_job_wait_seconds", "Queued to started, per try.", "waited", waits),
+        ("conveyor_job_run_seconds", "Started to finished, per try.", "duration", snap.run_by),
     ):
-        family = HistogramMetricFamily(name, doc)
-        buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
-        family.add_metric([], [*buckets, ("+Inf", hist.count)], hist.total)
+        family = HistogramMetricFamily(name, doc, labels=list(stats.LABELS[column]))
+        for labels, hist in sorted(histograms.items()):
+            buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
+            family.add_metric(list(labels), [*buckets, ("+Inf", hist.count)], hist.total)
         yield family
     if snap.permits:
         yield from _permit_families(snap.permits, snap.tenant_names)
