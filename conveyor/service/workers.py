@@ -57,7 +57,7 @@ class Ran:
     outcome: JobStatus | None
     workflow: str = ""
     node: str = ""
-    error: str = ""  # the node's, when its try failed
+    error: str = ""  # the node's, when its try failed (cut at logs.ERROR_CHARS)
     retry_in: float | None = None
 
     @property
@@ -80,7 +80,10 @@ def _alone(job_id: uuid.UUID, hints: NodeHints | None) -> Dispatch:
 
 def _failed(ran: Ran, failed: failure.Failed, error: BaseException) -> Ran:
     return replace(
-        ran, outcome=failed.outcome, error=failure.describe(error), retry_in=failed.retry_in
+        ran,
+        outcome=failed.outcome,
+        error=logs.short(failure.describe(error)),  # cut as the logs cut it
+        retry_in=failed.retry_in,
     )
 
 
