@@ -183,3 +183,19 @@ class UnknownFunction(NodeError):
             f"@conveyor.node({name!r}) in a module listed in CONVEYOR_IMPORTS",
             retryable=False,
         )
+
+
+class TryFailed(ConveyorError):
+    """A node's try failed and will be retried; its job waits in the database for its time.
+
+    Raised by the node task after the outcome is committed, inside Celery's ``Retry``, so
+    that Flower shows the message as RETRY with the node's error; the message is acked and
+    nothing is published again (the retry is the job's, not the message's)."""
+
+
+class DeadLettered(ConveyorError):
+    """A node's last try failed: its job is a dead letter (``conveyor dlq show``).
+
+    Raised by the node task after the outcome is committed, so that Flower shows the message
+    as FAILURE with the node's error (its str); the worker logs it as an expected failure,
+    without a traceback, and acks the message."""

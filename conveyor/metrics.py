@@ -7,13 +7,16 @@ Metrics (all prefixed ``conveyor_``):
 
 - ``queue_depth{queue,priority}``: messages waiting in the broker (Redis lists; not reserved
   ones);
-- ``jobs{kind,status}``, ``executions{status}``, ``dead_letters`` and ``discarded``;
+- ``build_info{version,python}``: 1, the version of Conveyor and Python serving the metrics;
+- ``jobs{kind,status}``, ``executions{status}`` (every status, 0 when none), ``dead_letters``
+  and ``discarded``;
 - ``attempts_total{status}``: tries ever, by outcome (those the retention sweep deleted
   included: ``pruned_tallies``): ``rate()`` of it is throughput, the ``failed`` share the
   error rate;
-- ``job_wait_seconds`` and ``job_run_seconds``: histograms of how long tries waited in the
-  queue (queued to started) and ran (started to finished);
-- ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits);
+- ``job_wait_seconds{queue}`` and ``job_run_seconds{queue,workflow}``: histograms of how
+  long tries waited in the queue (queued to started) and ran (started to finished);
+- ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits),
+  named as ``conveyor limits`` names them: a tenant by its name, a workflow ``tenant/workflow``;
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
   oldest one's delay;
 - ``recovered_total{what}``: jobs of dead workers reclaimed, lost messages re-published, and
@@ -22,9 +25,12 @@ Metrics (all prefixed ``conveyor_``):
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
+from importlib import metadata
 
 import redis
 from prometheus_client.core import (
@@ -38,7 +44,7 @@ from prometheus_client.registry import Collector
 from conveyor.engine.limits import KeyUsage
 from conveyor.engine.ports import Limiter
 from conveyor.engine.queues import ALL_QUEUES
-from conveyor.engine.states import Priority
+from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.store import Database, stats
 from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re-exported
 
@@ -69,12 +75,16 @@ class Snapshot:
     jobs: dict[tuple[str, str], int]
     executions: dict[str, int]
     attempts: dict[str, int]
-    wait: Histogram
+    wait: Histogram  # every try's
     run: Histogram
+    # by label values: wait by (queue,), run by (queue, workflow); see stats.LABELS
+    wait_by: dict[tuple[str, ...], Histogram] = field(default_factory=dict)
+    run_by: dict[tuple[str, ...], Histogram] = field(default_factory=dict)
     permits: list[KeyUsage] = field(default_factory=list)
     schedules_late: int = 0
     schedule_lag: float = 0.0
     recovered: dict[str, int] = field(default_factory=dict)  # by the recovery sweep, ever
+    tenant_names: dict[str, str] = field(default_factory=dict)  # id -> name, for the permits
 
     @property
     def dead_letters(self) -> int:
@@ -95,23 +105,41 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         tries = stats.merged(store.attempt_tallies(), store.pruned_tallies())
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
+        permits = limiter.snapshot() if limiter is not None else []
+        names = {str(t.id): t.name for t in store.tenants()} if permits else {}
     return Snapshot(
         taken_at=now,
         queue_depth=queue_depth(broker_url),
         jobs=jobs,
         executions=executions,
         attempts=stats.counts_of(tries),
-        wait=_histogram(*stats.histogram_of(tries, "waited")),
-        run=_histogram(*stats.histogram_of(tries, "duration")),
-        permits=limiter.snapshot() if limiter is not None else [],
+        wait=_summed(wait_by := _histograms(tries, "waited")),
+        run=_summed(run_by := _histograms(tries, "duration")),
+        wait_by=wait_by,
+        run_by=run_by,
+        permits=permits,
         schedules_late=late,
         schedule_lag=lag,
         recovered=recovered,
+        tenant_names=names,
     )
 
 
-def _histogram(buckets: list[int], total: float, count: int) -> Histogram:
-    return Histogram(buckets=buckets, total=total, count=count)
+def _histograms(tallies: stats.Tallies, column: str) -> dict[tuple[str, ...], Histogram]:
+    return {
+        labels: Histogram(buckets=buckets, total=total, count=count)
+        for labels, (buckets, total, count) in stats.histograms_of(tallies, column).items()
+    }
+
+
+def _summed(histograms: Mapping[tuple[str, ...], Histogram]) -> Histogram:
+    """One histogram of every label's values (what `conveyor stats` and the alerts read)."""
+    every = list(histograms.values())
+    return Histogram(
+        buckets=[sum(h.buckets[i] for h in every) for i in range(len(BOUNDS))],
+        total=sum(h.total for h in every),
+        count=sum(h.count for h in every),
+    )
 
 
 def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
@@ -161,7 +189,27 @@ class SnapshotCollector(Collector):
         yield from metric_families(self.source())
 
 
+# The kinds of job the jobs table holds (a webhook delivery has a table of its own).
+_JOB_KINDS = (JobKind.EXECUTION, JobKind.NODE)
+
+
+@cache
+def build_info() -> dict[str, str]:
+    """The version of Conveyor installed, and of the Python running it."""
+    try:
+        version = metadata.version("conveyor")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        version = "unknown"
+    return {"version": version, "python": platform.python_version()}
+
+
 def metric_families(snap: Snapshot) -> Iterator[Metric]:
+    info = build_info()
+    build = GaugeMetricFamily(
+        "conveyor_build_info", "Always 1: the versions serving these metrics.", labels=list(info)
+    )
+    build.add_metric(list(info.values()), 1)
+    yield build
     if snap.queue_depth is not None:
         depth = GaugeMetricFamily(
             "conveyor_queue_depth", "Messages waiting in the broker.", labels=["queue", "priority"]
@@ -169,34 +217,42 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
         for (queue, priority), n in sorted(snap.queue_depth.items()):
             depth.add_metric([queue, priority], n)
         yield depth
+    # Every status is shown, 0 when no row has it, so that a series never vanishes (an alert
+    # on a rate or an absence would misread the gap).
     jobs = GaugeMetricFamily("conveyor_jobs", "Jobs by kind and status.", labels=["kind", "status"])
-    for (kind, status), n in sorted(snap.jobs.items()):
-        jobs.add_metric([kind, status], n)
+    every = {(kind.value, status.value) for kind in _JOB_KINDS for status in JobStatus}
+    for kind, status in sorted(every | snap.jobs.keys()):
+        jobs.add_metric([kind, status], snap.jobs.get((kind, status), 0))
     yield jobs
     executions = GaugeMetricFamily(
         "conveyor_executions", "Executions by status.", labels=["status"]
     )
-    for status, n in sorted(snap.executions.items()):
-        executions.add_metric([status], n)
+    for status in sorted({s.value for s in ExecutionStatus} | snap.executions.keys()):
+        executions.add_metric([status], snap.executions.get(status, 0))
     yield executions
     yield GaugeMetricFamily("conveyor_dead_letters", "Dead-lettered node jobs.", snap.dead_letters)
     yield GaugeMetricFamily(
         "conveyor_discarded", "Discarded dead letters (archive).", snap.discarded
     )
     tries = CounterMetricFamily("conveyor_attempts", "Tries ever, by outcome.", labels=["status"])
-    for status, n in sorted(snap.attempts.items()):
-        tries.add_metric([status], n)
+    for status in sorted({s.value for s in AttemptStatus} | snap.attempts.keys()):
+        tries.add_metric([status], snap.attempts.get(status, 0))
     yield tries
-    for name, doc, hist in (
-        ("conveyor_job_wait_seconds", "Queued to started, per try.", snap.wait),
-        ("conveyor_job_run_seconds", "Started to finished, per try.", snap.run),
+    # every queue's wait is shown, empty when none of its tries is left or counted
+    empty = Histogram(buckets=[0] * len(BOUNDS), total=0.0, count=0)
+    waits: dict[tuple[str, ...], Histogram] = {(queue,): empty for queue in ALL_QUEUES}
+    waits.update(snap.wait_by)
+    for name, doc, column, histograms in (
+        ("conveyor_job_wait_seconds", "Queued to started, per try.", "waited", waits),
+        ("conveyor_job_run_seconds", "Started to finished, per try.", "duration", snap.run_by),
     ):
-        family = HistogramMetricFamily(name, doc)
-        buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
-        family.add_metric([], [*buckets, ("+Inf", hist.count)], hist.total)
+        family = HistogramMetricFamily(name, doc, labels=list(stats.LABELS[column]))
+        for labels, hist in sorted(histograms.items()):
+            buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
+            family.add_metric(list(labels), [*buckets, ("+Inf", hist.count)], hist.total)
         yield family
     if snap.permits:
-        yield from _permit_families(snap.permits)
+        yield from _permit_families(snap.permits, snap.tenant_names)
     recovered = CounterMetricFamily(
         "conveyor_recovered", "Repairs by the recovery sweep, ever.", labels=["what"]
     )
@@ -212,13 +268,13 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
     )
 
 
-def _permit_families(permits: list[KeyUsage]) -> Iterator[Metric]:
+def _permit_families(permits: list[KeyUsage], tenant_names: Mapping[str, str]) -> Iterator[Metric]:
     labels = ["scope", "name"]
     in_use = GaugeMetricFamily("conveyor_permits_in_use", "Permits held.", labels=labels)
     limit = GaugeMetricFamily("conveyor_permits_limit", "The limit of the key.", labels=labels)
     waiting = GaugeMetricFamily("conveyor_permits_waiting", "Jobs parked.", labels=labels)
     for usage in permits:
-        key = [usage.kind, usage.key.split(":", 1)[1] if ":" in usage.key else ""]
+        key = [usage.kind, usage.name(tenant_names)]
         in_use.add_metric(key, usage.in_use)
         limit.add_metric(key, usage.limit)
         waiting.add_metric(key, usage.waiting)

@@ -10,6 +10,7 @@ as a safety net, the sweep) wakes it. The adapter is :mod:`conveyor.limiter`.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from conveyor.engine.states import Priority
@@ -115,3 +116,14 @@ class KeyUsage:
     @property
     def kind(self) -> str:
         return self.key.split(":", 1)[0]
+
+    def name(self, tenant_names: Mapping[str, str]) -> str:
+        """What the key limits, by name: a tenant's name, ``tenant/workflow``, or "" for the
+        global key (``tenant_names``: tenant id -> name; an id not in it stands for itself)."""
+        if self.kind == "tenant":
+            tenant_id = self.key.split(":", 1)[1]
+            return tenant_names.get(tenant_id, tenant_id)
+        if self.kind == "workflow":
+            _, tenant_id, workflow = self.key.split(":", 2)
+            return f"{tenant_names.get(tenant_id, tenant_id)}/{workflow}"
+        return ""

@@ -20,6 +20,7 @@ from conveyor.engine.records import (
 from conveyor.engine.states import (
     JobKind,
 )
+from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import (
     ConveyorError,
     TemplateBudgetExceeded,
@@ -63,7 +64,7 @@ def enqueue_nodes(
     store.add_node_jobs(execution, jobs, now)
     if not state_queued:
         store.queue_nodes(execution.id, [j.node_id for j in jobs])
-    return node_dispatches(execution, jobs, now)
+    return node_dispatches(execution, workflow.name, jobs, now)
 
 
 def new_jobs(
@@ -98,7 +99,7 @@ def new_jobs(
 
 
 def node_dispatches(
-    execution: ExecutionRecord, jobs: list[NewJob], now: datetime
+    execution: ExecutionRecord, workflow: str, jobs: list[NewJob], now: datetime
 ) -> list[Dispatch]:
     """The messages of new node jobs (not of those held until later)."""
     return [
@@ -107,13 +108,16 @@ def node_dispatches(
             kind=JobKind.NODE,
             queue=NODE_QUEUE,
             priority=execution.priority,
-            label=f"execution={execution.id} node={j.node_id}",
+            label=f"execution={execution.id}",
+            workflow=workflow,
+            node=j.node_id,
             hints=NodeHints(
                 tenant_id=execution.tenant_id,
                 workflow_id=execution.workflow_id,
                 priority=execution.priority,
                 enqueued_at=now,
                 node_id=j.node_id,
+                workflow=workflow,
             ),
         )
         for j in jobs
@@ -121,8 +125,10 @@ def node_dispatches(
     ]
 
 
-def dispatch_of(job: JobRecord) -> Dispatch:
-    """The message that publishes a job."""
+def dispatch_of(store: Store, job: JobRecord) -> Dispatch:
+    """The message that publishes a job, named for its workflow and node (the name comes
+    from the process's cache of workflow versions: a read only the first time)."""
+    workflow = load_workflow(store, job.workflow_id)[0].name
     hints = None
     if job.kind is JobKind.NODE and job.enqueued_at is not None:
         hints = NodeHints(
@@ -131,8 +137,10 @@ def dispatch_of(job: JobRecord) -> Dispatch:
             priority=job.priority,
             enqueued_at=job.enqueued_at,
             node_id=job.node_id,
+            workflow=workflow,
         )
     return Dispatch(
-        job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority, label=job.label,
+        job_id=job.id, kind=job.kind, queue=job.queue, priority=job.priority,
+        label=f"execution={job.execution_id}", workflow=workflow, node=job.node_id or "",
         hints=hints,
     )  # fmt: skip

@@ -44,11 +44,6 @@ class JobRecord:
         return self.retry_count + 1
 
     @property
-    def label(self) -> str:
-        node = f" node={self.node_id}" if self.node_id else ""
-        return f"execution={self.execution_id}{node}"
-
-    @property
     def try_number(self) -> int:
         """The number of its ``job_attempts`` row: every try the job ever made counts."""
         return self.tries_before + self.retry_count + 1
@@ -110,6 +105,7 @@ class NodeHints:
     priority: Priority
     enqueued_at: datetime
     node_id: str | None = None  # the claim then reads the outputs of its needs at once
+    workflow: str | None = None  # its name, for operators: a message handed back shows it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +116,12 @@ class Dispatch:
     kind: JobKind
     queue: str
     priority: Priority
-    label: str = ""  # for operators (Flower shows it as the task's arguments)
+    label: str = ""  # ids for operators (Flower shows them in the task's arguments)
     hints: NodeHints | None = None  # a node job's, for its admission
+    # What Flower shows as the task's name (``workflow/node``, or the workflow for a start
+    # job) and in its arguments; empty when the publisher cannot tell (a delivery).
+    workflow: str = ""
+    node: str = ""
 
 
 class Created(Enum):

@@ -173,7 +173,7 @@ def _create(
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
             waiting_on=shape.waiting_on, queued=shape.roots, jobs=jobs,
         )  # fmt: skip
-        return created, node_dispatches(execution, jobs, now)
+        return created, node_dispatches(execution, workflow.name, jobs, now)
     start_job = new_id()
     created = store.create_execution(
         execution, names=names, trigger=source.value, now=now,
@@ -181,7 +181,7 @@ def _create(
     )  # fmt: skip
     dispatch = Dispatch(
         job_id=start_job, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE,
-        priority=execution.priority, label=f"execution={execution.id} workflow={workflow.name}",
+        priority=execution.priority, label=f"execution={execution.id}", workflow=workflow.name,
     )  # fmt: skip
     return created, [dispatch]
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from conveyor import logs
 from conveyor.engine import limits
 from conveyor.engine.definitions import Workflow
@@ -37,13 +39,22 @@ Publish = Callable[[Sequence[Dispatch]], None]
 BrokerHolds = Callable[[], Mapping[str, int] | None]
 
 
-def woken_dispatches(woken: Sequence[Wake]) -> list[Dispatch]:
+Names = Mapping[uuid.UUID, tuple[str, str | None]]
+
+
+def woken_dispatches(woken: Sequence[Wake], names: Names | None = None) -> list[Dispatch]:
     # A woken job already waited its turn in the limiter's lines and holds its permits while
     # its message travels: it goes to the front of the broker queue, not behind new arrivals.
-    return [
-        Dispatch(job_id=w.job_id, kind=JobKind.NODE, queue=NODE_QUEUE, priority=Priority.HIGH)
-        for w in woken
-    ]
+    return [_parked_dispatch(w.job_id, Priority.HIGH, names or {}) for w in woken]
+
+
+def _parked_dispatch(job_id: uuid.UUID, priority: Priority, names: Names) -> Dispatch:
+    """A parked job's message, named for its workflow and node when they were read."""
+    workflow, node = names.get(job_id, ("", None))
+    return Dispatch(
+        job_id=job_id, kind=JobKind.NODE, queue=NODE_QUEUE, priority=priority,
+        workflow=workflow, node=node or "",
+    )  # fmt: skip
 
 
 # How long a process trusts the tenant limit it read (``conveyor tenants`` changes it).
@@ -138,9 +149,8 @@ class Gate:
         report = self.limiter.sweep(age_after)
         lost = self._lost_parked(batch)
         self._wake(report.woken)
-        self.publish(
-            [Dispatch(job_id=j, kind=JobKind.NODE, queue=NODE_QUEUE, priority=p) for j, p in lost]
-        )
+        names = self._names([j for j, _ in lost])
+        self.publish([_parked_dispatch(j, p, names) for j, p in lost])
         if report.lapsed_grants or lost:  # repairs: counted, as the recovery sweep's are
             self.db.run(lambda s: _count(s, report.lapsed_grants, len(lost)))
         if report.aged or report.lapsed_grants or lost:
@@ -231,7 +241,19 @@ class Gate:
 
     def _wake(self, woken: Sequence[Wake]) -> None:
         if woken:
-            self.publish(woken_dispatches(woken))
+            self.publish(woken_dispatches(woken, self._names([w.job_id for w in woken])))
+
+    def _names(self, job_ids: list[uuid.UUID]) -> Names:
+        """The workflow and node of parked jobs, for their messages' names in Flower (one
+        read). A job woken holds its permits while its message travels: should the read
+        fail, the message goes without the names rather than not at all."""
+        if not job_ids:
+            return {}
+        try:
+            return self.db.autocommit(lambda s: s.job_names(job_ids))
+        except SQLAlchemyError as exc:
+            log.warning("publishing %d woken job(s) without their names: %s", len(job_ids), exc)
+            return {}
 
 
 def _runnable(store: SqlStore, job_id: uuid.UUID) -> Admission | None:

@@ -399,11 +399,13 @@ class PrunedTally(Base):
     (``attempts_total`` and the wait and run histograms) never go down when it runs: a
     Prometheus counter that decreases reads as a restart. ``what`` names a figure:
     ``attempts:<status>`` (a count), ``waited`` and ``duration`` (the count and sum of the
-    values), ``waited<=<bound>`` and ``duration<=<bound>`` (a histogram's cumulative count)."""
+    values), ``waited<=<bound>`` and ``duration<=<bound>`` (a histogram's cumulative count),
+    each of the last four followed by its labels' values (``|<queue>`` for ``waited``,
+    ``|<queue>|<workflow>`` for ``duration``; none in rows from before schema 0012)."""
 
     __tablename__ = "pruned_tallies"
 
-    what: Mapped[str] = mapped_column(String(64), primary_key=True)
+    what: Mapped[str] = mapped_column(String(300), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger, default=0)
     total: Mapped[float] = mapped_column(Float, default=0.0)
 

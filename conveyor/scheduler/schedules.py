@@ -227,7 +227,14 @@ def check_due(store: Store, now: datetime, *, limit: int, grace: float) -> Check
         now,
     )
     dispatches = [
-        Dispatch(job_id=job_id, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE, priority=f.priority)
+        Dispatch(
+            job_id=job_id,
+            kind=JobKind.EXECUTION,
+            queue=EXECUTION_QUEUE,
+            priority=f.priority,
+            label=f"schedule={f.schedule.name}",
+            workflow=f.schedule.workflow_name,
+        )
         for f, job_id in started
     ]
     return Checked(claimed=len(due), dispatches=dispatches, missed=missed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy.exc import DataError
@@ -54,6 +55,25 @@ def _log_failure(
         job_log.info("job stopped", outcome=failed.outcome and failed.outcome.value, **fields)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Ran:
+    """What became of one node job's run on this worker: what its Celery task reports, so
+    that Flower shows the truth (see :mod:`conveyor.tasks`)."""
+
+    job_id: uuid.UUID
+    # completed, retry_wait, dead_letter or cancelled; parked (or not runnable any more);
+    # None: the message was dropped (its job was not queued any more, or taken meanwhile)
+    outcome: JobStatus | None
+    workflow: str = ""
+    node: str = ""
+    error: str = ""  # the node's, when its try failed (cut at logs.ERROR_CHARS)
+    retry_in: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.workflow}/{self.node}" if self.workflow else f"job {self.job_id}"
+
+
 def _alone(job_id: uuid.UUID, hints: NodeHints | None) -> Dispatch:
     """A node job's message of its own (a batch's hand-back)."""
     return Dispatch(
@@ -61,8 +81,18 @@ def _alone(job_id: uuid.UUID, hints: NodeHints | None) -> Dispatch:
         kind=JobKind.NODE,
         queue=NODE_QUEUE,
         priority=hints.priority if hints else Priority.NORMAL,
-        label=f"node={hints.node_id}" if hints and hints.node_id else "",
+        workflow=hints.workflow or "" if hints else "",
+        node=hints.node_id or "" if hints else "",
         hints=hints,
+    )
+
+
+def _failed(ran: Ran, failed: failure.Failed, error: BaseException) -> Ran:
+    return replace(
+        ran,
+        outcome=failed.outcome,
+        error=logs.short(failure.describe(error)),  # cut as the logs cut it
+        retry_in=failed.retry_in,
     )
 
 
@@ -102,31 +132,38 @@ class Workers(ServiceBase):
         started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
         self._publish([d for t in started for d in t.dispatches])
 
-    def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
+    def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Ran:
         """Take the job's permits (or park it), then claim, run and record it; the permits
         go back once the outcome is committed. ``hints``: the message's (see NodeHints)."""
         if self.gate is None:
-            self._run_node(job_id, hints)
-            return
+            return self._run_node(job_id, hints)
         permit = self.gate.admit(job_id, hints)
         if permit is None:
-            return
+            return Ran(job_id=job_id, outcome=JobStatus.PARKED)
         try:
-            self._run_node(job_id, hints)
+            return self._run_node(job_id, hints)
         finally:
             self.gate.release(permit)
 
-    def run_nodes(self, members: Sequence[Member], budget: float) -> None:
+    def run_nodes(self, members: Sequence[Member], budget: float) -> list[Ran]:
         """Run a batch message's node jobs one after another, each as :meth:`run_node` runs
         one; past ``budget`` seconds those not started are published again, one a message
-        (see :mod:`conveyor.batches`)."""
-        run_batch(members, budget, self._hand_back, self.run_node, self.durations.slow)
+        (see :mod:`conveyor.batches`). What became of those it ran, in order."""
+        ran: list[Ran] = []
+        run_batch(
+            members,
+            budget,
+            self._hand_back,
+            lambda job_id, hints: ran.append(self.run_node(job_id, hints)),
+            self.durations.slow,
+        )
+        return ran
 
     def _hand_back(self, members: list[Member]) -> None:
         self._publish([_alone(job_id, hints) for job_id, hints in members], batch=False)
         log.info("a batch ran past its budget: %d job(s) handed back", len(members))
 
-    def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> None:
+    def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Ran:
         """Claim a node job, run the node outside any transaction, record the outcome."""
         claiming_at = time.time_ns()
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
@@ -136,11 +173,11 @@ class Workers(ServiceBase):
         )
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
-            return
+            return Ran(job_id=job_id, outcome=None)
         with tracing.node_try(run, claiming_at):
-            self._try(run)
+            return self._try(run)
 
-    def _try(self, run: claiming.NodeRun) -> None:
+    def _try(self, run: claiming.NodeRun) -> Ran:
         """Run a claimed node, record its outcome and publish what it made ready."""
         job_log = events.bind(
             job_id=str(run.job.id),
@@ -157,6 +194,12 @@ class Workers(ServiceBase):
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
         )
         self.watcher.watch(run.job.id, run.execution.id, ctx)
+        ran = Ran(
+            job_id=run.job.id,
+            outcome=JobStatus.COMPLETED,
+            workflow=run.workflow.name,
+            node=run.node.id,
+        )
         started = time.monotonic()
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
@@ -164,23 +207,24 @@ class Workers(ServiceBase):
             duration = time.monotonic() - started
             failed = self._record_failure(run, exc, duration)
             _log_failure(job_log, failed, exc, duration)
-            dispatches = failed.dispatches
+            dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
         else:
             duration = time.monotonic() - started
             if ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
-                dispatches = self._record_stopped(run, output, duration, job_log)
+                dispatches, ran = self._record_stopped(run, output, duration, job_log, ran)
             else:
-                dispatches = self._record_success(run, output, duration, job_log)
+                dispatches, ran = self._record_success(run, output, duration, job_log, ran)
         finally:
             self.watcher.unwatch(run.job.id)
             self.durations.record(
                 run.execution.workflow_id, run.node.id, time.monotonic() - started
             )
         self._publish(dispatches)
+        return ran
 
     def _record_success(
-        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any
-    ) -> list[Dispatch]:
+        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
+    ) -> tuple[list[Dispatch], Ran]:
         try:
             if self.db.autocommit(
                 lambda s: success.complete_alone(s, run, output, utcnow(), duration)
@@ -191,14 +235,14 @@ class Workers(ServiceBase):
                     lambda s: success.complete_node(s, run, output, utcnow(), duration)
                 )
         except DataError as exc:
-            return self._output_refused(run, exc, duration, job_log)
+            return self._output_refused(run, exc, duration, job_log, ran)
         job_log.info("job completed", duration=round(duration, 3))
         tracing.outcome("completed")
-        return dispatches
+        return dispatches, ran
 
     def _record_stopped(
-        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any
-    ) -> list[Dispatch]:
+        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
+    ) -> tuple[list[Dispatch], Ran]:
         stopped = NodeCancelled(
             f"node {run.node.id!r} returned after it was told to stop, and its execution was "
             f"resumed meanwhile: it runs again"
@@ -208,22 +252,22 @@ class Workers(ServiceBase):
                 lambda s: failure.complete_stopped(s, run, output, stopped, utcnow(), duration)
             )
         except DataError as exc:
-            return self._output_refused(run, exc, duration, job_log)
+            return self._output_refused(run, exc, duration, job_log, ran)
         if failed is None:  # its execution is still finished: cancelled, its output kept
             tracing.outcome("cancelled")
             job_log.info("job stopped", outcome="cancelled", duration=round(duration, 3))
-            return []
+            return [], replace(ran, outcome=JobStatus.CANCELLED)
         _log_failure(job_log, failed, stopped, duration)
-        return failed.dispatches
+        return failed.dispatches, _failed(ran, failed, stopped)
 
     def _output_refused(
-        self, run: claiming.NodeRun, exc: DataError, duration: float, job_log: Any
-    ) -> list[Dispatch]:
+        self, run: claiming.NodeRun, exc: DataError, duration: float, job_log: Any, ran: Ran
+    ) -> tuple[list[Dispatch], Ran]:
         """The database refused the node's output: trying again cannot help."""
         error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
         failed = self._record_failure(run, error, duration)
         _log_failure(job_log, failed, error, duration)
-        return failed.dispatches
+        return failed.dispatches, _failed(ran, failed, error)
 
     def _record_failure(
         self, run: claiming.NodeRun, error: BaseException, duration: float

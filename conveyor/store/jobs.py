@@ -23,7 +23,7 @@ from conveyor.engine.states import (
 )
 from conveyor.models import Job
 from conveyor.store.rows import job_record
-from conveyor.store.session import ATTEMPTS, JOBS, TENANTS, StoreCore, unindexed
+from conveyor.store.session import ATTEMPTS, JOBS, TENANTS, WORKFLOWS, StoreCore, unindexed
 
 
 class JobQueries(StoreCore):
@@ -130,6 +130,15 @@ class JobQueries(StoreCore):
             enqueued_at=row.enqueued_at,
             tenant_concurrency=row.max_concurrency,
         )
+
+    def job_names(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[str, str | None]]:
+        """Each job's workflow name and node, as the messages that publish them show them."""
+        statement = (
+            select(JOBS.c.id, WORKFLOWS.c.name, JOBS.c.node_id)
+            .join(WORKFLOWS, WORKFLOWS.c.id == JOBS.c.workflow_id)
+            .where(JOBS.c.id.in_(job_ids))
+        )
+        return {r.id: (r.name, r.node_id) for r in self._core(statement)}
 
     def tenant_concurrency(self, tenant_id: uuid.UUID) -> int | None:
         """The tenant's own concurrency limit (None: the default applies)."""

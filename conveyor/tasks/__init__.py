@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import Retry
 from celery.signals import (
     celeryd_init,
     setup_logging,
@@ -25,8 +27,10 @@ from sqlalchemy.orm import configure_mappers
 from conveyor import logs, metrics, tracing, wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.exceptions import LimitError
+from conveyor.engine.states import JobStatus
+from conveyor.exceptions import DeadLettered, LimitError, TryFailed
 from conveyor.scheduler.duty_thread import Duty, Maintenance
+from conveyor.service.workers import Ran
 from conveyor.tasks.dispatch import decode_hints
 
 log = logging.getLogger("conveyor.tasks")
@@ -49,9 +53,11 @@ def start_execution(job_id: str) -> None:
         wiring.service().start_execution(parsed)
 
 
-# A node task's message is retried with backoff while the limiter (Redis) is unreachable.
+# A node task's message is retried with backoff while the limiter (Redis) is unreachable. A
+# dead letter is an expected failure: logged in a line, without a traceback.
 _NODE_TASK: dict[str, Any] = {
     "ignore_result": True,
+    "throws": (DeadLettered,),
     "autoretry_for": (LimitError,),
     "retry_backoff": 1,
     "retry_backoff_max": 30,
@@ -60,27 +66,65 @@ _NODE_TASK: dict[str, Any] = {
 
 
 @app.task(name="conveyor.node.run", **_NODE_TASK)
-def run_node(job_id: str, hints: Any = None) -> None:
+def run_node(job_id: str, hints: Any = None) -> str | None:
     """Run one node and enqueue the successors it makes ready. While the limiter (Redis) is
     unreachable the message is retried with backoff, the job untouched."""
     if (parsed := _job_id(job_id)) is not None:
-        wiring.service().run_node(parsed, decode_hints(hints))
+        return report([wiring.service().run_node(parsed, decode_hints(hints))])
+    return None
 
 
 @app.task(name="conveyor.node.run_many", **_NODE_TASK)
-def run_many(job_ids: Any, hints: Any = None) -> None:
+def run_many(job_ids: Any, hints: Any = None) -> str | None:
     """Run several node jobs one after another, each as :func:`run_node` runs one; those not
     started when the batch has run for its budget are handed back, one a message."""
     if not isinstance(job_ids, list):
         log.error("dropping a batch message whose job ids are not a list: %.80r", job_ids)
-        return
+        return None
     hinted = hints if isinstance(hints, list) and len(hints) == len(job_ids) else []
     members = [
         (parsed, decode_hints(hinted[i]) if hinted else None)
         for i, raw in enumerate(job_ids)
         if (parsed := _job_id(raw)) is not None
     ]
-    wiring.service().run_nodes(members, get_settings().batch_budget)
+    ran = wiring.service().run_nodes(members, get_settings().batch_budget)
+    shown = report(ran)
+    handed_back = len(members) - len(ran)
+    return f"{shown}; {handed_back} handed back" if handed_back else shown
+
+
+_SHOWN = {
+    JobStatus.COMPLETED: "completed",
+    JobStatus.CANCELLED: "cancelled: its execution was stopped",
+    JobStatus.PARKED: "parked until a permit is free, or not runnable any more",
+    None: "dropped: its job was not queued any more",
+}
+
+
+def report(ran: Sequence[Ran]) -> str:
+    """What a node message's task reports, once every outcome is committed, so that Flower
+    shows the truth: FAILURE with the node's error when a job was dead-lettered
+    (:class:`DeadLettered`), RETRY when a try will be retried (Celery's ``Retry``, raised,
+    never ``self.retry``: nothing is published, the job waits in the database); else
+    SUCCESS, the result saying what became of each job. Either way the message is acked
+    (``task_acks_on_failure``), so raising never redelivers it."""
+    several = len(ran) > 1
+
+    def errors(outcome: JobStatus) -> str:
+        failed = [r for r in ran if r.outcome is outcome]
+        return "; ".join(f"{r.name}: {r.error}" if several else r.error for r in failed)
+
+    if dead := errors(JobStatus.DEAD_LETTER):
+        raise DeadLettered(dead)
+    if retried := errors(JobStatus.RETRY_WAIT):
+        soonest = min(r.retry_in or 0.0 for r in ran if r.outcome is JobStatus.RETRY_WAIT)
+        raise Retry(f"tried again in {soonest:.1f}s: {retried}", exc=TryFailed(retried))
+    shown = [_SHOWN.get(r.outcome, str(r.outcome)) for r in ran]
+    return (
+        "; ".join(f"{r.name}: {s}" for r, s in zip(ran, shown, strict=True))
+        if several
+        else (shown[0] if shown else "nothing ran")
+    )
 
 
 @app.task(name="conveyor.webhook.deliver", ignore_result=True)

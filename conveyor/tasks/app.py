@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.app.amqp import AMQP
 from celery.schedules import crontab
 from kombu import Queue
 
@@ -23,8 +24,25 @@ from conveyor.engine.queues import (
 )
 
 
+class NamedAMQP(AMQP):
+    """Celery's message building, but the task-sent event names a task by its ``shadow``
+    (``workflow/node``, see tasks/dispatch.py), as the worker's task-received event does.
+    Flower takes the name of the last of the two it receives: a sent event that arrives after
+    the received one (the worker that published the message took it at once) would rename
+    the task back to ``conveyor.node.run``."""
+
+    def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        message = super().as_task_v2(task_id, name, *args, **kwargs)
+        shadow = message.headers.get("shadow")
+        if shadow and message.sent_event is not None:
+            message.sent_event["name"] = shadow
+        return message
+
+
 def create_app(settings: Settings) -> Celery:
-    app = Celery("conveyor", broker=settings.resolved_broker_url, set_as_current=False)
+    app = Celery(
+        "conveyor", broker=settings.resolved_broker_url, set_as_current=False, amqp=NamedAMQP
+    )
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

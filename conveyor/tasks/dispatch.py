@@ -60,12 +60,14 @@ class CeleryDispatcher:
             queue=d.queue,
             priority=self._priority[d.priority],
             producer=producer,
-            argsrepr=f"job={d.job_id} {d.label}".rstrip(),
+            shadow=shown_name(d),
+            argsrepr=shown_args(d),
             kwargsrepr=_repr(kwargs),
         )
 
     def _send_many(self, message: list[Dispatch], producer: Any) -> None:
         first = message[0]
+        names = [shown_name(d) or f"job={d.job_id}" for d in message]
         self.app.send_task(
             RUN_MANY,
             args=[[str(d.job_id) for d in message]],
@@ -73,9 +75,28 @@ class CeleryDispatcher:
             queue=first.queue,
             priority=self._priority[first.priority],
             producer=producer,
-            argsrepr=f"{len(message)} jobs, first job={first.job_id} {first.label}".rstrip(),
+            shadow=f"{names[0]} and {len(message) - 1} more",
+            argsrepr="; ".join(shown_args(d) for d in message),
             kwargsrepr=f"hints of {len(message)} jobs",
         )
+
+
+def shown_name(d: Dispatch) -> str | None:
+    """The name Flower shows for a job's message (Celery's ``shadow``): ``workflow/node``
+    for a node, ``workflow (plan)`` for a start job; None, the entry point's own name, when
+    the publisher does not know the workflow (a webhook delivery)."""
+    if not d.workflow:
+        return None
+    if d.kind is JobKind.EXECUTION:
+        return f"{d.workflow} (plan)"
+    return f"{d.workflow}/{d.node}" if d.node else d.workflow
+
+
+def shown_args(d: Dispatch) -> str:
+    """What Flower shows as a job's arguments: its ids and names (see docs/operations.md)."""
+    workflow = f"workflow={d.workflow}" if d.workflow else ""
+    node = f"node={d.node}" if d.node else ""
+    return " ".join(part for part in (f"job={d.job_id}", d.label, workflow, node) if part)
 
 
 def _repr(kwargs: dict[str, Any] | None) -> str:
@@ -91,6 +112,7 @@ def encode_hints(hints: NodeHints) -> dict[str, Any]:
         "priority": hints.priority.value,
         "enqueued_at_ms": int(hints.enqueued_at.timestamp() * 1000),
         "node_id": hints.node_id,
+        "workflow": hints.workflow,
     }
 
 
@@ -105,6 +127,7 @@ def decode_hints(raw: Any) -> NodeHints | None:
             priority=Priority(raw["priority"]),
             enqueued_at=datetime.fromtimestamp(int(raw["enqueued_at_ms"]) / 1000, UTC),
             node_id=_optional_str(raw.get("node_id")),
+            workflow=_optional_str(raw.get("workflow")),
         )
     except (KeyError, TypeError, ValueError, OverflowError, OSError):
         return None

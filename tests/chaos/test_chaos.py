@@ -169,9 +169,13 @@ def test_every_message_delivered_twice_runs_each_node_once(
         while not stop.is_set():
             with chaos_client.db.transaction() as store:
                 queued = store.stale_queued(store_now(), 1000)
-            fresh = [j for j in queued if j.id not in doubled and j.status is JobStatus.QUEUED]
-            chaos_client.dispatcher.publish([dispatch_of(j) for j in fresh])
-            doubled.update(j.id for j in fresh)
+                fresh = [
+                    dispatch_of(store, j)
+                    for j in queued
+                    if j.id not in doubled and j.status is JobStatus.QUEUED
+                ]
+            chaos_client.dispatcher.publish(fresh)
+            doubled.update(d.job_id for d in fresh)
             time.sleep(0.05)
 
     thread = threading.Thread(target=duplicate, daemon=True)

@@ -7,7 +7,10 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from conveyor.engine import claiming, triggering
+from conveyor.engine.records import Dispatch
 from conveyor.engine.states import ExecutionStatus, JobStatus, Priority
 from conveyor.engine.validation import parse_workflow
 from conveyor.limiter.gate import Gate
@@ -150,7 +153,7 @@ def job_status(service: Conveyor, job_id: uuid.UUID) -> JobStatus:
 
 
 def test_a_hinted_message_takes_its_permits_without_a_read_and_a_refused_one_parks(
-    conveyor_service: Conveyor,
+    conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = gate_of(conveyor_service)
     first, second = planned(conveyor_service, "hinted", 2).dispatches
@@ -168,7 +171,15 @@ def test_a_hinted_message_takes_its_permits_without_a_read_and_a_refused_one_par
     assert gate.admit(second.job_id, second.hints) is None
     assert job_status(conveyor_service, second.job_id) is JobStatus.PARKED
     assert limiter_usage(conveyor_service)["global"] == (1, 1)
-    gate.release(permit)  # wakes the second (the worker runs it)
+
+    # And the release wakes the second, published under its workflow's and node's names
+    woken: list[Dispatch] = []
+    publish = gate.publish
+    monkeypatch.setattr(gate, "publish", lambda sent: (woken.extend(sent), publish(sent)))
+    gate.release(permit)  # (the worker runs it)
+    assert [(d.job_id, d.workflow, d.node) for d in woken] == [
+        (second.job_id, "hinted", second.node)
+    ]
 
 
 def test_a_duplicate_hinted_message_gives_back_the_permits_it_took(

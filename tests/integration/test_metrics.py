@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from datetime import timedelta
+from importlib import metadata
 from pathlib import Path
 
 import httpx
@@ -79,14 +81,32 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     assert scraped[("conveyor_executions", (("status", "completed"),))] == 3
     assert scraped[("conveyor_executions", (("status", "failed"),))] == 1
     assert scraped[("conveyor_attempts_total", (("status", "failed"),))] == failed == 2
-    assert scraped[("conveyor_job_run_seconds_count", ())] == tries
-    assert scraped[("conveyor_job_wait_seconds_count", ())] == tries
+    # the histograms by queue, and how long nodes ran by workflow too
+    node = ("queue", "workflow-node")
+    assert scraped[("conveyor_job_wait_seconds_count", (node,))] == tries
+    assert scraped[("conveyor_job_wait_seconds_count", (("queue", "workflow-execution"),))] == 0
+    assert scraped[("conveyor_job_run_seconds_count", (node, ("workflow", "good")))] == 3
+    assert scraped[("conveyor_job_run_seconds_count", (node, ("workflow", "bad")))] == 2
+    assert sum(v for (name, _), v in scraped.items()
+               if name == "conveyor_job_run_seconds_count") == tries  # fmt: skip
     assert sum(v for (name, labels), v in scraped.items()
                if name == "conveyor_jobs" and ("kind", "node") in labels) == node_jobs  # fmt: skip
     # the broker's queues, each at every priority (empty: the worker took everything)
     depths = {labels: v for (name, labels), v in scraped.items() if name == "conveyor_queue_depth"}
     assert len(depths) == 4 * 3
     assert scraped[("conveyor_schedules_late", ())] == 0
+    # every status is shown, 0 when none has it: a series never vanishes
+    assert scraped[("conveyor_executions", (("status", "cancelled"),))] == 0
+    assert scraped[("conveyor_jobs", (("kind", "node"), ("status", "parked")))] == 0
+    # the limits' keys are named as `conveyor limits` names them: tenants by name
+    tenant, workflow = (("name", "default"), ("scope", "tenant")), (
+        ("name", "default/good"), ("scope", "workflow"))  # fmt: skip
+    assert scraped[("conveyor_permits_limit", tenant)] == 10
+    assert scraped[("conveyor_permits_in_use", workflow)] == 0
+    # which Conveyor and Python serve them
+    (build,) = [labels for (name, labels), _ in scraped.items() if name == "conveyor_build_info"]
+    assert dict(build) == {"version": metadata.version("conveyor"),
+                           "python": platform.python_version()}  # fmt: skip
 
 
 def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_them(
@@ -94,12 +114,17 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
 ) -> None:
     # Given tries made, counted by the counters and histograms the metrics show
     def counted() -> dict[str, float]:
+        """Every series, and each histogram's summed over its queues and workflows too."""
         scraped = samples(httpx.get(f"{api_url}/metrics", headers=SCRAPER, timeout=30).text)
-        return {
-            f"{name}{dict(labels)}": v
-            for (name, labels), v in scraped.items()
-            if name.startswith(("conveyor_attempts_total", "conveyor_job_"))
-        }
+        shown: dict[str, float] = {}
+        for (name, labels), v in scraped.items():
+            if not name.startswith(("conveyor_attempts_total", "conveyor_job_")):
+                continue
+            shown[f"{name}{dict(labels)}"] = v
+            if name.startswith("conveyor_job_"):
+                summed = f"{name}{dict((k, x) for k, x in labels if k == 'le')}"
+                shown[summed] = shown.get(summed, 0.0) + v
+        return shown
 
     def run_and_age() -> None:
         """run_some's executions and one that succeeds at its second try; every try as if it

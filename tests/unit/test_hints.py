@@ -18,6 +18,7 @@ HINTS = NodeHints(
     priority=Priority.LOW,
     enqueued_at=datetime(2026, 3, 1, 12, 30, 15, 250_000, tzinfo=UTC),
     node_id="send-mail",
+    workflow="mailing",
 )
 
 
