@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypedDict
 
+import structlog
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Column, Table
@@ -218,7 +219,15 @@ class OneLine(logging.Formatter):
 def setup_logging(verbose: bool) -> None:
     """Errors only, one line each; everything from INFO with tracebacks when ``verbose``.
 
-    Node failures and retries are shown in the tables already."""
+    Node failures and retries are shown in the tables already. The structured events of the
+    worker threads a command runs on the embedded default go through the same handler (to
+    stderr, at the same level): left to structlog's default they would print every job
+    received to stdout, which carries only the command's answer (``--json``)."""
+    structlog.configure(
+        processors=[structlog.dev.ConsoleRenderer(colors=False)],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
     handler = logging.StreamHandler()
     handler.setFormatter((logging.Formatter if verbose else OneLine)(LOG_FORMAT))
     logging.basicConfig(level=logging.INFO if verbose else logging.ERROR, handlers=[handler])
