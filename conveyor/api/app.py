@@ -9,8 +9,8 @@ a database that cannot be reached answers 503. No input answers 500.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
@@ -154,15 +154,20 @@ def _snapshot(service: Conveyor) -> metrics.Snapshot:
     return metrics.take(service.db, get_settings().resolved_broker_url, limiter)
 
 
-def _embedded_workers() -> AbstractContextManager[object]:
-    """On the embedded default, the API migrates SQLite and runs the workers itself."""
+@contextmanager
+def _embedded_workers() -> Iterator[None]:
+    """On the embedded default, the API migrates SQLite and runs the workers itself, and what
+    celery beat sends in production (the schedules among them)."""
     if not get_settings().embedded:
-        return nullcontext()
+        yield
+        return
     from conveyor import migrations
-    from conveyor.embedded import embedded_workers
+    from conveyor.embedded import embedded_beat, embedded_workers
 
+    wiring.load_imports()  # before the first node runs
     migrations.upgrade()
-    return embedded_workers()
+    with embedded_workers(), embedded_beat():
+        yield
 
 
 async def _conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:
