@@ -16,12 +16,13 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException
 
 from conveyor import metrics, wiring
-from conveyor.api import dead_letters, metrics_http, rest, stream, webhooks
+from conveyor.api import dead_letters, health, metrics_http, rest, stream, webhooks
 from conveyor.api.bodies import BodyBounds
 from conveyor.api.links import add_links
 from conveyor.api.schemas import Problem
@@ -89,7 +90,9 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
                 )  # fmt: skip
             yield
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from files in the package: /docs works without internet.
+    app = FastAPIOffline(
+        static_url="/docs-assets",
         title="Conveyor",
         version="1",
         summary="Durable DAG workflows on Celery: trigger, inspect and steer them.",
@@ -136,8 +139,25 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def live() -> health.Live:
+        """Liveness: the process answers. It looks at nothing else (see /ready)."""
+        return health.Live(status="ok")
+
+    @app.get(
+        "/ready",
+        tags=["health"],
+        response_model=health.Readiness,
+        responses={503: {"model": health.NotReady, "description": "A check failed"}},
+    )
+    def ready() -> JSONResponse:
+        """Readiness: the database answers, the broker accepts a connection, and Redis
+        answers when configured; 503 names each that failed."""
+        found = health.readiness(settings, app.state.service.db)
+        if found.status == "ready":
+            return JSONResponse(found.model_dump())
+        failed = [name for name, outcome in found.checks.items() if outcome != "ok"]
+        body = health.NotReady(detail=f"not ready: {', '.join(failed)}", checks=found.checks)
+        return JSONResponse(body.model_dump(), status_code=503)
 
     return app
 

@@ -1,0 +1,76 @@
+"""``/health`` and ``/ready``, as Kubernetes probes them.
+
+``/health`` is liveness: the process answers, and nothing else is looked at, so that a
+database outage never gets every API process restarted. ``/ready`` is readiness: the database
+answers, the broker accepts a connection, and Redis answers when one is configured (the
+limiter's); otherwise 503 naming each that failed, so that traffic goes elsewhere until it is
+back. A check's error is logged in full and answered by its type only: the probe needs no key,
+and an error's text may name hosts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import redis
+from kombu import Connection
+from pydantic import BaseModel
+
+from conveyor.config import Settings
+from conveyor.store import Database
+
+log = logging.getLogger("conveyor.api")
+
+TIMEOUT = 2  # seconds a check may take; a probe's own timeout is usually 1 to 5
+
+
+class Live(BaseModel):
+    status: str  # "ok"
+
+
+class Readiness(BaseModel):
+    """Each check's outcome: "ok", or "failed: <error type>"."""
+
+    status: str  # "ready", or "not ready"
+    checks: dict[str, str]
+
+
+class NotReady(BaseModel):
+    detail: str  # which checks failed
+    checks: dict[str, str]
+
+
+def readiness(settings: Settings, database: Database) -> Readiness:
+    """Run every check (none stops the others); the outcome of each."""
+    checks: dict[str, Callable[[], None]] = {
+        "database": database.ping,
+        "broker": lambda: _broker(settings.resolved_broker_url),
+    }
+    if (url := settings.resolved_redis_url) is not None:
+        checks["redis"] = lambda: _redis(url)
+    outcomes = {name: _outcome(name, check) for name, check in checks.items()}
+    ready = all(o == "ok" for o in outcomes.values())
+    return Readiness(status="ready" if ready else "not ready", checks=outcomes)
+
+
+def _outcome(name: str, check: Callable[[], None]) -> str:
+    try:
+        check()
+    except Exception as exc:
+        log.warning("readiness: the %s check failed: %s", name, exc)
+        return f"failed: {type(exc).__name__}"
+    return "ok"
+
+
+def _broker(url: str) -> None:
+    with Connection(url, connect_timeout=TIMEOUT) as connection:
+        connection.ensure_connection(max_retries=0, timeout=TIMEOUT)
+
+
+def _redis(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT, socket_timeout=TIMEOUT)
+    try:
+        client.ping()
+    finally:
+        client.close()
