@@ -147,7 +147,7 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
         "/ready",
         tags=["health"],
         response_model=health.Readiness,
-        responses={503: {"model": health.NotReady, "description": "A check failed"}},
+        responses={503: {"model": Problem, "description": "A check failed; `errors` names each"}},
     )
     def ready() -> JSONResponse:
         """Readiness: the database answers, the broker accepts a connection, and Redis
@@ -155,8 +155,11 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
         found = health.readiness(settings, app.state.service.db)
         if found.status == "ready":
             return JSONResponse(found.model_dump())
-        failed = [name for name, outcome in found.checks.items() if outcome != "ok"]
-        body = health.NotReady(detail=f"not ready: {', '.join(failed)}", checks=found.checks)
+        failed = {name: outcome for name, outcome in found.checks.items() if outcome != "ok"}
+        body = Problem(
+            detail=f"not ready: {', '.join(failed)}",
+            errors=[f"{name}: {outcome}" for name, outcome in failed.items()],
+        )
         return JSONResponse(body.model_dump(), status_code=503)
 
     return app

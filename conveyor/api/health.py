@@ -3,9 +3,9 @@
 ``/health`` is liveness: the process answers, and nothing else is looked at, so that a
 database outage never gets every API process restarted. ``/ready`` is readiness: the database
 answers, the broker accepts a connection, and Redis answers when one is configured (the
-limiter's); otherwise 503 naming each that failed, so that traffic goes elsewhere until it is
-back. A check's error is logged in full and answered by its type only: the probe needs no key,
-and an error's text may name hosts.
+limiter's); otherwise 503 naming each that failed (in the API's one error shape), so that
+traffic goes elsewhere until it is back. A check's error is logged in full and answered by
+its type only: the probe needs no key, and an error's text may name hosts.
 """
 
 from __future__ import annotations
@@ -33,11 +33,6 @@ class Readiness(BaseModel):
     """Each check's outcome: "ok", or "failed: <error type>"."""
 
     status: str  # "ready", or "not ready"
-    checks: dict[str, str]
-
-
-class NotReady(BaseModel):
-    detail: str  # which checks failed
     checks: dict[str, str]
 
 
