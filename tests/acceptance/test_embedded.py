@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from conveyor.engine.states import ExecutionStatus
@@ -69,6 +71,11 @@ class Home:
     def executions(self) -> list[Any]:
         with self.db.transaction() as store:
             return [e for e, _, _ in store.list_executions(None, status=None, limit=100)]
+
+    def scheduled_done(self) -> set[uuid.UUID]:
+        """The executions a schedule started that completed."""
+        return {e.id for e in self.executions()
+                if e.trigger == "schedule" and e.status is ExecutionStatus.COMPLETED}  # fmt: skip
 
     def make_due(self, schedule: str) -> None:
         """Move the schedule's next run into the past: cron's finest slot is a minute."""
@@ -147,11 +154,47 @@ def test_a_due_schedule_fires_while_conveyor_worker_runs_and_it_stops_on_sigint(
     worker = home.start("worker", CONVEYOR_SCHEDULE_CHECK_INTERVAL="1")
     try:
         # Then the schedule's run is started and completed by its worker threads
-        def fired() -> list[Any]:
-            return [e for e in home.executions() if e.trigger == "schedule"
-                    and e.status is ExecutionStatus.COMPLETED]  # fmt: skip
-
-        wait_until(fired, "completed scheduled execution")
+        wait_until(home.scheduled_done, "completed scheduled execution")
     finally:
         code = stop(worker, signal.SIGINT)
     assert code == 0, (home.path / "worker.log").read_text()
+
+
+def test_conveyor_api_on_the_embedded_default_fires_schedules_and_answers_its_probes(
+    home: Home,
+) -> None:
+    # Given a due schedule
+    added = home.run("schedules", "add", "flow", "--cron", "* * * * *", "--name", "by-api")
+    assert added.returncode == 0, added.stderr
+    home.make_due("by-api")
+    before = {e.id for e in home.executions()}
+    port = free_port()
+
+    # When `conveyor api` runs on the embedded default
+    api = home.start("api", "--port", str(port), CONVEYOR_SCHEDULE_CHECK_INTERVAL="1")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ready = wait_until(lambda: _get(f"{url}/ready"), "answer from the API")
+
+        # Then it is ready (SQLite and the in-process broker; no Redis to check)
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+        # And the schedule's run is started and completed by its worker threads
+        wait_until(lambda: home.scheduled_done() - before, "completed scheduled execution")
+    finally:
+        stop(api, signal.SIGINT)  # uvicorn raises the signal again once it has shut down
+    assert "Application shutdown complete" in (home.path / "api.log").read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _get(url: str) -> httpx.Response | None:
+    try:
+        return httpx.get(url, timeout=5)
+    except httpx.TransportError:
+        return None  # not listening yet
