@@ -158,8 +158,7 @@ def _follow(execution_ids: list[uuid.UUID]) -> bool:
     all completed."""
     completed = True
     for execution_id in dict.fromkeys(execution_ids):
-        render.out.print(f"execution {execution_id}:", markup=False)
-        view = wait_for(execution_id, timeout=None, live=False)
+        view = wait_for(execution_id, timeout=None, live=True)
         render.print_outcome(view)
         completed = completed and view["status"] == ExecutionStatus.COMPLETED
     return completed
