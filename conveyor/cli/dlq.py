@@ -185,8 +185,8 @@ def dlq_requeue(
         executions = _executions_of(chosen) if embedded else {}
         outcomes = wiring.service().requeue_dead_letters(chosen)
         _report(outcomes, "requeued")
-        resumed = [executions[j] for j, refused in outcomes.items() if refused is None]
-        completed = _follow(resumed) if embedded else True
+        resumed = [executions[j] for j, refused in outcomes.items() if refused is None and embedded]
+        completed = _follow(resumed)
     _end(outcomes, "requeued")
     if not completed:
         fail("a resumed execution did not complete; see `conveyor dlq list`")
