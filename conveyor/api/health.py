@@ -11,6 +11,8 @@ its type only: the probe needs no key, and an error's text may name hosts.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -44,18 +46,42 @@ def readiness(settings: Settings, database: Database) -> Readiness:
     }
     if (url := settings.resolved_redis_url) is not None:
         checks["redis"] = lambda: _redis(url)
-    outcomes = {name: _outcome(name, check) for name, check in checks.items()}
+    running = {name: _Check(name, check) for name, check in checks.items()}
+    deadline = time.monotonic() + TIMEOUT + 0.5
+    outcomes = {name: check.outcome(deadline) for name, check in running.items()}
     ready = all(o == "ok" for o in outcomes.values())
     return Readiness(status="ready" if ready else "not ready", checks=outcomes)
 
 
-def _outcome(name: str, check: Callable[[], None]) -> str:
-    try:
-        check()
-    except Exception as exc:
-        log.warning("readiness: the %s check failed: %s", name, exc)
-        return f"failed: {type(exc).__name__}"
-    return "ok"
+class _Check:
+    """A check run on a daemon thread of its own, so that one that hangs (a database behind a
+    firewall that drops packets) is answered as failed at the deadline instead of holding the
+    probe, and never holds up the process's exit."""
+
+    def __init__(self, name: str, check: Callable[[], None]) -> None:
+        self.name = name
+        self.error: Exception | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(check,), name=f"conveyor-ready-{name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except Exception as exc:
+            self.error = exc
+
+    def outcome(self, deadline: float) -> str:
+        """ "ok", or "failed: <error type>" (its error logged in full)."""
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            log.warning("readiness: the %s check did not answer within %s s", self.name, TIMEOUT)
+            return "failed: TimeoutError"
+        if self.error is not None:
+            log.warning("readiness: the %s check failed: %s", self.name, self.error)
+            return f"failed: {type(self.error).__name__}"
+        return "ok"
 
 
 def _broker(url: str) -> None:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from conveyor.api import create_app
+from conveyor.api.health import readiness
 from conveyor.config import Settings
 from conveyor.service import Conveyor
 from conveyor.store import Database
@@ -83,6 +84,21 @@ def test_ready_answers_503_naming_the_database_when_it_does_not_answer() -> None
         "detail": "not ready: database",
         "errors": ["database: failed: OperationalError"],
     }
+
+
+def test_readiness_fails_a_database_that_accepts_but_never_answers_in_time() -> None:
+    # Given a PostgreSQL port that accepts connections and never says a word (a server that
+    # hangs): the check must not hold the probe until the connection gives up
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        database = Database(f"postgresql+psycopg://conveyor@127.0.0.1:{port}/conveyor")
+        found = readiness(Settings(), database)
+
+    assert found.status == "not ready"
+    assert found.checks == {"database": "failed: TimeoutError", "broker": "ok", "redis": "ok"}
+    database.dispose()
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
