@@ -177,8 +177,9 @@ def dlq_requeue(
 ) -> None:
     """Resume each dead letter's execution from it, with a fresh set of tries.
 
-    With no broker configured (the embedded default) the workers run in this process, and the
-    command waits for the resumed executions to finish: exit status 1 if one did not complete.
+    Exit status: 0 requeued (and completed), 1 otherwise, 2 usage error.
+    With no broker configured the workers run in this process until the resumed
+    executions finished.
     """
     with embedded_schema(), workers_if_embedded() as embedded:
         chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
