@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from conveyor import metrics, wiring
+from conveyor import wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import ALL_QUEUES, NODE_QUEUE
 from conveyor.scheduler.duty_thread import Duty, Maintenance
@@ -85,9 +85,7 @@ def beat_duties() -> list[Duty]:
         done = service.recover(
             heartbeat_timeout=settings.heartbeat_timeout,
             lost_after=settings.lost_after,
-            broker_holds=lambda: metrics.broker_holds(
-                settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
-            ),
+            broker_holds=lambda: memory_holds({NODE_QUEUE: settings.batch_most}),
         )
         return sum(done.values())
 
@@ -105,3 +103,18 @@ def beat_duties() -> list[Duty]:
         Duty(name="recover", run=recover, interval=settings.recover_interval),
         Duty(name="prune", run=prune, interval=settings.retention_interval),
     ]  # fmt: skip
+
+
+def memory_holds(jobs_per_message: Mapping[str, int]) -> dict[str, int]:
+    """Jobs the in-process broker may hold waiting, per queue (its messages times the most
+    jobs one message of the queue names), as :func:`conveyor.metrics.broker_holds` counts a
+    Redis broker's. The recovery sweep re-sends only the jobs this process's broker cannot
+    hold: those of another embedded process that exited (a command stopped before its end),
+    not those merely waiting here for a worker thread."""
+    from kombu.transport.memory import Channel  # its queues are the process's, shared
+
+    return {
+        queue: Channel.queues[queue].qsize() * jobs_per_message.get(queue, 1)
+        for queue in ALL_QUEUES
+        if queue in Channel.queues
+    }
