@@ -21,8 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
+from conveyor.config import Settings
 from conveyor.engine.states import ExecutionStatus
+from conveyor.service import Conveyor
 from conveyor.store import Database
+from conveyor.tasks.app import create_app as create_celery_app
+from conveyor.tasks.dispatch import CeleryDispatcher
 
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")  # the installed console script
 
@@ -71,6 +75,10 @@ class Home:
     def executions(self) -> list[Any]:
         with self.db.transaction() as store:
             return [e for e, _, _ in store.list_executions(None, status=None, limit=100)]
+
+    def status(self, execution_id: uuid.UUID) -> ExecutionStatus:
+        with self.db.transaction() as store:
+            return store.execution(execution_id).status
 
     def scheduled_done(self) -> set[uuid.UUID]:
         """The executions a schedule started that completed."""
@@ -136,12 +144,10 @@ def test_dlq_requeue_runs_the_resumed_execution_to_its_end_on_the_embedded_defau
     assert requeued.returncode == 0, requeued.stdout + requeued.stderr
     assert f"{letter['job_id']}: requeued" in requeued.stdout
     assert "completed" in requeued.stdout
-    with home.db.transaction() as store:
-        done = store.execution(uuid.UUID(execution_id))
-    assert done.status is ExecutionStatus.COMPLETED, done.error
+    assert home.status(uuid.UUID(execution_id)) is ExecutionStatus.COMPLETED
 
 
-def test_a_due_schedule_fires_while_conveyor_worker_runs_and_it_stops_on_sigint(
+def test_conveyor_worker_fires_a_due_schedule_resumes_work_left_behind_and_stops_on_sigint(
     home: Home,
 ) -> None:
     # Given a schedule added from the command line, which says what will fire it
@@ -149,12 +155,19 @@ def test_a_due_schedule_fires_while_conveyor_worker_runs_and_it_stops_on_sigint(
     assert added.returncode == 0, added.stderr
     assert "`conveyor api` or `conveyor worker`" in added.stdout
     home.make_due("by-worker")
+    # and an execution whose start message went to the in-process broker of a process that
+    # is gone (this one's, which no worker serves): stored, never sent to a worker
+    gone = Conveyor(home.db, CeleryDispatcher(create_celery_app(Settings(broker_url="memory://"))))
+    left = gone.trigger("flow")
 
     # When `conveyor worker` runs
-    worker = home.start("worker", CONVEYOR_SCHEDULE_CHECK_INTERVAL="1")
+    worker = home.start("worker", CONVEYOR_SCHEDULE_CHECK_INTERVAL="1",
+                        CONVEYOR_RECOVER_INTERVAL="1", CONVEYOR_LOST_AFTER="1")  # fmt: skip
     try:
         # Then the schedule's run is started and completed by its worker threads
         wait_until(home.scheduled_done, "completed scheduled execution")
+        # and its recovery sweep sent the execution left behind, which completed
+        wait_until(lambda: home.status(left) is ExecutionStatus.COMPLETED, "resumed execution")
     finally:
         code = stop(worker, signal.SIGINT)
     assert code == 0, (home.path / "worker.log").read_text()
