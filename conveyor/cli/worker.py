@@ -21,7 +21,7 @@ def worker() -> None:
         fail(
             "conveyor worker runs the embedded default's workers; with CONVEYOR_BROKER_URL set, "
             "run `celery -A conveyor.tasks worker` for the workers and `celery -A conveyor.tasks "
-            "beat` for the schedules (see docs/operations.md)"
+            "beat` for the schedules (see the README, Run it in production)"
         )
     from conveyor.embedded import embedded_beat, embedded_workers
 
