@@ -2,19 +2,26 @@
 the ``conveyor`` process, so that a newcomer sees workflows run with one command.
 
 It runs the same tasks, engine and store as production; only the transport and the pool
-differ (``memory://`` and a threads pool instead of Redis and prefork processes).
+differ (``memory://`` and a threads pool instead of Redis and prefork processes). What celery
+beat sends in production (the cron check, the recovery and retention sweeps) runs on a duty
+thread of the long-running embedded processes, ``conveyor api`` and ``conveyor worker``
+(:func:`embedded_beat`); a short command (``conveyor run``) does not run it, since it would
+start work it cannot wait for.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
-from conveyor.config import get_settings
-from conveyor.engine.queues import ALL_QUEUES
+from conveyor import wiring
+from conveyor.config import archive_retention, get_settings
+from conveyor.engine.queues import ALL_QUEUES, NODE_QUEUE
+from conveyor.scheduler.duty_thread import Duty, Maintenance
 
 log = logging.getLogger("conveyor.embedded")
 
@@ -55,3 +62,59 @@ def _run(worker: Any, ready: threading.Event) -> None:
         worker.start()
     except Exception:  # a worker crash must not leave the CLI hanging silently
         log.exception("the embedded worker stopped")
+
+
+@contextmanager
+def embedded_beat() -> Iterator[Maintenance]:
+    """Run what celery beat sends in production on a duty thread here, each at its interval:
+    the cron check (CONVEYOR_SCHEDULE_CHECK_INTERVAL), the recovery sweep
+    (CONVEYOR_RECOVER_INTERVAL) and the retention sweep (CONVEYOR_RETENTION_INTERVAL). The
+    runs they start go to this process's broker, so its embedded workers must be running."""
+    maintenance = Maintenance(beat_duties())
+    maintenance.start()
+    try:
+        yield maintenance
+    finally:
+        maintenance.stop()
+
+
+def beat_duties() -> list[Duty]:
+    settings, service = get_settings(), wiring.service()
+
+    def recover() -> int:
+        done = service.recover(
+            heartbeat_timeout=settings.heartbeat_timeout,
+            lost_after=settings.lost_after,
+            broker_holds=lambda: memory_holds({NODE_QUEUE: settings.batch_most}),
+        )
+        return sum(done.values())
+
+    def prune() -> int:
+        if not settings.retention_days:
+            return 0
+        return service.prune(
+            timedelta(days=settings.retention_days),
+            archive_older_than=archive_retention(settings.archive_retention_days),
+        )
+
+    return [
+        Duty(name="schedules", run=service.check_schedules,
+             interval=settings.schedule_check_interval),
+        Duty(name="recover", run=recover, interval=settings.recover_interval),
+        Duty(name="prune", run=prune, interval=settings.retention_interval),
+    ]  # fmt: skip
+
+
+def memory_holds(jobs_per_message: Mapping[str, int]) -> dict[str, int]:
+    """Jobs the in-process broker may hold waiting, per queue (its messages times the most
+    jobs one message of the queue names), as :func:`conveyor.metrics.broker_holds` counts a
+    Redis broker's. The recovery sweep re-sends only the jobs this process's broker cannot
+    hold: those of another embedded process that exited (a command stopped before its end),
+    not those merely waiting here for a worker thread."""
+    from kombu.transport.memory import Channel  # its queues are the process's, shared
+
+    return {
+        queue: Channel.queues[queue].qsize() * jobs_per_message.get(queue, 1)
+        for queue in ALL_QUEUES
+        if queue in Channel.queues
+    }

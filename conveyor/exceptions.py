@@ -81,7 +81,9 @@ class MetricsNotServed(ConveyorError):
 
 
 class DuplicateDelivery(ConveyorError):
-    """The endpoint received a delivery with this id already; it is not started again."""
+    """The endpoint received this delivery already; it is not started again. (A delivery id
+    received before is answered as a repeat, not raised: only a :class:`ReplayedDelivery`
+    is.)"""
 
 
 class ReplayedDelivery(DuplicateDelivery):

@@ -9,19 +9,20 @@ a database that cannot be reached answers 503. No input answers 500.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException
 
 from conveyor import metrics, wiring
-from conveyor.api import dead_letters, metrics_http, rest, stream, webhooks
+from conveyor.api import dead_letters, health, metrics_http, rest, stream, webhooks
 from conveyor.api.bodies import BodyBounds
 from conveyor.api.links import add_links
 from conveyor.api.schemas import Problem
@@ -89,7 +90,9 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
                 )  # fmt: skip
             yield
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from files in the package: /docs works without internet.
+    app = FastAPIOffline(
+        static_url="/docs-assets",
         title="Conveyor",
         version="1",
         summary="Durable DAG workflows on Celery: trigger, inspect and steer them.",
@@ -136,8 +139,28 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", tags=["health"])
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def live() -> health.Live:
+        """Liveness: the process answers. It looks at nothing else (see /ready)."""
+        return health.Live(status="ok")
+
+    @app.get(
+        "/ready",
+        tags=["health"],
+        response_model=health.Readiness,
+        responses={503: {"model": Problem, "description": "A check failed; `errors` names each"}},
+    )
+    def ready() -> JSONResponse:
+        """Readiness: the database answers, the broker accepts a connection, and Redis
+        answers when configured; 503 names each that failed."""
+        found = health.readiness(settings, app.state.service.db)
+        if found.status == "ready":
+            return JSONResponse(found.model_dump())
+        failed = {name: outcome for name, outcome in found.checks.items() if outcome != "ok"}
+        body = Problem(
+            detail=f"not ready: {', '.join(failed)}",
+            errors=[f"{name}: {outcome}" for name, outcome in failed.items()],
+        )
+        return JSONResponse(body.model_dump(), status_code=503)
 
     return app
 
@@ -154,15 +177,20 @@ def _snapshot(service: Conveyor) -> metrics.Snapshot:
     return metrics.take(service.db, get_settings().resolved_broker_url, limiter)
 
 
-def _embedded_workers() -> AbstractContextManager[object]:
-    """On the embedded default, the API migrates SQLite and runs the workers itself."""
+@contextmanager
+def _embedded_workers() -> Iterator[None]:
+    """On the embedded default, the API migrates SQLite and runs the workers itself, and what
+    celery beat sends in production (the schedules among them)."""
     if not get_settings().embedded:
-        return nullcontext()
+        yield
+        return
     from conveyor import migrations
-    from conveyor.embedded import embedded_workers
+    from conveyor.embedded import embedded_beat, embedded_workers
 
+    wiring.load_imports()  # before the first node runs
     migrations.upgrade()
-    return embedded_workers()
+    with embedded_workers(), embedded_beat():
+        yield
 
 
 async def _conveyor_error(request: Request, exc: ConveyorError) -> JSONResponse:

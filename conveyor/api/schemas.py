@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.engine.definitions import EVENT_TYPE
-from conveyor.engine.states import Priority
+from conveyor.engine.states import DeliveryStatus, Priority
 
 
 class Problem(BaseModel):
@@ -60,7 +60,13 @@ class EventStarted(BaseModel):
 
 
 class Received(BaseModel):
-    delivery_id: uuid.UUID
+    """A delivery accepted (202), or a repeat of one (200: the same delivery id again, which
+    starts nothing and is told how the first one went)."""
+
+    delivery_id: uuid.UUID  # the delivery's id here (not the sender's)
+    status: DeliveryStatus  # received: not handled yet; processed; unmatched
+    executions: list[uuid.UUID] | None  # those it started (null: not recorded then)
+    repeated: bool  # the endpoint had received this delivery id before
 
 
 class JobIds(BaseModel):

@@ -1,9 +1,11 @@
 """What every sub-command of ``conveyor`` shares: the options they have in common, how they
-end with a user's error, and the embedded database's first use. It imports no sub-command."""
+end with a user's error, the embedded database's first use, and the embedded workers a command
+runs to carry its work to its end. It imports no sub-command."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,9 +13,12 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from conveyor import migrations, wiring
+from conveyor import migrations, views, wiring
 from conveyor.cli import render
 from conveyor.config import get_settings
+from conveyor.engine.states import ExecutionStatus
+
+POLL_SECONDS = 0.2
 
 Tenant = Annotated[str, typer.Option("--tenant", "-t", help="Tenant name.")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON (see docs/cli.md).")]
@@ -66,3 +71,38 @@ def embedded_schema() -> Iterator[None]:
     if get_settings().embedded:
         migrations.upgrade()
     yield
+
+
+@contextmanager
+def workers_if_embedded() -> Iterator[bool]:
+    """On the embedded default, migrate and run worker threads in this process; yield whether
+    it did. A command that publishes work needs them: the in-process broker's messages are
+    gone when the command exits, so it waits for the work to finish first."""
+    if not get_settings().embedded:
+        yield False
+        return
+    from conveyor.embedded import embedded_workers
+
+    load_imports()
+    migrations.upgrade()
+    with embedded_workers():
+        yield True
+
+
+def execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
+    with wiring.database().transaction() as store:
+        return views.execution_view(store, execution_id)
+
+
+def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> views.ExecutionJson:
+    """Poll the execution until it finishes or ``timeout`` seconds pass; the last view."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with render.live_progress(live) as show:
+        while True:
+            view = execution_view(execution_id)
+            show(view)
+            if ExecutionStatus(view["status"]).finished:
+                return view
+            if deadline is not None and time.monotonic() >= deadline:
+                return view
+            time.sleep(POLL_SECONDS)

@@ -1,7 +1,9 @@
 """``conveyor dlq``: list, show, requeue and discard dead-lettered node jobs without SQL.
 
-A requeue resumes the failed execution from the dead node with a fresh set of tries; a
-discard moves the dead letter to the archive (``list --archived``), never deleting it.
+A requeue resumes the failed execution from the dead node with a fresh set of tries (on the
+embedded default it runs the workers in this process and waits for the resumed executions to
+finish); a discard moves the dead letter to the archive (``list --archived``), never deleting
+it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,17 @@ from rich.table import Table
 
 from conveyor import views, wiring
 from conveyor.cli import render
-from conveyor.cli.common import JsonFlag, embedded_schema, fail, group, parse_uuid, usage_error
+from conveyor.cli.common import (
+    JsonFlag,
+    embedded_schema,
+    fail,
+    group,
+    parse_uuid,
+    usage_error,
+    wait_for,
+    workers_if_embedded,
+)
+from conveyor.engine.states import ExecutionStatus
 from conveyor.exceptions import NotFound
 from conveyor.store.dead_letters import DeadLetterFilter
 
@@ -127,8 +139,29 @@ def _report(outcomes: dict[uuid.UUID, str | None], verb: str) -> None:
             render.out.print(f"{job_id}: {verb}", markup=False)
         else:
             render.err.print(f"{job_id}: {refused}", style="red", markup=False, soft_wrap=True)
+
+
+def _end(outcomes: dict[uuid.UUID, str | None], verb: str) -> None:
     if any(outcomes.values()):
         fail(f"{sum(1 for v in outcomes.values() if v)} of {len(outcomes)} not {verb}")
+
+
+def _executions_of(job_ids: list[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+    """The execution of each dead letter found (job id -> execution id)."""
+    with wiring.database().transaction() as store:
+        found = {job_id: store.dead_letter(job_id, None) for job_id in job_ids}
+    return {job_id: job.execution_id for job_id, job in found.items() if job is not None}
+
+
+def _follow(execution_ids: list[uuid.UUID]) -> bool:
+    """Wait for each resumed execution to finish (the embedded workers run it here); whether
+    all completed."""
+    completed = True
+    for execution_id in dict.fromkeys(execution_ids):
+        view = wait_for(execution_id, timeout=None, live=True)
+        render.print_outcome(view)
+        completed = completed and view["status"] == ExecutionStatus.COMPLETED
+    return completed
 
 
 @dlq_app.command("requeue")
@@ -142,10 +175,22 @@ def dlq_requeue(
     older_than: OlderOpt = None,
     limit: Limit = 1000,
 ) -> None:
-    """Resume each dead letter's execution from it, with a fresh set of tries."""
-    with embedded_schema():
+    """Resume each dead letter's execution from it, with a fresh set of tries.
+
+    Exit status: 0 requeued (and completed), 1 otherwise, 2 usage error.
+    With no broker configured the workers run in this process until the resumed
+    executions finished.
+    """
+    with embedded_schema(), workers_if_embedded() as embedded:
         chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
-        _report(wiring.service().requeue_dead_letters(chosen), "requeued")
+        executions = _executions_of(chosen) if embedded else {}
+        outcomes = wiring.service().requeue_dead_letters(chosen)
+        _report(outcomes, "requeued")
+        resumed = [executions[j] for j, refused in outcomes.items() if refused is None and embedded]
+        completed = _follow(resumed)
+    _end(outcomes, "requeued")
+    if not completed:
+        fail("a resumed execution did not complete; see `conveyor dlq list`")
 
 
 @dlq_app.command("discard")
@@ -162,4 +207,6 @@ def dlq_discard(
     """Move dead letters to the archive (`dlq list --archived`); their executions stay failed."""
     with embedded_schema():
         chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
-        _report(wiring.service().discard_dead_letters(chosen), "discarded")
+        outcomes = wiring.service().discard_dead_letters(chosen)
+    _report(outcomes, "discarded")
+    _end(outcomes, "discarded")

@@ -6,10 +6,8 @@ process."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -21,11 +19,13 @@ from conveyor.cli.common import (
     JsonFlag,
     Tenant,
     embedded_schema,
+    execution_view,
     fail,
     group,
-    load_imports,
     parse_input,
     parse_uuid,
+    wait_for,
+    workers_if_embedded,
 )
 from conveyor.cli.definitions import apply_files
 from conveyor.config import get_settings
@@ -34,43 +34,9 @@ from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.exceptions import InvalidTransition
 from conveyor.store import DEFAULT_TENANT
 
-POLL_SECONDS = 0.2
 EXAMPLES = migrations.ROOT / "examples"
 
 executions_app = group("Executions: list, show, cancel.")
-
-
-@contextmanager
-def _workers_if_embedded() -> Iterator[bool]:
-    """With no broker, migrate and run worker threads here; yield whether we did."""
-    if not get_settings().embedded:
-        yield False
-        return
-    from conveyor.embedded import embedded_workers
-
-    load_imports()
-    migrations.upgrade()
-    with embedded_workers():
-        yield True
-
-
-def _execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
-    with wiring.database().transaction() as store:
-        return views.execution_view(store, execution_id)
-
-
-def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> views.ExecutionJson:
-    """Poll the execution until it finishes or ``timeout`` seconds pass; the last view."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with render.live_progress(live) as show:
-        while True:
-            view = _execution_view(execution_id)
-            show(view)
-            if ExecutionStatus(view["status"]).finished:
-                return view
-            if deadline is not None and time.monotonic() >= deadline:
-                return view
-            time.sleep(POLL_SECONDS)
 
 
 def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
@@ -102,7 +68,7 @@ def run(
     payload = parse_input(input)
     path = Path(target)
     known_file = path.is_file() and path.suffix.lower() in SUFFIXES
-    with _workers_if_embedded() as embedded:
+    with workers_if_embedded() as embedded:
         # stdout carries only the id (or the JSON): the apply notice goes to stderr
         name = apply_files([path], tenant, render.err)[0] if known_file else target
         execution_id = wiring.service().trigger(
@@ -129,11 +95,11 @@ def _print_started(execution_id: uuid.UUID, as_json: bool) -> None:
 def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
     """Cancel an execution that is still running when the embedded workers are about to stop:
     nothing else would ever finish it."""
-    if not ExecutionStatus(_execution_view(execution_id)["status"]).finished:
+    if not ExecutionStatus(execution_view(execution_id)["status"]).finished:
         with suppress(InvalidTransition):  # it finished meanwhile
             wiring.service().cancel(execution_id)
             render.err.print("stopped waiting; the execution is cancelled", style="yellow")
-    return _execution_view(execution_id)
+    return execution_view(execution_id)
 
 
 @executions_app.command("list")
@@ -164,7 +130,7 @@ def executions_show(
     """One execution: its nodes with outputs and errors, its jobs with every attempt."""
     parsed = parse_uuid(execution_id)
     with embedded_schema():
-        view = _execution_view(parsed)
+        view = execution_view(parsed)
     if as_json:
         render.print_json(view)
     else:
@@ -193,7 +159,7 @@ def demo() -> None:
     from conveyor import demo as demo_nodes  # registers the examples' node functions
 
     files = sorted(p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES)
-    with _workers_if_embedded():
+    with workers_if_embedded():
         apply_files(files, DEFAULT_TENANT)
         ok = [_demo_run(name, payload) for name, payload in demo_nodes.RUNS]
         render.out.print(

@@ -3,8 +3,10 @@ how it ends a user's error.
 
 Errors a user can cause (:class:`ConveyorError`, bad settings, an unreachable database) end as a
 red message on stderr and exit status 1, never a traceback; usage errors exit with 2. With no
-broker configured (the embedded default) ``conveyor run`` and ``conveyor demo`` migrate the
-SQLite database and run Celery worker threads inside this process.
+broker configured (the embedded default) ``conveyor run``, ``conveyor demo`` and ``conveyor dlq
+requeue`` migrate the SQLite database and run Celery worker threads inside this process until
+their work is done; ``conveyor api`` and ``conveyor worker`` run them, and the schedules, until
+they are stopped.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from conveyor.cli.executions import demo, executions_app, run
 from conveyor.cli.schedules import schedules_app
 from conveyor.cli.stats import stats
 from conveyor.cli.tenants import limits_show, tenants_app
+from conveyor.cli.worker import worker
 from conveyor.cli.workflows import workflow_app
 from conveyor.config import get_settings
 from conveyor.exceptions import ConveyorError
@@ -59,6 +62,7 @@ app.command("run")(run)
 app.command("demo")(demo)
 app.command("stats")(stats)
 app.command("api")(serve)
+app.command("worker")(worker)
 app.add_typer(db_app, name="db")
 app.add_typer(workflow_app, name="workflow")
 app.add_typer(executions_app, name="executions")

@@ -2,7 +2,8 @@
 
 Schedules declared in a workflow definition are managed by applying the definition; these
 commands add an operator's own, and pause or resume either kind. The runs start when
-``celery -A conveyor.tasks beat`` sends its due check (see docs/schedules.md).
+``celery -A conveyor.tasks beat`` sends its due check; on the embedded default, while
+``conveyor api`` or ``conveyor worker`` runs (see docs/schedules.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.table import Table
 from conveyor import views, wiring
 from conveyor.cli import render
 from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group, parse_input
+from conveyor.config import get_settings
 from conveyor.engine.cron import MisfirePolicy, parse_cron
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
@@ -181,6 +183,19 @@ def schedules_add(
             lambda s: schedules.add(s, tenant=tenant, workflow=workflow, spec=spec, now=_now())
         )
     _say(record, "added")
+    render.out.print(_who_fires(), markup=False, soft_wrap=True)
+
+
+def _who_fires() -> str:
+    if get_settings().embedded:
+        return (
+            "its runs start while `conveyor api` or `conveyor worker` runs (the embedded "
+            "default has no beat): keep one of them running"
+        )
+    return (
+        "its runs start while `celery -A conveyor.tasks beat` runs, with workers serving "
+        "workflow-scheduled and the workflow's queues"
+    )
 
 
 @schedules_app.command("pause")
@@ -197,6 +212,7 @@ def schedules_resume(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     with embedded_schema():
         record = wiring.database().run(lambda s: schedules.resume(s, tenant, name, _now()))
     _say(record, "resumed")
+    render.out.print(_who_fires(), markup=False, soft_wrap=True)
 
 
 @schedules_app.command("remove")

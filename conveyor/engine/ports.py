@@ -14,6 +14,7 @@ from conveyor.engine.limits import Acquired, KeyUsage, Permit, PermitRequest, Sw
 from conveyor.engine.records import (
     Advance,
     Created,
+    DeliveryReceipt,
     DeliveryRecord,
     Dispatch,
     EndpointRecord,
@@ -372,13 +373,24 @@ class Deliveries(Protocol):
         when the endpoint has one with that id."""
         ...
 
+    def stored_delivery(self, endpoint_id: uuid.UUID, delivery_id: str) -> DeliveryReceipt | None:
+        """The delivery the endpoint stored under the sender's ``delivery_id``, as a repeat
+        of it is answered (``repeated``); None when there is none."""
+        ...
+
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
         """Lock a delivery still waiting; None once it was handled."""
         ...
 
     def finish_delivery(
-        self, delivery_id: uuid.UUID, status: DeliveryStatus, executions: int, now: datetime
-    ) -> None: ...
+        self,
+        delivery_id: uuid.UUID,
+        status: DeliveryStatus,
+        executions: Sequence[uuid.UUID],
+        now: datetime,
+    ) -> None:
+        """Mark a claimed delivery handled, with the executions it started."""
+        ...
 
     def replace_subscriptions(
         self,

@@ -227,6 +227,18 @@ class EndpointRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeliveryReceipt:
+    """What the sender of a delivery is told: its id here, how far it went, and the executions
+    it started. A sender retries on anything but a 2xx, so a repeat (a delivery id the
+    endpoint received before) is told of the first one's outcome, and starts nothing."""
+
+    id: uuid.UUID
+    status: DeliveryStatus
+    executions: tuple[uuid.UUID, ...] | None  # None: handled before they were recorded
+    repeated: bool  # the endpoint had received this delivery id before
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeliveryRecord:
     id: uuid.UUID
     endpoint_id: uuid.UUID

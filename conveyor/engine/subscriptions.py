@@ -17,7 +17,7 @@ from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.queues import QUEUE_FOR_KIND
-from conveyor.engine.records import Dispatch, EndpointRecord, TraceContext
+from conveyor.engine.records import DeliveryReceipt, Dispatch, EndpointRecord, TraceContext
 from conveyor.engine.states import (
     DeliveryStatus,
     JobKind,
@@ -25,7 +25,7 @@ from conveyor.engine.states import (
     SubscriptionKind,
     TriggerSource,
 )
-from conveyor.exceptions import ConveyorError, DuplicateDelivery, ReplayedDelivery
+from conveyor.exceptions import ConveyorError, ReplayedDelivery
 
 log = logging.getLogger("conveyor.subscriptions")
 
@@ -81,24 +81,26 @@ def store_delivery(
     now: datetime,
     replay_window: timedelta,
     trace: TraceContext | None = None,
-) -> uuid.UUID:
-    """Store a verified delivery for the webhook worker; its id. A delivery id the endpoint
-    received before is a :class:`DuplicateDelivery`; a body whose signature it noted within
-    ``replay_window`` (GitHub's, which covers the body only) a :class:`ReplayedDelivery`,
-    whatever its delivery id. Both are decided by unique keys, in this transaction: of two
+) -> DeliveryReceipt:
+    """Store a verified delivery for the webhook worker; its receipt. A delivery id the
+    endpoint received before is a sender's retry (Standard Webhooks and GitHub retry on
+    anything but a 2xx): nothing is stored or started, and the receipt is the first one's
+    (``repeated``). A body whose signature the endpoint noted within ``replay_window``
+    (GitHub's, which covers the body only) under another delivery id is a
+    :class:`ReplayedDelivery`. Both are decided by unique keys, in this transaction: of two
     concurrent equal deliveries, one is stored."""
     stored = store.add_delivery(
         endpoint, verified.delivery_id, verified.event, verified.payload, now, trace
     )
     if stored is None:
-        raise DuplicateDelivery(
-            f"delivery {verified.delivery_id!r} was received already; it is not started again"
-        )
+        first = store.stored_delivery(endpoint.id, verified.delivery_id)
+        assert first is not None  # the endpoint's key refused this delivery id
+        return first
     if verified.signature is not None and not store.note_signature(
         endpoint.id, verified.signature, now, replay_window
     ):
         raise ReplayedDelivery()  # the transaction is rolled back: the delivery too
-    return stored
+    return DeliveryReceipt(id=stored, status=DeliveryStatus.RECEIVED, executions=(), repeated=False)
 
 
 def delivery_dispatch(delivery_id: uuid.UUID) -> Dispatch:
@@ -146,7 +148,7 @@ def deliver_webhook(
         for name in names
     ]
     status = DeliveryStatus.PROCESSED if started else DeliveryStatus.UNMATCHED
-    store.finish_delivery(delivery.id, status, len(started), now)
+    store.finish_delivery(delivery.id, status, [t.execution_id for t in started], now)
     if not started:
         log.info(
             "webhook delivery %s to endpoint %s (event %s) matched no workflow",

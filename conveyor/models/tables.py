@@ -106,6 +106,9 @@ class WebhookDelivery(Base):
     payload: Mapped[Any] = mapped_column(JsonType)
     status: Mapped[DeliveryStatus] = mapped_column(_enum(DeliveryStatus, "delivery_status"))
     executions: Mapped[int] = mapped_column(Integer, default=0)
+    # The executions it started, as a repeat is answered; NULL for a delivery handled before
+    # revision 0012 recorded them.
+    execution_ids: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # Where it was received (the trace context), passed on to the executions it starts.

@@ -16,7 +16,7 @@ from conveyor.engine import (
     workflows,
 )
 from conveyor.engine.definitions import Workflow
-from conveyor.engine.records import TenantRef, WorkflowRecord
+from conveyor.engine.records import DeliveryReceipt, TenantRef, WorkflowRecord
 from conveyor.engine.states import Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
@@ -114,13 +114,13 @@ class Clients(ServiceBase):
 
     def receive_webhook(
         self, endpoint_id: uuid.UUID, body: bytes, headers: Mapping[str, str]
-    ) -> uuid.UUID:
-        """Verify and store a delivery, then hand it to the webhook worker; its id.
+    ) -> DeliveryReceipt:
+        """Verify and store a delivery, then hand it to the webhook worker; its receipt.
 
         A bad signature stores nothing but a count on the endpoint (and a log line without
-        the body); a delivery id the endpoint received before is a :class:`DuplicateDelivery`,
-        and a GitHub body it received within ``replay_window`` is a :class:`ReplayedDelivery`
-        whatever its delivery id.
+        the body); a delivery id the endpoint received before starts nothing again and is
+        answered with the first one's receipt (``repeated``); a GitHub body it received
+        within ``replay_window`` under another delivery id is a :class:`ReplayedDelivery`.
         """
         with self.db.transaction() as store:
             endpoint = store.endpoint(endpoint_id)
@@ -142,8 +142,11 @@ class Clients(ServiceBase):
             except ReplayedDelivery as exc:
                 log.warning("webhook to endpoint %s refused: %s", endpoint.name, exc)
                 raise
-            tracing.annotate(delivery=str(stored))
-            self._publish_now([subscriptions.delivery_dispatch(stored)], f"delivery {stored}")
+            tracing.annotate(delivery=str(stored.id), repeated=stored.repeated)
+            if not stored.repeated:
+                self._publish_now(
+                    [subscriptions.delivery_dispatch(stored.id)], f"delivery {stored.id}"
+                )
         return stored
 
     def cancel(self, execution_id: uuid.UUID) -> None:

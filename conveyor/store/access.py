@@ -12,7 +12,13 @@ from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from conveyor.engine.records import DeliveryRecord, EndpointRecord, TenantRef, TraceContext
+from conveyor.engine.records import (
+    DeliveryReceipt,
+    DeliveryRecord,
+    EndpointRecord,
+    TenantRef,
+    TraceContext,
+)
 from conveyor.engine.states import DeliveryStatus, JobStatus, SignatureScheme, SubscriptionKind
 from conveyor.exceptions import ConveyorError
 from conveyor.models import (
@@ -131,7 +137,7 @@ class AccessQueries:
         row = WebhookDelivery(
             endpoint_id=endpoint.id, tenant_id=endpoint.tenant_id, delivery_id=delivery_id,
             event=event, payload=payload, status=DeliveryStatus.RECEIVED, executions=0,
-            received_at=now, traceparent=trace.traceparent if trace else None,
+            execution_ids=[], received_at=now, traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,
         )  # fmt: skip
         try:
@@ -174,6 +180,19 @@ class AccessQueries:
             execution_options={"synchronize_session": False},
         )
         return int(result.rowcount)  # type: ignore[attr-defined]
+
+    def stored_delivery(self, endpoint_id: uuid.UUID, delivery_id: str) -> DeliveryReceipt | None:
+        """The delivery the endpoint stored under the sender's id, as a repeat is answered."""
+        row = self.session.execute(
+            select(WebhookDelivery.id, WebhookDelivery.status, WebhookDelivery.execution_ids).where(
+                WebhookDelivery.endpoint_id == endpoint_id,
+                WebhookDelivery.delivery_id == delivery_id,
+            )
+        ).one_or_none()
+        if row is None:
+            return None
+        made = None if row.execution_ids is None else tuple(map(uuid.UUID, row.execution_ids))
+        return DeliveryReceipt(id=row.id, status=row.status, executions=made, repeated=True)
 
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
         """Lock a delivery still waiting for the webhook worker; None once it was handled."""
@@ -218,12 +237,21 @@ class AccessQueries:
         )
 
     def finish_delivery(
-        self, delivery_id: uuid.UUID, status: DeliveryStatus, executions: int, now: datetime
+        self,
+        delivery_id: uuid.UUID,
+        status: DeliveryStatus,
+        executions: Sequence[uuid.UUID],
+        now: datetime,
     ) -> None:
         self.session.execute(
             update(WebhookDelivery)
             .where(WebhookDelivery.id == delivery_id)
-            .values(status=status, executions=executions, processed_at=now)
+            .values(
+                status=status,
+                executions=len(executions),
+                execution_ids=[str(e) for e in executions],
+                processed_at=now,
+            )
         )
 
     # -- subscriptions ------------------------------------------------------------------------

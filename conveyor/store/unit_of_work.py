@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import PoolProxiedConnection
@@ -47,6 +47,12 @@ class Database:
         self._autocommits = make_sessionmaker(autocommit)
         self._kept = _KeptConnections()
         self.postgres = self.engine.dialect.name == "postgresql"
+
+    def ping(self) -> None:
+        """Ask the database for one row; raises when it does not answer (the readiness
+        probe's check)."""
+        with self.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
 
     @contextmanager
     def transaction(self) -> Iterator[SqlStore]:

@@ -13,6 +13,7 @@ from typing import Any
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
     Advance,
+    DeliveryReceipt,
     DeliveryRecord,
     EndpointRecord,
     Fire,
@@ -81,12 +82,23 @@ class MemoryDeliveries(MemoryDeadLetters):
         row = DeliveryRow(
             id=new_id(), endpoint_id=endpoint.id, tenant_id=endpoint.tenant_id,
             delivery_id=delivery_id, event=event, payload=stored(payload),
-            status=DeliveryStatus.RECEIVED, received_at=now,
+            status=DeliveryStatus.RECEIVED, execution_ids=[], received_at=now,
             traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,
         )  # fmt: skip
         self.tables.deliveries[row.id] = row
         return row.id
+
+    def stored_delivery(self, endpoint_id: uuid.UUID, delivery_id: str) -> DeliveryReceipt | None:
+        row = next(
+            (d for d in self.tables.deliveries.values()
+             if (d.endpoint_id, d.delivery_id) == (endpoint_id, delivery_id)),
+            None,
+        )  # fmt: skip
+        if row is None:
+            return None
+        made = None if row.execution_ids is None else tuple(map(uuid.UUID, row.execution_ids))
+        return DeliveryReceipt(id=row.id, status=row.status, executions=made, repeated=True)
 
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
         row = self.tables.deliveries.get(delivery_id)
@@ -100,12 +112,17 @@ class MemoryDeliveries(MemoryDeadLetters):
         )  # fmt: skip
 
     def finish_delivery(
-        self, delivery_id: uuid.UUID, status: DeliveryStatus, executions: int, now: datetime
+        self,
+        delivery_id: uuid.UUID,
+        status: DeliveryStatus,
+        executions: Sequence[uuid.UUID],
+        now: datetime,
     ) -> None:
         if (row := self.tables.deliveries.get(delivery_id)) is not None:
             self.tables.deliveries[delivery_id] = replace(
-                row, status=status, executions=executions, processed_at=now
-            )
+                row, status=status, executions=len(executions),
+                execution_ids=[str(e) for e in executions], processed_at=now,
+            )  # fmt: skip
 
     def replace_subscriptions(
         self,

@@ -174,6 +174,7 @@ class DeliveryRow:
     payload: Any
     status: DeliveryStatus
     executions: int = 0
+    execution_ids: list[str] | None = None  # as the JSON column gives them back
     received_at: datetime
     processed_at: datetime | None = None
     traceparent: str | None = None

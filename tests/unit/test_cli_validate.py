@@ -360,3 +360,12 @@ def test_validate_refuses_a_file_over_the_definition_limit_unread(
 
     assert result.exit_code == 1
     assert "over the limit of 2048 bytes (CONVEYOR_MAX_DEFINITION_BYTES)" in result.stderr
+
+
+def test_conveyor_worker_with_a_broker_configured_names_the_celery_commands_to_run() -> None:
+    # the test run sets CONVEYOR_BROKER_URL: production, where celery runs the workers
+    result = runner.invoke(app, ["worker"])
+
+    assert result.exit_code == 1
+    assert "celery -A conveyor.tasks worker" in result.output
+    assert "celery -A conveyor.tasks beat" in result.output

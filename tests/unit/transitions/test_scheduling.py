@@ -3,7 +3,6 @@ webhook deliveries that start workflows (conveyor.engine.subscriptions)."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from conveyor.engine import subscriptions
 from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import ScheduleSpec
-from conveyor.engine.records import Fire, TraceContext
+from conveyor.engine.records import DeliveryReceipt, Fire, TraceContext
 from conveyor.engine.states import (
     DeliveryStatus,
     ExecutionStatus,
@@ -19,7 +18,7 @@ from conveyor.engine.states import (
     Priority,
     SignatureScheme,
 )
-from conveyor.exceptions import DuplicateDelivery, ReplayedDelivery, ScheduleError
+from conveyor.exceptions import ReplayedDelivery, ScheduleError
 from conveyor.scheduler import schedules
 from tests.support.bench import Bench, node
 
@@ -109,22 +108,33 @@ def test_a_webhook_delivery_is_stored_once_and_starts_its_workflows_once(bench: 
     push = Verified(delivery_id="d-1", event="push", payload={"ref": "main"}, signature="ab12")
     window = timedelta(days=1)
 
-    def store(verified: Verified) -> uuid.UUID:
+    def store(verified: Verified) -> DeliveryReceipt:
         return bench.units.run(lambda s: subscriptions.store_delivery(
             s, endpoint, verified, bench.clock(), window))  # fmt: skip
 
-    delivery = store(push)
-    with pytest.raises(DuplicateDelivery):
-        store(push)
+    first = store(push)
+    waiting = store(push)  # the sender retries before the worker handled it
     with pytest.raises(ReplayedDelivery):  # the same signed body under another id
         store(Verified(delivery_id="d-2", event="push", payload={}, signature="ab12"))
+    delivery = first.id
 
     started = bench.units.run(lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock()))
     again = bench.units.run(lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock()))
+    repeat = store(push)  # and again once it was handled
 
     assert (len(started), again) == (1, [])
     handled = bench.probe.delivery(delivery)
     assert (handled.status, handled.executions) == (DeliveryStatus.PROCESSED, 1)
+    assert first == DeliveryReceipt(
+        id=delivery, status=DeliveryStatus.RECEIVED, executions=(), repeated=False
+    )
+    assert waiting == DeliveryReceipt(
+        id=delivery, status=DeliveryStatus.RECEIVED, executions=(), repeated=True
+    )
+    assert repeat == DeliveryReceipt(
+        id=delivery, status=DeliveryStatus.PROCESSED, executions=(started[0].execution_id,),
+        repeated=True,
+    )  # fmt: skip
     assert bench.probe.execution(started[0].execution_id).input == {
         "event": "push", "delivery_id": "d-1", "payload": {"ref": "main"},
     }  # fmt: skip
@@ -160,7 +170,7 @@ def test_a_delivery_no_workflow_listens_to_is_marked_unmatched(bench: Bench) -> 
     bench.apply("on_push", node("build"), webhooks=[{"endpoint": "gh", "events": ["push"]}])
     delivery = bench.units.run(lambda s: subscriptions.store_delivery(
         s, endpoint, Verified(delivery_id="d-9", event="issue", payload={}), bench.clock(),
-        timedelta(days=1)))  # fmt: skip
+        timedelta(days=1)).id)  # fmt: skip
 
     assert (
         bench.units.run(lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock())) == []
