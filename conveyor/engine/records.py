@@ -153,6 +153,7 @@ class Admission:
     priority: Priority
     enqueued_at: datetime
     tenant_concurrency: int | None
+    node_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -129,6 +129,7 @@ class JobQueries(StoreCore):
             priority=row.priority,
             enqueued_at=row.enqueued_at,
             tenant_concurrency=row.max_concurrency,
+            node_id=row.node_id,
         )
 
     def job_names(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[str, str | None]]:
@@ -240,6 +241,7 @@ _ADMISSION = (
         JOBS.c.workflow_id,
         JOBS.c.priority,
         JOBS.c.enqueued_at,
+        JOBS.c.node_id,
         TENANTS.c.max_concurrency,
     )
     .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)
