@@ -109,11 +109,14 @@ class JobQueries(StoreCore):
         ids = list(self.session.scalars(due.with_for_update(skip_locked=True)))
         if not ids:
             return []
-        rows = self.session.scalars(
-            update(Job).where(Job.id.in_(ids), still).values(**values).returning(Job),
+        rows = self.session.execute(
+            update(Job)
+            .where(Job.id.in_(ids), still)
+            .values(**values)
+            .returning(Job, _WORKFLOW_NAME),
             execution_options={"synchronize_session": False},
         ).all()
-        return [job_record(r) for r in rows]
+        return [job_record(job, name) for job, name in rows]
 
     def admission(self, job_id: uuid.UUID) -> Admission | None:
         """What the limiter needs to know about a node job, or None if there is no such job."""
@@ -233,6 +236,12 @@ def start_job_row(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) 
 
 
 # Built once (their construction cost more than their execution).
+# A job's workflow name, returned by the statement that hands the job out (UPDATE ...
+# RETURNING): its message is named by it. (SQLite's RETURNING drops the table names: ``id``
+# is the workflow's, the innermost table's, and ``workflow_id`` the job's, the only one.)
+_WORKFLOW_NAME = (
+    select(WORKFLOWS.c.name).where(WORKFLOWS.c.id == JOBS.c.workflow_id).scalar_subquery()
+)
 _ADMISSION = (
     select(
         JOBS.c.status,
