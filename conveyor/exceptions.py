@@ -195,6 +195,14 @@ class TryFailed(ConveyorError):
     nothing is published again (the retry is the job's, not the message's)."""
 
 
+class TryReclaimed(ConveyorError):
+    """A node's try failed after the recovery sweep had reclaimed its job (its worker was
+    taken for lost): the try's failure was not recorded, the job is recovery's to run again.
+
+    Raised by the node task, as :class:`DeadLettered` is, so that Flower shows the message
+    as FAILURE with the node's error; logged without a traceback, the message acked."""
+
+
 class DeadLettered(ConveyorError):
     """A node's last try failed: its job is a dead letter (``conveyor dlq show``).
 

@@ -68,7 +68,7 @@ def requeue(
     execution = store.execution(job.execution_id)
     started = [enqueue_ready(store, execution, workflow, workflow.node(n), now)
                for n in resumed.enqueue]  # fmt: skip
-    return [dispatch_of(store, j) for j in revived if j.status is JobStatus.QUEUED] + [
+    return [dispatch_of(j, workflow.name) for j in revived if j.status is JobStatus.QUEUED] + [
         d for d in started if d is not None
     ]
 

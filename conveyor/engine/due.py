@@ -13,10 +13,10 @@ from conveyor.engine.records import (
 
 def promote_due(store: Store, now: datetime, limit: int = 500) -> list[Dispatch]:
     """Queue the retry and delay jobs whose time has come."""
-    return [dispatch_of(store, j) for j in store.promote_due(now, limit)]
+    return [dispatch_of(j) for j in store.promote_due(now, limit)]
 
 
 def age_queued(store: Store, now: datetime, age_after: float, limit: int = 500) -> list[Dispatch]:
     """Serve low jobs queued longer than ``age_after`` seconds as normal (re-published)."""
     aged = store.age_queued(now - timedelta(seconds=age_after), limit)
-    return [dispatch_of(store, j) for j in aged]
+    return [dispatch_of(j) for j in aged]

@@ -60,6 +60,7 @@ class PermitRequest:
     priority: Priority
     limits: Limits
     enqueued_at_ms: int
+    node_id: str = ""  # kept with the job while it is parked, to name its message when woken
 
     @property
     def tenant_key(self) -> str:
@@ -85,6 +86,15 @@ class Wake:
 
     job_id: uuid.UUID
     priority: Priority
+    # its workflow and node, kept by the limiter since it was parked: its message's name
+    # (empty for a job parked by an older version, which kept none)
+    workflow: str = ""
+    node: str = ""
+
+
+def workflow_of(key: str) -> str:
+    """The workflow name of a workflow key (see :func:`workflow_key`)."""
+    return key.split(":", 2)[2] if key.startswith("workflow:") else ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,6 @@ from conveyor.engine.records import (
 from conveyor.engine.states import (
     JobKind,
 )
-from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import (
     ConveyorError,
     TemplateBudgetExceeded,
@@ -125,10 +124,11 @@ def node_dispatches(
     ]
 
 
-def dispatch_of(store: Store, job: JobRecord) -> Dispatch:
-    """The message that publishes a job, named for its workflow and node (the name comes
-    from the process's cache of workflow versions: a read only the first time)."""
-    workflow = load_workflow(store, job.workflow_id)[0].name
+def dispatch_of(job: JobRecord, workflow: str = "") -> Dispatch:
+    """The message that publishes a job, named for its workflow (``workflow``, else the name
+    the store returned with the job) and node. No definition is loaded: the statements that
+    hand out jobs to publish (promote, age, the recovery sweep) return the name with them."""
+    workflow = workflow or job.workflow
     hints = None
     if job.kind is JobKind.NODE and job.enqueued_at is not None:
         hints = NodeHints(

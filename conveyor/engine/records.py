@@ -36,6 +36,9 @@ class JobRecord:
     workflow_id: uuid.UUID
     execution_id: uuid.UUID
     node_id: str | None
+    # its workflow's name, from the statements whose jobs are published (promoted, aged, found
+    # lost): the message is named without loading the definition; "" where not read
+    workflow: str = ""
 
     @property
     def attempt(self) -> int:
@@ -153,6 +156,7 @@ class Admission:
     priority: Priority
     enqueued_at: datetime
     tenant_concurrency: int | None
+    node_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

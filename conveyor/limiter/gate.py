@@ -43,9 +43,12 @@ Names = Mapping[uuid.UUID, tuple[str, str | None]]
 
 
 def woken_dispatches(woken: Sequence[Wake], names: Names | None = None) -> list[Dispatch]:
-    # A woken job already waited its turn in the limiter's lines and holds its permits while
-    # its message travels: it goes to the front of the broker queue, not behind new arrivals.
-    return [_parked_dispatch(w.job_id, Priority.HIGH, names or {}) for w in woken]
+    """The messages of woken jobs, named as the limiter kept them (``names`` for those it
+    kept none of). A woken job already waited its turn in the limiter's lines and holds its
+    permits while its message travels: it goes to the front of the broker queue, not behind
+    new arrivals."""
+    known = {w.job_id: (w.workflow, w.node) for w in woken if w.node}
+    return [_parked_dispatch(w.job_id, Priority.HIGH, {**(names or {}), **known}) for w in woken]
 
 
 def _parked_dispatch(job_id: uuid.UUID, priority: Priority, names: Names) -> Dispatch:
@@ -199,6 +202,7 @@ class Gate:
                 workflow_id=admission.workflow_id,
                 priority=admission.priority,
                 enqueued_at=admission.enqueued_at,
+                node_id=admission.node_id,
             ),
             workflow,
             admission.tenant_concurrency,
@@ -237,11 +241,16 @@ class Gate:
                 self.defaults, tenant_override=tenant_limit, workflow_override=workflow.concurrency
             ),
             enqueued_at_ms=int(hints.enqueued_at.astimezone(UTC).timestamp() * 1000),
+            node_id=hints.node_id or "",
         )
 
     def _wake(self, woken: Sequence[Wake]) -> None:
+        """Publish woken jobs, named as the limiter kept them since they were parked: no read
+        (this runs after nearly every node's outcome while a limit is saturated). Only a job
+        parked by an older version, which kept no names, has them read."""
         if woken:
-            self.publish(woken_dispatches(woken, self._names([w.job_id for w in woken])))
+            unnamed = [w.job_id for w in woken if not w.node]
+            self.publish(woken_dispatches(woken, self._names(unnamed)))
 
     def _names(self, job_ids: list[uuid.UUID]) -> Names:
         """The workflow and node of parked jobs, for their messages' names in Flower (one

@@ -10,7 +10,8 @@
 --   P:wq:<W>            zset   parked job -> class * 2^40 + arrival seq (priority, then FIFO)
 --   P:tw:<T>            zset   eligible workflows of tenant T -> class * 2^40 + turn
 --   P:ring              zset   eligible tenants -> class * 2^40 + turn (round-robin)
---   P:job:<id>          hash   a parked job: t (tenant key), w (workflow key), c (class), at
+--   P:job:<id>          hash   a parked job: t (tenant key), w (workflow key), c (class), at,
+--                              n (its node, to name its message when woken)
 --   P:waiting           hash   key -> jobs parked under it (for `conveyor limits`)
 --   P:waitw             hash   workflow key with parked jobs -> its tenant key (for the sweep)
 --   P:low               zset   parked low-priority job -> parked at (ms), for ageing
@@ -89,9 +90,9 @@ local function count_waiting(t, w, delta)
   redis.call('HINCRBY', WAITING, G, delta)
 end
 
-local function park(id, t, w, cls, at)
+local function park(id, t, w, cls, at, node)
   redis.call('ZADD', wq(w), cls * C + redis.call('INCR', SEQ), id)
-  redis.call('HSET', jobkey(id), 't', t, 'w', w, 'c', cls, 'at', at)
+  redis.call('HSET', jobkey(id), 't', t, 'w', w, 'c', cls, 'at', at, 'n', node)
   redis.call('HSET', WAITW, w, t)
   if cls == 2 then redis.call('ZADD', LOW, at, id) end
   count_waiting(t, w, 1)
@@ -134,7 +135,8 @@ local function pop_grant(id)
   return g[1], g[2], g[3]
 end
 
--- Serve the ring while the global semaphore has room. Appends job, class pairs to grants.
+-- Serve the ring while the global semaphore has room. Appends to grants, for each job served:
+-- its id, class, workflow key and node ('' when parked by a version that kept none).
 local function pump(grants)
   local n = 0
   while n < MAX_GRANTS and has_room(G) do
@@ -147,13 +149,16 @@ local function pump(grants)
     elseif not id or not has_room(w) or not has_room(t) then
       refresh(t, w, false) -- stale: a line emptied or a semaphore filled meanwhile
     else
-      local cls = redis.call('HGET', jobkey(id), 'c') or '1'
+      local j = redis.call('HMGET', jobkey(id), 'c', 'n')
+      local cls, node = j[1] or '1', j[2] or ''
       unpark(id)
       local token = take(id, t, w)
       redis.call('HSET', grantkey(id), 'tok', token, 't', t, 'w', w)
       redis.call('ZADD', GRANT_EXP, NOW + LEASE, id)
       table.insert(grants, id)
       table.insert(grants, cls)
+      table.insert(grants, w)
+      table.insert(grants, node)
       refresh(t, w, true)
     end
     n = n + 1
@@ -166,7 +171,7 @@ end
 
 if op == 'acquire' then
   -- ARGV: job id, tenant key, workflow key, class (0 high, 1 normal, 2 low), limits g t w
-  -- ARGV[11]: when the job was enqueued (ms), which ageing counts from
+  -- ARGV[11]: when the job was enqueued (ms), which ageing counts from; ARGV[12]: its node
   local id, t, w, cls = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
   local enqueued = math.min(tonumber(ARGV[11]) or NOW, NOW)
   set_limits(t, w, ARGV[8], ARGV[9], ARGV[10])
@@ -193,16 +198,15 @@ if op == 'acquire' then
   if redis.call('ZCARD', wq(w)) == 0 then
     if not has_room(w) then blocked = w elseif not has_room(t) then blocked = t else blocked = G end
   end
-  park(id, t, w, cls, enqueued)
+  park(id, t, w, cls, enqueued, ARGV[12] or '')
   refresh(t, w, false)
   pump(grants)
   local mine = pop_grant(id)
   if mine then -- served at once by the pump (it was first in line)
     local others = {}
-    for i = 1, #grants, 2 do
+    for i = 1, #grants, 4 do
       if grants[i] ~= id then
-        table.insert(others, grants[i])
-        table.insert(others, grants[i + 1])
+        for k = 0, 3 do table.insert(others, grants[i + k]) end
       end
     end
     return {'granted', mine, others}

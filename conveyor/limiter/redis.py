@@ -23,6 +23,7 @@ from conveyor.engine.limits import (
     PermitRequest,
     SweepReport,
     Wake,
+    workflow_of,
 )
 from conveyor.exceptions import LimitError
 
@@ -34,9 +35,15 @@ def _text(value: Any) -> str:
 
 
 def _wakes(flat: Sequence[Any]) -> list[Wake]:
+    """The script's grants: job id, class, workflow key and node, for each job woken."""
     return [
-        Wake(job_id=uuid.UUID(_text(flat[i])), priority=CLASS_PRIORITY[int(_text(flat[i + 1]))])
-        for i in range(0, len(flat), 2)
+        Wake(
+            job_id=uuid.UUID(_text(flat[i])),
+            priority=CLASS_PRIORITY[int(_text(flat[i + 1]))],
+            workflow=workflow_of(_text(flat[i + 2])),
+            node=_text(flat[i + 3]),
+        )
+        for i in range(0, len(flat), 4)
     ]
 
 
@@ -74,6 +81,7 @@ class RedisLimiter:
             limits.tenant,
             limits.workflow,
             request.enqueued_at_ms,
+            request.node_id,
         )
         if _text(status) != "granted":
             return Acquired(permit=None, blocked_by=_text(detail), woken=_wakes(woken))

@@ -86,7 +86,7 @@ class Duties(ServiceBase):
         with self.db.transaction() as store:
             stale = store.stale_queued(now - timedelta(seconds=lost_after), batch)
             waiting = store.stale_deliveries(now - timedelta(seconds=lost_after), batch)
-            messages = [ready.dispatch_of(store, job) for job in stale]
+            messages = [ready.dispatch_of(job) for job in stale]
         messages += [subscriptions.delivery_dispatch(d) for d in waiting]
         by_queue: dict[str, list[Dispatch]] = {}
         for message in messages:

@@ -62,8 +62,10 @@ class Ran:
 
     job_id: uuid.UUID
     # completed, retry_wait, dead_letter or cancelled; parked (or not runnable any more);
-    # None: the message was dropped (its job was not queued any more, or taken meanwhile)
+    # None: the message was dropped (its job was not queued any more, or taken meanwhile),
+    # or, with ``reclaimed``, its try failed after recovery had reclaimed the job
     outcome: JobStatus | None
+    reclaimed: bool = False  # its try ran and failed, its job reclaimed by recovery meanwhile
     workflow: str = ""
     node: str = ""
     error: str = ""  # the node's, when its try failed (cut at logs.ERROR_CHARS)
@@ -91,6 +93,7 @@ def _failed(ran: Ran, failed: failure.Failed, error: BaseException) -> Ran:
     return replace(
         ran,
         outcome=failed.outcome,
+        reclaimed=failed.outcome is None,
         error=logs.short(failure.describe(error)),  # cut as the logs cut it
         retry_in=failed.retry_in,
     )

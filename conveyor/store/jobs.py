@@ -109,11 +109,14 @@ class JobQueries(StoreCore):
         ids = list(self.session.scalars(due.with_for_update(skip_locked=True)))
         if not ids:
             return []
-        rows = self.session.scalars(
-            update(Job).where(Job.id.in_(ids), still).values(**values).returning(Job),
+        rows = self.session.execute(
+            update(Job)
+            .where(Job.id.in_(ids), still)
+            .values(**values)
+            .returning(Job, _WORKFLOW_NAME),
             execution_options={"synchronize_session": False},
         ).all()
-        return [job_record(r) for r in rows]
+        return [job_record(job, name) for job, name in rows]
 
     def admission(self, job_id: uuid.UUID) -> Admission | None:
         """What the limiter needs to know about a node job, or None if there is no such job."""
@@ -129,6 +132,7 @@ class JobQueries(StoreCore):
             priority=row.priority,
             enqueued_at=row.enqueued_at,
             tenant_concurrency=row.max_concurrency,
+            node_id=row.node_id,
         )
 
     def job_names(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[str, str | None]]:
@@ -232,6 +236,12 @@ def start_job_row(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) 
 
 
 # Built once (their construction cost more than their execution).
+# A job's workflow name, returned by the statement that hands the job out (UPDATE ...
+# RETURNING): its message is named by it. (SQLite's RETURNING drops the table names: ``id``
+# is the workflow's, the innermost table's, and ``workflow_id`` the job's, the only one.)
+_WORKFLOW_NAME = (
+    select(WORKFLOWS.c.name).where(WORKFLOWS.c.id == JOBS.c.workflow_id).scalar_subquery()
+)
 _ADMISSION = (
     select(
         JOBS.c.status,
@@ -240,6 +250,7 @@ _ADMISSION = (
         JOBS.c.workflow_id,
         JOBS.c.priority,
         JOBS.c.enqueued_at,
+        JOBS.c.node_id,
         TENANTS.c.max_concurrency,
     )
     .join(TENANTS, TENANTS.c.id == JOBS.c.tenant_id)

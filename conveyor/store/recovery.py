@@ -69,13 +69,14 @@ class RecoveryQueries:
 
     def stale_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
         """Jobs queued since before ``cutoff``: their message may be lost."""
-        rows = self.session.scalars(
-            select(Job)
+        rows = self.session.execute(
+            select(Job, WorkflowVersion.name)
+            .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
             .where(Job.status == JobStatus.QUEUED, Job.enqueued_at < cutoff)
             .order_by(Job.enqueued_at)
             .limit(limit)
         )
-        return [job_record(r) for r in rows]
+        return [job_record(job, name) for job, name in rows]
 
     def claim_resend(
         self,

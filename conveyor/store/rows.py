@@ -17,7 +17,8 @@ from conveyor.engine.records import (
 from conveyor.models import Execution, Job, Schedule, WebhookEndpoint, WorkflowVersion
 
 
-def job_record(row: Job | Row[Any]) -> JobRecord:
+def job_record(row: Job | Row[Any], workflow: str = "") -> JobRecord:
+    """``workflow``: the job's workflow name, where the statement read it."""
     return JobRecord(
         id=row.id,
         kind=row.kind,
@@ -32,6 +33,7 @@ def job_record(row: Job | Row[Any]) -> JobRecord:
         workflow_id=row.workflow_id,
         execution_id=row.execution_id,
         node_id=row.node_id,
+        workflow=workflow,
     )
 
 

@@ -28,7 +28,7 @@ from conveyor import logs, metrics, tracing, wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.states import JobStatus
-from conveyor.exceptions import DeadLettered, LimitError, TryFailed
+from conveyor.exceptions import DeadLettered, LimitError, TryFailed, TryReclaimed
 from conveyor.scheduler.duty_thread import Duty, Maintenance
 from conveyor.service.workers import Ran
 from conveyor.tasks.dispatch import decode_hints
@@ -57,7 +57,7 @@ def start_execution(job_id: str) -> None:
 # dead letter is an expected failure: logged in a line, without a traceback.
 _NODE_TASK: dict[str, Any] = {
     "ignore_result": True,
-    "throws": (DeadLettered,),
+    "throws": (DeadLettered, TryReclaimed),
     "autoretry_for": (LimitError,),
     "retry_backoff": 1,
     "retry_backoff_max": 30,
@@ -104,18 +104,22 @@ _SHOWN = {
 def report(ran: Sequence[Ran]) -> str:
     """What a node message's task reports, once every outcome is committed, so that Flower
     shows the truth: FAILURE with the node's error when a job was dead-lettered
-    (:class:`DeadLettered`), RETRY when a try will be retried (Celery's ``Retry``, raised,
-    never ``self.retry``: nothing is published, the job waits in the database); else
-    SUCCESS, the result saying what became of each job. Either way the message is acked
-    (``task_acks_on_failure``), so raising never redelivers it."""
+    (:class:`DeadLettered`), or when its try failed after recovery had reclaimed the job
+    (:class:`TryReclaimed`: recovery runs it again); RETRY when a try will be retried
+    (Celery's ``Retry``, raised, never ``self.retry``: nothing is published, the job waits in
+    the database); else SUCCESS, the result saying what became of each job. Either way the
+    message is acked (``task_acks_on_failure_or_timeout``, see tasks/app.py), so raising
+    never redelivers it."""
     several = len(ran) > 1
 
-    def errors(outcome: JobStatus) -> str:
-        failed = [r for r in ran if r.outcome is outcome]
+    def errors(outcome: JobStatus | None, reclaimed: bool = False) -> str:
+        failed = [r for r in ran if r.outcome is outcome and r.reclaimed is reclaimed]
         return "; ".join(f"{r.name}: {r.error}" if several else r.error for r in failed)
 
     if dead := errors(JobStatus.DEAD_LETTER):
         raise DeadLettered(dead)
+    if reclaimed := errors(None, reclaimed=True):
+        raise TryReclaimed(f"failed; its job was reclaimed by recovery: {reclaimed}")
     if retried := errors(JobStatus.RETRY_WAIT):
         soonest = min(r.retry_in or 0.0 for r in ran if r.outcome is JobStatus.RETRY_WAIT)
         raise Retry(f"tried again in {soonest:.1f}s: {retried}", exc=TryFailed(retried))

@@ -49,6 +49,12 @@ def create_app(settings: Settings) -> Celery:
         result_backend=None,
         task_ignore_result=True,
         task_acks_late=True,
+        # The node task raises DeadLettered (FAILURE), TryReclaimed (FAILURE) or Retry after
+        # the job's outcome is committed, only so that Flower shows it: the message must be
+        # acked even so. Celery's default, set here so that no configuration turns it off
+        # (a failed task's message would be redelivered and its job's message dropped, or
+        # worse, run again after its outcome was recorded).
+        task_acks_on_failure_or_timeout=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,

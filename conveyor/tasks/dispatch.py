@@ -76,7 +76,7 @@ class CeleryDispatcher:
             priority=self._priority[first.priority],
             producer=producer,
             shadow=f"{names[0]} and {len(message) - 1} more",
-            argsrepr="; ".join(shown_args(d) for d in message),
+            argsrepr=shown_many_args(message),
             kwargsrepr=f"hints of {len(message)} jobs",
         )
 
@@ -97,6 +97,30 @@ def shown_args(d: Dispatch) -> str:
     workflow = f"workflow={d.workflow}" if d.workflow else ""
     node = f"node={d.node}" if d.node else ""
     return " ".join(part for part in (f"job={d.job_id}", d.label, workflow, node) if part)
+
+
+# Celery cuts the argsrepr it makes itself at 1,024 characters (AMQP.argsrepr_maxsize); the
+# text given it is sent as is, in the message's headers and in its task-sent event.
+ARGS_CHARS = 1024
+
+
+def shown_many_args(message: Sequence[Dispatch], most: int = ARGS_CHARS) -> str:
+    """A packed message's arguments as Flower shows them: each job's :func:`shown_args`, as
+    many as fit in ``most`` characters, then how many more the message holds."""
+    reserve = len(f"; … and {len(message)} more")
+    shown: list[str] = []
+    length = 0
+    for i, d in enumerate(message):
+        part = shown_args(d)
+        length += len(part) + (2 if shown else 0)
+        last = i == len(message) - 1
+        if length + (0 if last else reserve) > most:
+            break
+        shown.append(part)
+    if len(shown) == len(message):
+        return "; ".join(shown)
+    tail = f"… and {len(message) - len(shown)} more"
+    return f"{'; '.join(shown)}; {tail}" if shown else tail
 
 
 def _repr(kwargs: dict[str, Any] | None) -> str:

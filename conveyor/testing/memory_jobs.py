@@ -182,7 +182,8 @@ class MemoryJobs(MemoryExecutions):
              if j.status in WAITING_JOB and j.next_run_at is not None and j.next_run_at <= now),
             key=lambda j: j.next_run_at or now,
         )[:limit]  # fmt: skip
-        return [self._set_job(j, status=JobStatus.QUEUED, enqueued_at=now).record() for j in due]
+        return [self._named(self._set_job(j, status=JobStatus.QUEUED, enqueued_at=now))
+                for j in due]  # fmt: skip
 
     def age_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
         low = sorted(
@@ -191,7 +192,11 @@ class MemoryJobs(MemoryExecutions):
              and j.enqueued_at < cutoff),
             key=lambda j: j.enqueued_at,
         )[:limit]  # fmt: skip
-        return [self._set_job(j, priority=Priority.NORMAL).record() for j in low]
+        return [self._named(self._set_job(j, priority=Priority.NORMAL)) for j in low]
+
+    def _named(self, row: JobRow) -> JobRecord:
+        """The job's record with its workflow's name, as the SQL statements return it."""
+        return replace(row.record(), workflow=self.tables.workflows[row.workflow_id].name)
 
 
 class MemoryDeadLetters(MemoryJobs):

@@ -170,7 +170,7 @@ def test_every_message_delivered_twice_runs_each_node_once(
             with chaos_client.db.transaction() as store:
                 queued = store.stale_queued(store_now(), 1000)
                 fresh = [
-                    dispatch_of(store, j)
+                    dispatch_of(j)
                     for j in queued
                     if j.id not in doubled and j.status is JobStatus.QUEUED
                 ]

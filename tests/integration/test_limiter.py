@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import redis
 
-from conveyor.engine.limits import Limits, Permit, PermitRequest
+from conveyor.engine.limits import Limits, Permit, PermitRequest, Wake
 from conveyor.engine.states import Priority
 from conveyor.limiter import RedisLimiter
 from tests.conftest import REDIS_URL
@@ -102,6 +103,24 @@ def test_a_release_wakes_the_next_parked_job_and_its_grant_is_taken_on_arrival(
     arrived = limiter.acquire(waiting)
     assert arrived.permit is not None
     assert usage(limiter)[waiting.workflow_key] == (1, 1, 1)
+
+
+def test_a_woken_job_carries_the_workflow_and_node_it_was_parked_with(
+    limiter: RedisLimiter,
+) -> None:
+    # (its message is named from them, without a read: conveyor.limiter.gate)
+    first = held(limiter, request(workflow="orders:eu", limits=(100, 10, 1)))
+    charge = replace(request(workflow="orders:eu", limits=(100, 10, 1)), node_id="charge")
+    older = request(workflow="orders:eu", limits=(100, 10, 1))  # as an older version's: no node
+    assert limiter.acquire(charge).permit is None
+    assert limiter.acquire(older).permit is None
+
+    assert limiter.release(first) == [
+        Wake(job_id=charge.job_id, priority=Priority.NORMAL, workflow="orders:eu", node="charge")
+    ]
+    assert limiter.forget([charge.job_id]) == [
+        Wake(job_id=older.job_id, priority=Priority.NORMAL, workflow="orders:eu", node="")
+    ]
 
 
 def test_parked_jobs_wake_in_priority_order_and_fifo_within_a_priority(

@@ -172,14 +172,38 @@ def test_a_hinted_message_takes_its_permits_without_a_read_and_a_refused_one_par
     assert job_status(conveyor_service, second.job_id) is JobStatus.PARKED
     assert limiter_usage(conveyor_service)["global"] == (1, 1)
 
-    # And the release wakes the second, published under its workflow's and node's names
+    # And the release wakes the second, published under its workflow's and node's names,
+    # which the limiter kept since it was parked: the wake reads nothing
     woken: list[Dispatch] = []
     publish = gate.publish
     monkeypatch.setattr(gate, "publish", lambda sent: (woken.extend(sent), publish(sent)))
-    gate.release(permit)  # (the worker runs it)
+    with statements(conveyor_service) as sent:
+        gate.release(permit)  # (the worker runs it)
     assert [(d.job_id, d.workflow, d.node) for d in woken] == [
         (second.job_id, "hinted", second.node)
     ]
+    assert sent == []
+
+
+def test_a_job_parked_from_a_message_without_hints_is_named_when_woken_without_a_read(
+    conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = gate_of(conveyor_service)
+    first, second = planned(conveyor_service, "unhinted", 2).dispatches
+    permit = gate.admit(first.job_id)
+    assert permit is not None
+    assert gate.admit(second.job_id) is None  # read from the database, and parked
+
+    woken: list[Dispatch] = []
+    publish = gate.publish
+    monkeypatch.setattr(gate, "publish", lambda sent: (woken.extend(sent), publish(sent)))
+    with statements(conveyor_service) as sent:
+        gate.release(permit)  # (the worker runs it)
+
+    assert [(d.job_id, d.workflow, d.node) for d in woken] == [
+        (second.job_id, "unhinted", second.node)
+    ]
+    assert sent == []
 
 
 def test_a_duplicate_hinted_message_gives_back_the_permits_it_took(

@@ -164,6 +164,11 @@ def test_a_lost_message_is_republished_only_when_the_broker_cannot_hold_it(
                                  now=utcnow(), source=TriggerSource.API)
     )  # fmt: skip
     age(conveyor_service, enqueued_at=utcnow() - timedelta(minutes=5))
+    with conveyor_service.db.transaction() as store:  # named without loading the definition
+        stale = store.stale_queued(utcnow() - timedelta(minutes=1), 10)
+    assert [(j.node_id, j.workflow) for j in stale if j.execution_id == made.execution_id] == [
+        ("add", "adder")
+    ]
 
     # When the broker says it holds a message for that queue, nothing is re-sent
     held = conveyor_service.recover(

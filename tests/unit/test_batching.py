@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -13,6 +14,7 @@ from conveyor.batches import BatchRun, Durations, Member, run_batch
 from conveyor.engine.packing import pack, split
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
+from conveyor.tasks.dispatch import ARGS_CHARS, shown_args, shown_many_args
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
 
@@ -219,3 +221,21 @@ def test_durations_know_only_nodes_this_process_ran() -> None:
     durations.record(workflow, "b", 1.0)
     durations.record(workflow, "c", 1.0)  # past its size it starts over
     assert not durations.slow(hinted("a", workflow), 0.5)
+
+
+def test_a_packed_messages_shown_arguments_stop_at_1024_characters_saying_how_many_more() -> None:
+    # Given a message of 100 jobs, each shown as ~400 characters (a long label and names)
+    long = "x" * 300
+    jobs = [
+        replace(node(), workflow="orders", node=f"n{i}", label=f"execution={long}")
+        for i in range(100)
+    ]
+    shown = shown_many_args(jobs)
+    assert len(shown) <= ARGS_CHARS
+    kept = shown.split("; ")[:-1]
+    assert len(kept) == 2  # each ~400 characters: the old text joined all 100, ~40 KB
+    assert kept == [shown_args(d) for d in jobs[: len(kept)]]  # whole jobs, in order
+    assert shown.endswith(f"; … and {100 - len(kept)} more")
+    # a message that fits is shown whole, without a tail
+    few = [node(), node()]
+    assert shown_many_args(few) == "; ".join(shown_args(d) for d in few)

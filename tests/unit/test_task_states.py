@@ -9,17 +9,23 @@ import uuid
 import pytest
 from celery.exceptions import Retry
 
+from conveyor.config import Settings
 from conveyor.engine.states import JobStatus
-from conveyor.exceptions import DeadLettered, TryFailed
+from conveyor.exceptions import DeadLettered, TryFailed, TryReclaimed
 from conveyor.service.workers import Ran
-from conveyor.tasks import report
+from conveyor.tasks import report, run_many, run_node
+from conveyor.tasks.app import create_app
 
 
 def ran(
-    node: str, outcome: JobStatus | None, error: str = "", retry_in: float | None = None
+    node: str,
+    outcome: JobStatus | None,
+    error: str = "",
+    retry_in: float | None = None,
+    reclaimed: bool = False,
 ) -> Ran:
     return Ran(job_id=uuid.uuid4(), outcome=outcome, workflow="orders", node=node, error=error,
-               retry_in=retry_in)  # fmt: skip
+               retry_in=retry_in, reclaimed=reclaimed)  # fmt: skip
 
 
 def test_a_job_that_completed_or_did_not_run_here_is_a_success_that_says_so() -> None:
@@ -56,3 +62,23 @@ def test_a_packed_message_shows_its_worst_job_naming_each_that_failed() -> None:
         report(jobs)
     with pytest.raises(Retry, match=r"orders/b: RuntimeError: busy"):
         report(jobs[:2])
+
+
+def test_a_failed_try_whose_job_recovery_reclaimed_is_a_failure_not_a_dropped_message() -> None:
+    # the try ran and failed; recovery had taken its job meanwhile and runs it again
+    with pytest.raises(TryReclaimed) as raised:
+        report([ran("charge", None, "RuntimeError: declined", reclaimed=True)])
+    assert str(raised.value) == "failed; its job was reclaimed by recovery: RuntimeError: declined"
+    with pytest.raises(TryReclaimed, match=r"reclaimed by recovery: orders/b: RuntimeError: x$"):
+        report([ran("a", None), ran("b", None, "RuntimeError: x", reclaimed=True)])
+    assert report([ran("charge", None)]).startswith("dropped")  # a message that ran nothing
+
+
+def test_the_app_acks_a_node_message_whose_task_raised_the_state_flower_shows() -> None:
+    # The node task raises DeadLettered, TryReclaimed or Retry after the outcome is committed:
+    # create_app sets the ack on failure itself rather than trusting Celery's default.
+    changed = create_app(Settings()).conf.table(with_defaults=False)
+    assert changed["task_acks_late"] is True
+    assert changed["task_acks_on_failure_or_timeout"] is True
+    for task in (run_node, run_many):  # expected failures: logged without a traceback
+        assert {DeadLettered, TryReclaimed} <= set(task.throws)

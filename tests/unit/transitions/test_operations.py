@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from conveyor.engine import cancellation, dead_letters, due
+from conveyor.engine import cancellation, dead_letters, due, workflows
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.exceptions import ExecutionNotFound, InvalidTransition, NonRetryableError, NotFound
@@ -89,6 +90,30 @@ def test_a_low_job_queued_too_long_is_published_again_as_normal(bench: Bench) ->
         bench.job(made.execution_id, "a").id, Priority.NORMAL,
     )  # fmt: skip
     assert bench.job(made.execution_id, "a").priority is Priority.NORMAL
+
+
+def test_promoted_and_aged_jobs_are_named_without_loading_their_workflows_definition(
+    bench: Bench, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a delay due and a low job queued too long, and a process whose cache of workflow
+    # definitions is empty (a version pushed out of it by others)
+    bench.apply("later", node("wait", type="delay", config={"seconds": 30}))
+    bench.apply("chore", node("a"))
+    bench.trigger("later")
+    bench.trigger("chore", priority=Priority.LOW)
+    bench.clock.advance(61)
+    monkeypatch.setattr(workflows, "_cache", OrderedDict())
+
+    # When their messages are made
+    made = bench.units.run(
+        lambda s: due.promote_due(s, bench.clock()) + due.age_queued(s, bench.clock(), 60)
+    )
+
+    # Then each is named for its workflow and node, the name returned with the job: no
+    # definition was read, validated and planned (in the transaction holding their rows)
+    assert [(d.workflow, d.node) for d in made] == [("later", "wait"), ("chore", "a")]
+    assert [d.hints.workflow for d in made if d.hints] == ["later", "chore"]
+    assert len(workflows._cache) == 0
 
 
 # -- dead letters ------------------------------------------------------------------------------

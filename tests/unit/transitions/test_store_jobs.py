@@ -330,8 +330,8 @@ def test_promote_due_queues_the_waiting_jobs_whose_time_came_oldest_first(
     promoted = bench.units.run(lambda s: s.promote_due(bench.clock(), 1))
     rest = bench.units.run(lambda s: s.promote_due(bench.clock(), 10))
 
-    assert [j.node_id for j in promoted] == ["b"]
-    assert [j.node_id for j in rest] == ["c"]
+    assert [(j.node_id, j.workflow) for j in promoted] == [("b", "waits")]  # its name too
+    assert [(j.node_id, j.workflow) for j in rest] == [("c", "waits")]
     jobs = bench.jobs(made.execution_id)
     assert {n: j.status for n, j in jobs.items()} == {
         "a": JobStatus.RETRY_WAIT, "b": JobStatus.QUEUED, "c": JobStatus.QUEUED,
@@ -357,7 +357,7 @@ def test_age_queued_serves_low_jobs_queued_too_long_as_normal(bench: Bench) -> N
     assert {(j.execution_id, j.node_id) for j in aged} == {
         (old.execution_id, "a"), (old.execution_id, "b"),
     }  # fmt: skip
-    assert all(j.priority is Priority.NORMAL for j in aged)
+    assert all(j.priority is Priority.NORMAL and j.workflow == "pair" for j in aged)
     assert {j.priority for j in bench.probe.jobs(young.execution_id)} == {Priority.LOW}
     assert {j.priority for j in bench.probe.jobs(high.execution_id)} == {Priority.HIGH}
     assert bench.units.run(lambda s: s.age_queued(cutoff, 10)) == []
