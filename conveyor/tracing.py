@@ -39,7 +39,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from conveyor import logs
-from conveyor.engine.records import ExecutionRecord, TraceContext
+from conveyor.engine.records import TRACESTATE_CHARS, ExecutionRecord, TraceContext
 from conveyor.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -141,7 +141,17 @@ def current_context() -> TraceContext | None:
     parent = carrier.get("traceparent")
     if parent is None:
         return None
-    return TraceContext(traceparent=parent, tracestate=carrier.get("tracestate") or None)
+    return TraceContext(traceparent=parent, tracestate=bounded(carrier.get("tracestate") or ""))
+
+
+def bounded(tracestate: str) -> str | None:
+    """``tracestate`` cut to fit its column (:data:`TRACESTATE_CHARS`; OpenTelemetry accepts
+    up to 32 members of 256 characters): whole list members dropped from the end, as W3C
+    allows a propagator to, never one cut in half; None when nothing is left."""
+    members = [m.strip() for m in tracestate.split(",") if m.strip()]
+    while members and len(",".join(members)) > TRACESTATE_CHARS:
+        members.pop()
+    return ",".join(members) or None
 
 
 def log_fields() -> dict[str, str]:

@@ -59,6 +59,11 @@ class NewJob:
     next_run_at: datetime | None = None  # a delay node's: held until then
 
 
+# The longest tracestate stored (the executions' and deliveries' columns); W3C lets a
+# propagator drop list members from the end to fit a limit, which tracing.current_context does.
+TRACESTATE_CHARS = 512
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TraceContext:
     """The W3C trace context an execution's tries join: the ``traceparent`` (and

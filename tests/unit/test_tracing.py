@@ -75,3 +75,13 @@ def test_the_otlp_exporter_without_its_package_names_the_extra(
 def test_none_installs_no_provider() -> None:
     tracing.configure("none")
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def test_a_tracestate_too_long_to_store_loses_whole_members_from_its_end() -> None:
+    first, second, third = "a=" + "1" * 250, "b=" + "2" * 200, "c=" + "3" * 100
+    assert tracing.bounded(f"{first},{second}") == f"{first},{second}"  # 455: kept
+    assert tracing.bounded(f"{first}, {second} ,{third}") == f"{first},{second}"  # 557: cut
+    assert tracing.bounded(f"{third},{'d=' + '4' * 600}") == third
+    assert tracing.bounded("x=" + "9" * 600) is None  # a single member too long: none
+    assert tracing.bounded("") is None
+    assert len(tracing.bounded(",".join(f"k{i}=" + "v" * 60 for i in range(32))) or "") <= 512
