@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -242,8 +243,29 @@ def outcome(name: str, error: BaseException | None = None) -> None:
         return
     span.set_attribute("conveyor.outcome", name)
     if error is not None:
-        span.record_exception(error)
+        span.add_event("exception", _exception_attributes(error))
         span.set_status(Status(StatusCode.ERROR, logs.short(f"{type(error).__name__}: {error}")))
+
+
+def _exception_attributes(error: BaseException) -> dict[str, str]:
+    """The ``exception`` event's attributes, its message cut as the logs cut it
+    (:func:`conveyor.logs.short`): a node's error may hold its data, which leaves with the
+    spans. The stack trace lists the frames and that cut message only (not the chained
+    exceptions', where ``record_exception`` would repeat them in full)."""
+    kind = type(error)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    message = logs.short(str(error))
+    frames = "".join(traceback.format_tb(error.__traceback__))
+    return {
+        "exception.type": name,
+        "exception.message": message,
+        "exception.stacktrace": f"Traceback (most recent call last):\n{frames}{name}: {message}",
+        "exception.escaped": "False",
+    }
 
 
 def _parent(execution_id: uuid.UUID, stored: TraceContext | None) -> otel_context.Context:

@@ -1,17 +1,22 @@
-"""conveyor.tracing without a tracer provider (the default), and its settings."""
+"""conveyor.tracing without a tracer provider (the default), with the SDK's in memory, and its
+settings."""
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import ValidationError
 
-from conveyor import tracing
+from conveyor import logs, tracing
 from conveyor.config import Settings
 from conveyor.engine.records import TraceContext
 from conveyor.exceptions import ConfigurationError
@@ -85,3 +90,45 @@ def test_a_tracestate_too_long_to_store_loses_whole_members_from_its_end() -> No
     assert tracing.bounded("x=" + "9" * 600) is None  # a single member too long: none
     assert tracing.bounded("") is None
     assert len(tracing.bounded(",".join(f"k{i}=" + "v" * 60 for i in range(32))) or "") <= 512
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use(provider)
+    yield exporter
+    tracing.use(None)
+    provider.shutdown()
+
+
+def test_a_failed_trys_exception_leaves_with_its_message_cut_as_the_logs_cut_it(
+    spans: InMemorySpanExporter,
+) -> None:
+    # Given a node whose error carries its data past the logs' bound (and a cause's too)
+    card, email, padding = "4111" * 4, "jane" + "@example.com", "x" * 400
+
+    def fails() -> None:
+        raise ValueError(f"card rejected: {padding} number={card}")
+
+    with tracing.node_try(a_run(STORED), 0):
+        try:
+            try:
+                raise KeyError(f"customer={email}")
+            except KeyError:
+                fails()
+        except ValueError as exc:
+            tracing.outcome("dead_letter", exc)
+
+    # Then the exception event has the cut message, and nothing past it anywhere
+    ((event,),) = [span.events for span in spans.get_finished_spans()]
+    found = dict(event.attributes or {})
+    assert event.name == "exception"
+    assert found["exception.type"] == "ValueError"
+    assert found["exception.message"] == logs.short(f"card rejected: {padding}")
+    assert len(str(found["exception.message"])) == logs.ERROR_CHARS
+    assert "in fails" in str(found["exception.stacktrace"])  # its frames are there
+    assert str(found["exception.stacktrace"]).endswith(f"ValueError: {found['exception.message']}")
+    for value in found.values():
+        assert card not in str(value) and email not in str(value)
