@@ -145,6 +145,12 @@ def current_context() -> TraceContext | None:
     return TraceContext(traceparent=parent, tracestate=bounded(carrier.get("tracestate") or ""))
 
 
+def traceparent() -> str | None:
+    """The current span's W3C ``traceparent`` alone (what the http node sends), or None."""
+    found = current_context()
+    return found.traceparent if found is not None else None
+
+
 def bounded(tracestate: str) -> str | None:
     """``tracestate`` cut to fit its column (:data:`TRACESTATE_CHARS`; OpenTelemetry accepts
     up to 32 members of 256 characters): whole list members dropped from the end, as W3C

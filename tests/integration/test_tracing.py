@@ -347,7 +347,16 @@ def test_the_http_node_sends_its_tries_trace_context(
         ],
     )
 
-    row = wait_for(conveyor_service, conveyor_service.trigger("traced-http", {}))
+    # When it is triggered inside a caller's span that carries vendors' tracestate
+    caller = trace.NonRecordingSpan(
+        trace.SpanContext(
+            trace_id=5, span_id=7, is_remote=True, trace_flags=trace.TraceFlags(1),
+            trace_state=trace.TraceState([("vendor", "caller-secret")]),
+        )
+    )  # fmt: skip
+    with trace.use_span(caller):
+        execution_id = conveyor_service.trigger("traced-http", {})
+    row = wait_for(conveyor_service, execution_id)
 
     assert row.status is ExecutionStatus.COMPLETED, row.error
     tries = {attributes(s)["conveyor.node"]: s for s in ended(spans, 2, "conveyor.node ")}
@@ -359,3 +368,7 @@ def test_the_http_node_sends_its_tries_trace_context(
         f"00-{plain.trace_id:032x}-{plain.span_id:016x}-{plain.trace_flags:02x}",
         "mine",
     }
+    # And the caller's tracestate (stored, and the tries' too) is not sent to the service
+    assert row.tracestate == "vendor=caller-secret"
+    assert tries["plain"].context.trace_state == trace.TraceState([("vendor", "caller-secret")])
+    assert [h for h in _Recorder.received if "tracestate" in {k.lower() for k in h}] == []
