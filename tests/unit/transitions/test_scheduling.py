@@ -153,7 +153,7 @@ def test_the_executions_a_delivery_starts_keep_the_trace_context_it_was_received
     )
     delivery = bench.units.run(lambda s: subscriptions.store_delivery(
         s, endpoint, Verified(delivery_id="d-3", event="push", payload={}), bench.clock(),
-        timedelta(days=1), trace))  # fmt: skip
+        timedelta(days=1), trace).id)  # fmt: skip
 
     (started,) = bench.units.run(
         lambda s: subscriptions.deliver_webhook(s, delivery, bench.clock())
