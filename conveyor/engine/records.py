@@ -187,6 +187,7 @@ class Fire:
     workflow_id: uuid.UUID
     slot: datetime
     priority: Priority
+    trace: TraceContext | None = None  # its trigger span's, stored with the execution
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +16,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler, TraceIdRatioBased
 from pydantic import ValidationError
 
 from conveyor import logs, tracing
@@ -92,15 +95,23 @@ def test_a_tracestate_too_long_to_store_loses_whole_members_from_its_end() -> No
     assert len(tracing.bounded(",".join(f"k{i}=" + "v" * 60 for i in range(32))) or "") <= 512
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
+@contextmanager
+def recorded(sampler: Sampler | None = None) -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use(provider)
-    yield exporter
-    tracing.use(None)
-    provider.shutdown()
+    try:
+        yield exporter
+    finally:
+        tracing.use(None)
+        provider.shutdown()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    with recorded() as exporter:
+        yield exporter
 
 
 def test_a_failed_trys_exception_leaves_with_its_message_cut_as_the_logs_cut_it(
@@ -132,3 +143,30 @@ def test_a_failed_trys_exception_leaves_with_its_message_cut_as_the_logs_cut_it(
     assert str(found["exception.stacktrace"]).endswith(f"ValueError: {found['exception.message']}")
     for value in found.values():
         assert card not in str(value) and email not in str(value)
+
+
+def test_an_execution_without_a_context_is_traced_only_if_the_sampler_would_root_it() -> None:
+    # Given OTEL_TRACES_SAMPLER=parentbased_always_off (the parent was forced sampled before)
+    with recorded(ParentBased(ALWAYS_OFF)) as exporter:
+        run = a_run(None)
+        with tracing.node_try(run, 0):
+            pass
+        with tracing.plan_span(run.execution, "wf", 0):
+            pass
+
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_ratio_sampler_decides_once_for_every_try_of_an_execution_without_a_context() -> None:
+    # Given parentbased_traceidratio at one half, and 200 executions of two tries each
+    with recorded(ParentBased(TraceIdRatioBased(0.5))) as exporter:
+        runs = [a_run(None) for _ in range(200)]
+        for run in runs * 2:
+            with tracing.node_try(run, 0):
+                pass
+
+    # Then about half the executions are traced (each a trace of its id), with both tries
+    traced = Counter(span.context.trace_id for span in exporter.get_finished_spans())
+    assert set(traced.values()) == {2}
+    assert set(traced) <= {run.execution.id.int for run in runs}
+    assert 60 <= len(traced) <= 140  # some 1e-8 chance to fall outside, for a fair coin
