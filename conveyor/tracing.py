@@ -132,11 +132,10 @@ def trigger_span(what: str, source: str) -> Iterator[TraceContext | None]:
     if not _on():  # no span to make: the caller's context, if it has one
         yield current_context()
         return
-    with _tracer.start_as_current_span(
-        f"conveyor.trigger {what}",
-        kind=SpanKind.PRODUCER,
-        attributes={"conveyor.trigger": source},
-    ):
+    span = _tracer.start_span(
+        f"conveyor.trigger {what}", kind=SpanKind.PRODUCER, attributes={"conveyor.trigger": source}
+    )
+    with _current(span):
         yield current_context()
 
 
@@ -259,8 +258,8 @@ def node_try(run: NodeRun, started_ns: int) -> Iterator[None]:
         },
     )
     # A failed try's exception is recorded by outcome(); one that escapes here is not the
-    # node's (recording its outcome failed): use_span records it, and the span has no outcome.
-    with trace.use_span(span, end_on_exit=True):
+    # node's (recording its outcome failed): _current records it, and the span has no outcome.
+    with _current(span):
         yield
 
 
@@ -278,8 +277,22 @@ def plan_span(execution: ExecutionRecord, workflow: str, started_ns: int) -> Ite
         start_time=started_ns,
         attributes={"conveyor.workflow": workflow, "conveyor.execution_id": str(execution.id)},
     )
-    with trace.use_span(span, end_on_exit=True):
+    with _current(span):
         yield
+
+
+@contextmanager
+def _current(span: trace.Span) -> Iterator[None]:
+    """``span`` current until it ends, an exception escaping it recorded as outcome() records
+    one (use_span's record_exception would export its message in full)."""
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ):
+        try:
+            yield
+        except Exception as exc:
+            _failed(span, exc)
+            raise
 
 
 def _on() -> bool:
@@ -299,8 +312,12 @@ def outcome(name: str, error: BaseException | None = None) -> None:
         return
     span.set_attribute("conveyor.outcome", name)
     if error is not None:
-        span.add_event("exception", _exception_attributes(error))
-        span.set_status(Status(StatusCode.ERROR, logs.short(f"{type(error).__name__}: {error}")))
+        _failed(span, error)
+
+
+def _failed(span: trace.Span, error: BaseException) -> None:
+    span.add_event("exception", _exception_attributes(error))
+    span.set_status(Status(StatusCode.ERROR, logs.short(f"{type(error).__name__}: {error}")))
 
 
 def _exception_attributes(error: BaseException) -> dict[str, str]:

@@ -170,3 +170,24 @@ def test_a_ratio_sampler_decides_once_for_every_try_of_an_execution_without_a_co
     assert set(traced.values()) == {2}
     assert set(traced) <= {run.execution.id.int for run in runs}
     assert 60 <= len(traced) <= 140  # some 1e-8 chance to fall outside, for a fair coin
+
+
+@pytest.mark.parametrize("where", ["try", "trigger"])
+def test_an_exception_escaping_a_span_is_recorded_cut_too(
+    spans: InMemorySpanExporter, where: str
+) -> None:
+    # Given a try whose outcome could not be recorded, or a trigger that failed (a database
+    # error carries the statement's parameters)
+    secret = "jane" + "@example.com"
+    made = (
+        tracing.node_try(a_run(STORED), 0) if where == "try" else tracing.trigger_span("w", "api")
+    )
+    with pytest.raises(RuntimeError), made:
+        raise RuntimeError(f"{'z' * 400} parameters: {secret}")
+
+    (span,) = spans.get_finished_spans()
+    (event,) = span.events
+    found = dict(event.attributes or {})
+    assert found["exception.message"] == logs.short("z" * 400)
+    assert all(secret not in str(value) for value in found.values())
+    assert span.status.description == logs.short(f"RuntimeError: {'z' * 400}")
