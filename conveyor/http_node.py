@@ -27,8 +27,8 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpcore
 import httpx
-from opentelemetry import propagate
 
+from conveyor import tracing
 from conveyor.config import get_settings
 from conveyor.engine import templates
 from conveyor.engine.addresses import AllowList, ip_literal, judge_address, judge_url
@@ -135,16 +135,15 @@ def call(
 
 
 def _traced(headers: Any) -> Any:
-    """The node's headers with the current trace context (``traceparent``: the try's span),
-    so that the called service's spans join the execution's trace; a node that sets the
-    header itself keeps its own."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    if not carrier:
+    """The node's headers with the try's ``traceparent``, so that the called service's spans
+    join the execution's trace; a node that sets the header itself keeps its own. Only
+    ``traceparent``: the ``tracestate`` (and any baggage) is the trigger's caller's vendor
+    data, for its own tracing systems, not for whatever service a node calls."""
+    parent = tracing.traceparent()
+    if parent is None:
         return headers
     given = httpx.Headers(headers)
-    for name, value in carrier.items():
-        given.setdefault(name, value)
+    given.setdefault("traceparent", parent)
     return given
 
 

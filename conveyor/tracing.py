@@ -2,7 +2,8 @@
 
 - Where an execution is triggered (the API, the CLI, :func:`conveyor.enqueue`, an event, a
   webhook delivery received) a ``conveyor.trigger`` span is started as a child of the
-  caller's current span, if any; its W3C trace context is stored with the execution
+  caller's current span, if any (a schedule's fire: a root span, :func:`fire_spans`); its
+  W3C trace context is stored with the execution
   (``traceparent``, ``tracestate``; with a delivery until the webhook worker makes its
   executions), so that the trace crosses processes with the execution's row, which the
   node's claim reads anyway: no message header, no extra read.
@@ -12,9 +13,10 @@
   with the exception when the try failed. It is the current span while the node runs: a
   python node's function sees it (its own spans, or an instrumented HTTP client's, join the
   trace), and the http node sends it as the ``traceparent`` header of its request.
-- An execution without a stored context (started by a schedule, or before tracing was on
-  where it was triggered) still has one trace: its tries' parent is a context made from its id
-  (the trace id is the execution id's 128 bits), a parent no span of its own reports.
+- An execution without a stored context (triggered where no provider was set and the caller
+  had no span) still has one trace: its tries' parent is a context made from its id (the
+  trace id is the execution id's 128 bits), a parent no span of its own reports, sampled
+  only if the provider's sampler would record a root span there (never forced).
 
 Conveyor only ever asks the global tracer provider (the API's no-op one unless something set
 one): with ``CONVEYOR_TRACING=none`` (the default) it installs nothing, so an application or
@@ -24,12 +26,15 @@ one): with ``CONVEYOR_TRACING=none`` (the default) it installs nothing, so an ap
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
+import traceback
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
@@ -39,7 +44,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from conveyor import logs
-from conveyor.engine.records import ExecutionRecord, TraceContext
+from conveyor.engine.records import TRACESTATE_CHARS, ExecutionRecord, Fire, TraceContext
+from conveyor.engine.states import TriggerSource
 from conveyor.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -53,6 +59,7 @@ EXPORTERS = ("none", "console", "otlp")
 _W3C = TraceContextTextMapPropagator()
 _GLOBAL = trace.get_tracer("conveyor")  # a proxy: it follows the provider set later, if any
 _tracer = _GLOBAL
+_provider: trace.TracerProvider | None = None  # the one given to use(), if any
 _LOW_64 = (1 << 64) - 1
 
 
@@ -111,8 +118,9 @@ def flush(timeout: float = 5.0) -> None:
 def use(provider: trace.TracerProvider | None) -> None:
     """Send Conveyor's spans to ``provider`` rather than the global one (None: the global
     one again): for an application that keeps its provider to itself, and for tests."""
-    global _tracer
+    global _tracer, _provider
     _tracer = _GLOBAL if provider is None else provider.get_tracer("conveyor")
+    _provider = provider
 
 
 @contextmanager
@@ -124,24 +132,82 @@ def trigger_span(what: str, source: str) -> Iterator[TraceContext | None]:
     if not _on():  # no span to make: the caller's context, if it has one
         yield current_context()
         return
-    with _tracer.start_as_current_span(
-        f"conveyor.trigger {what}",
-        kind=SpanKind.PRODUCER,
-        attributes={"conveyor.trigger": source},
-    ):
+    span = _tracer.start_span(
+        f"conveyor.trigger {what}", kind=SpanKind.PRODUCER, attributes={"conveyor.trigger": source}
+    )
+    with _current(span):
         yield current_context()
+
+
+@contextmanager
+def fire_spans(fires: list[Fire]) -> Iterator[list[Fire]]:
+    """A ``conveyor.trigger <workflow>`` span for each schedule's fire (``conveyor.trigger``:
+    schedule), open while the cron check stores them; yields the fires with their span's
+    context to store with their execution. Each span is a trace's root (a link to the
+    check's own span, if any), so that the sampler decides once for the whole run, as it
+    does at any other trigger; with no provider to record them the fires are left as they
+    are (no context: their tries' parent is made from the execution's id)."""
+    if not _on():
+        yield fires
+        return
+    spans = [_fire_span(fire) for fire in fires]
+    try:
+        yield [
+            replace(fire, trace=_stored(trace.set_span_in_context(span)))
+            for fire, span in zip(fires, spans, strict=True)
+        ]
+    finally:
+        for span in spans:
+            span.end()
+
+
+def _fire_span(fire: Fire) -> trace.Span:
+    checking = trace.get_current_span().get_span_context()
+    return _tracer.start_span(
+        f"conveyor.trigger {fire.schedule.workflow_name}",
+        context=otel_context.Context(),  # a root, whatever span the check runs in
+        kind=SpanKind.PRODUCER,
+        attributes={
+            "conveyor.trigger": TriggerSource.SCHEDULE.value,
+            "conveyor.workflow": fire.schedule.workflow_name,
+            "conveyor.schedule": fire.schedule.name,
+            "conveyor.scheduled_for": fire.slot.isoformat(),
+        },
+        links=[trace.Link(checking)] if checking.is_valid else None,
+    )
 
 
 def current_context() -> TraceContext | None:
     """The current span's W3C trace context, or None when there is none."""
-    if not trace.get_current_span().get_span_context().is_valid:
+    return _stored(otel_context.get_current())
+
+
+def _stored(context: otel_context.Context) -> TraceContext | None:
+    """The W3C trace context of ``context``'s span, as stored, or None when it has none."""
+    if not trace.get_current_span(context).get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
-    _W3C.inject(carrier)
+    _W3C.inject(carrier, context=context)
     parent = carrier.get("traceparent")
     if parent is None:
         return None
-    return TraceContext(traceparent=parent, tracestate=carrier.get("tracestate") or None)
+    return TraceContext(traceparent=parent, tracestate=bounded(carrier.get("tracestate") or ""))
+
+
+def traceparent() -> str | None:
+    """The current span's W3C ``traceparent`` alone (what the http node sends), or None."""
+    found = current_context()
+    return found.traceparent if found is not None else None
+
+
+def bounded(tracestate: str) -> str | None:
+    """``tracestate`` cut to fit its column (:data:`TRACESTATE_CHARS`; OpenTelemetry accepts
+    up to 32 members of 256 characters): whole list members dropped from the end, as W3C
+    allows a propagator to, never one cut in half; None when nothing is left."""
+    members = [m.strip() for m in tracestate.split(",") if m.strip()]
+    while members and len(",".join(members)) > TRACESTATE_CHARS:
+        members.pop()
+    return ",".join(members) or None
 
 
 def log_fields() -> dict[str, str]:
@@ -192,8 +258,8 @@ def node_try(run: NodeRun, started_ns: int) -> Iterator[None]:
         },
     )
     # A failed try's exception is recorded by outcome(); one that escapes here is not the
-    # node's (recording its outcome failed): use_span records it, and the span has no outcome.
-    with trace.use_span(span, end_on_exit=True):
+    # node's (recording its outcome failed): _current records it, and the span has no outcome.
+    with _current(span):
         yield
 
 
@@ -211,8 +277,22 @@ def plan_span(execution: ExecutionRecord, workflow: str, started_ns: int) -> Ite
         start_time=started_ns,
         attributes={"conveyor.workflow": workflow, "conveyor.execution_id": str(execution.id)},
     )
-    with trace.use_span(span, end_on_exit=True):
+    with _current(span):
         yield
+
+
+@contextmanager
+def _current(span: trace.Span) -> Iterator[None]:
+    """``span`` current until it ends, an exception escaping it recorded as outcome() records
+    one (use_span's record_exception would export its message in full)."""
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ):
+        try:
+            yield
+        except Exception as exc:
+            _failed(span, exc)
+            raise
 
 
 def _on() -> bool:
@@ -232,8 +312,33 @@ def outcome(name: str, error: BaseException | None = None) -> None:
         return
     span.set_attribute("conveyor.outcome", name)
     if error is not None:
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, logs.short(f"{type(error).__name__}: {error}")))
+        _failed(span, error)
+
+
+def _failed(span: trace.Span, error: BaseException) -> None:
+    span.add_event("exception", _exception_attributes(error))
+    span.set_status(Status(StatusCode.ERROR, logs.short(f"{type(error).__name__}: {error}")))
+
+
+def _exception_attributes(error: BaseException) -> dict[str, str]:
+    """The ``exception`` event's attributes, its message cut as the logs cut it
+    (:func:`conveyor.logs.short`): a node's error may hold its data, which leaves with the
+    spans. The stack trace lists the frames and that cut message only (not the chained
+    exceptions', where ``record_exception`` would repeat them in full)."""
+    kind = type(error)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    message = logs.short(str(error))
+    frames = "".join(traceback.format_tb(error.__traceback__))
+    return {
+        "exception.type": name,
+        "exception.message": message,
+        "exception.stacktrace": f"Traceback (most recent call last):\n{frames}{name}: {message}",
+        "exception.escaped": "False",
+    }
 
 
 def _parent(execution_id: uuid.UUID, stored: TraceContext | None) -> otel_context.Context:
@@ -250,6 +355,26 @@ def _parent(execution_id: uuid.UUID, stored: TraceContext | None) -> otel_contex
         trace_id=execution_id.int,
         span_id=(execution_id.int & _LOW_64) or 1,
         is_remote=True,
-        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_flags=TraceFlags(TraceFlags.SAMPLED if _samples(execution_id) else 0),
     )
     return trace.set_span_in_context(NonRecordingSpan(made))
+
+
+def _samples(execution_id: uuid.UUID) -> bool:
+    """Whether the provider's sampler records a trace rooted at this execution (asked as for
+    a root span, so that every try of the execution gets the same answer under the SDK's
+    ParentBased samplers). The trace id asked about is a hash of the id: a UUIDv7's low 64
+    bits, which TraceIdRatioBased compares with its ratio, always start with 0b10. A
+    provider that is not the SDK's (no ``sampler``) gets an unsampled parent and decides."""
+    provider = _provider if _provider is not None else trace.get_tracer_provider()
+    sampler = getattr(provider, "sampler", None)
+    if sampler is None:
+        return False
+    spread = int.from_bytes(hashlib.blake2b(execution_id.bytes, digest_size=16).digest(), "big")
+    decided = sampler.should_sample(
+        otel_context.Context(),
+        spread,
+        "conveyor.execution",
+        attributes={"conveyor.execution_id": str(execution_id)},
+    )
+    return bool(decided.decision.is_sampled())

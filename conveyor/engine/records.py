@@ -62,6 +62,11 @@ class NewJob:
     next_run_at: datetime | None = None  # a delay node's: held until then
 
 
+# The longest tracestate stored (the executions' and deliveries' columns); W3C lets a
+# propagator drop list members from the end to fit a limit, which tracing.current_context does.
+TRACESTATE_CHARS = 512
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TraceContext:
     """The W3C trace context an execution's tries join: the ``traceparent`` (and
@@ -186,6 +191,7 @@ class Fire:
     workflow_id: uuid.UUID
     slot: datetime
     priority: Priority
+    trace: TraceContext | None = None  # its trigger span's, stored with the execution
 
 
 @dataclass(frozen=True, kw_only=True)

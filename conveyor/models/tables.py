@@ -22,6 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from conveyor.engine.cron import MisfirePolicy
+from conveyor.engine.records import TRACESTATE_CHARS
 from conveyor.engine.states import (
     AttemptStatus,
     DeliveryStatus,
@@ -113,7 +114,7 @@ class WebhookDelivery(Base):
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # Where it was received (the trace context), passed on to the executions it starts.
     traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
-    tracestate: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    tracestate: Mapped[str | None] = mapped_column(String(TRACESTATE_CHARS), nullable=True)
 
 
 class WebhookSignature(Base):
@@ -251,7 +252,7 @@ class Execution(Base):
     # The W3C trace context where it was triggered, which its tries' spans join
     # (conveyor.tracing); None: their trace is made from its id.
     traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
-    tracestate: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    tracestate: Mapped[str | None] = mapped_column(String(TRACESTATE_CHARS), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

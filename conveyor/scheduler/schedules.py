@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -170,8 +172,21 @@ def _changed(existing: ScheduleRecord, spec: ScheduleSpec) -> bool:
 # -- the due check -------------------------------------------------------------------------
 
 
-def check_due(store: Store, now: datetime, *, limit: int, grace: float) -> Checked:
-    """Take up to ``limit`` due schedules, start their runs, advance each to its next slot."""
+def untraced(fires: list[Fire]) -> AbstractContextManager[list[Fire]]:
+    return nullcontext(fires)
+
+
+def check_due(
+    store: Store,
+    now: datetime,
+    *,
+    limit: int,
+    grace: float,
+    traced: Callable[[list[Fire]], AbstractContextManager[list[Fire]]] = untraced,
+) -> Checked:
+    """Take up to ``limit`` due schedules, start their runs, advance each to its next slot.
+    ``traced`` gives the fires their trace context while they are stored (the service's
+    :func:`conveyor.tracing.fire_spans`: a trigger span each)."""
     due = store.claim_due_schedules(now, limit)
     if not due:
         return Checked(claimed=0)
@@ -217,7 +232,8 @@ def check_due(store: Store, now: datetime, *, limit: int, grace: float) -> Check
             Fire(schedule=schedule, workflow_id=record.id, slot=slot, priority=priority)
             for slot in plan.fire_at
         ]
-    started = store.add_fired_executions(fires, now)
+    with traced(fires) as fires:
+        started = store.add_fired_executions(fires, now)
     counts = Counter(fire.schedule.id for fire, _ in started)
     store.advance_schedules(
         [

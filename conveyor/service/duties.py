@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from conveyor import tracing
 from conveyor.engine import (
     due,
     failure,
@@ -45,7 +46,9 @@ class Duties(ServiceBase):
         started = 0
         while True:
             checked = self.db.run(
-                lambda s: schedules.check_due(s, utcnow(), limit=batch, grace=self.misfire_grace)
+                lambda s: schedules.check_due(
+                    s, utcnow(), limit=batch, grace=self.misfire_grace, traced=tracing.fire_spans
+                )
             )
             self._publish(checked.dispatches)
             started += len(checked.dispatches)

@@ -136,6 +136,8 @@ class ScheduleQueries:
                     "schedule_id": f.schedule.id,
                     "scheduled_for": f.slot,
                     "created_at": now,
+                    "traceparent": f.trace.traceparent if f.trace else None,
+                    "tracestate": f.trace.tracestate if f.trace else None,
                 }
                 for f in fires
             ],

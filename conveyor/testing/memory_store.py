@@ -229,6 +229,8 @@ class InMemoryStore(MemoryDeliveries):
                 status=ExecutionStatus.PENDING, priority=fire.priority,
                 trigger=TriggerSource.SCHEDULE.value, input=stored(fire.schedule.input),
                 schedule_id=fire.schedule.id, scheduled_for=fire.slot, created_at=now,
+                traceparent=fire.trace.traceparent if fire.trace else None,
+                tracestate=fire.trace.tracestate if fire.trace else None,
             )  # fmt: skip
             self.tables.executions[execution.id] = execution
             started.append((fire, new_id()))

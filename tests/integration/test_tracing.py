@@ -7,7 +7,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,7 +17,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler
+from opentelemetry.trace import StatusCode, TraceFlags
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from standardwebhooks import Webhook
 
@@ -24,8 +27,12 @@ import conveyor
 from conveyor import tracing
 from conveyor.engine import triggering
 from conveyor.engine.credentials import new_webhook_secret
+from conveyor.engine.cron import parse_cron
+from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.states import ExecutionStatus, SignatureScheme, TriggerSource
 from conveyor.engine.validation import parse_workflow
+from conveyor.models import Execution
+from conveyor.scheduler import schedules
 from conveyor.service import Conveyor
 from conveyor.service.base import utcnow
 from tests.support.outbound import http_allowed
@@ -51,18 +58,26 @@ def fails_once(value: int, ctx: conveyor.NodeContext) -> dict[str, int]:
     return {"value": value}
 
 
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
+@contextmanager
+def recorded(sampler: Sampler | None = None) -> Iterator[InMemorySpanExporter]:
     """Conveyor's spans (and the nodes' own) taken in memory, as each ends."""
     global _provider
     exporter = InMemorySpanExporter()
-    _provider = TracerProvider()
+    _provider = TracerProvider(sampler=sampler)
     _provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.use(_provider)
-    yield exporter
-    tracing.use(None)
-    _provider.shutdown()
-    _provider = None
+    try:
+        yield exporter
+    finally:
+        tracing.use(None)
+        _provider.shutdown()
+        _provider = None
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    with recorded() as exporter:
+        yield exporter
 
 
 def apply(service: Conveyor, name: str, nodes: list[dict[str, Any]]) -> None:
@@ -224,8 +239,8 @@ def test_an_enqueue_in_the_applications_transaction_joins_its_span(
 def test_an_execution_stored_without_a_trace_context_gets_one_trace_from_its_id(
     conveyor_service: Conveyor, spans: InMemorySpanExporter
 ) -> None:
-    # Given an execution stored with no trace context (as a schedule's fire is), whose only
-    # node fails for good
+    # Given an execution stored with no trace context (triggered where no provider was set),
+    # whose only node fails for good
     apply(
         conveyor_service,
         "untraced",
@@ -248,6 +263,61 @@ def test_an_execution_stored_without_a_trace_context_gets_one_trace_from_its_id(
     assert only.parent is not None and only.parent.is_remote
     assert attributes(only)["conveyor.outcome"] == "dead_letter"
     assert only.status.status_code is StatusCode.ERROR
+
+
+def fire_a_schedule(service: Conveyor, workflow: str) -> Execution:
+    """Add a yearly schedule of ``workflow``, make its latest slot due, run the cron check
+    (as a worker's duty does) and wait for the run it started."""
+    yearly, at = "0 0 1 1 *", utcnow()
+    spec = ScheduleSpec(name=f"{workflow}-yearly", cron=yearly, input={})
+    record = service.db.run(
+        lambda s: schedules.add(s, tenant="default", workflow=workflow, spec=spec, now=at)
+    )
+    slot = parse_cron(yearly, "UTC").latest(at, at - timedelta(days=400), 1)[0]
+    service.db.run(lambda s: s.update_schedule(record.id, at, next_run_at=slot))
+    assert service.check_schedules() == 1
+    with service.db.transaction() as store:
+        (execution_id,) = store.session.scalars(
+            select(Execution.id).where(Execution.schedule_id == record.id)
+        )
+    return wait_for(service, execution_id)
+
+
+def test_a_schedules_fire_is_a_trigger_span_at_the_root_of_its_runs_trace(
+    conveyor_service: Conveyor, spans: InMemorySpanExporter
+) -> None:
+    apply(conveyor_service, "traced-cron", [py("only", "traced")])
+
+    row = fire_a_schedule(conveyor_service, "traced-cron")
+
+    # Then the fire is a trigger span, a trace's root, whose context the run keeps
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    (trigger,) = ended(spans, 1, "conveyor.trigger ")
+    (only,) = ended(spans, 1, "conveyor.node ")
+    assert trigger.name == "conveyor.trigger traced-cron"
+    assert trigger.parent is None
+    assert attributes(trigger)["conveyor.trigger"] == "schedule"
+    assert attributes(trigger)["conveyor.schedule"] == "traced-cron-yearly"
+    made = trigger.context
+    assert made.trace_flags.sampled
+    assert row.traceparent == f"00-{made.trace_id:032x}-{made.span_id:016x}-{made.trace_flags:02x}"
+    assert only.context.trace_id == trigger.context.trace_id
+    assert only.parent is not None and only.parent.span_id == trigger.context.span_id
+
+
+def test_a_schedules_run_the_sampler_drops_at_its_fire_makes_no_span(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given OTEL_TRACES_SAMPLER=parentbased_always_off (every try was recorded before)
+    apply(conveyor_service, "unsampled-cron", [py("only", "traced")])
+    with recorded(ParentBased(ALWAYS_OFF)) as exporter:
+        row = fire_a_schedule(conveyor_service, "unsampled-cron")
+        assert row.status is ExecutionStatus.COMPLETED, row.error
+        time.sleep(0.2)  # (a try's span ends after its outcome is committed: let it)
+
+    # Then nothing is recorded, and the stored context says "not sampled" to every process
+    assert exporter.get_finished_spans() == ()
+    assert row.traceparent is not None and not int(row.traceparent[-2:], 16) & TraceFlags.SAMPLED
 
 
 def test_executions_an_event_or_a_webhook_starts_join_the_trace_they_were_sent_in(
@@ -347,7 +417,16 @@ def test_the_http_node_sends_its_tries_trace_context(
         ],
     )
 
-    row = wait_for(conveyor_service, conveyor_service.trigger("traced-http", {}))
+    # When it is triggered inside a caller's span that carries vendors' tracestate
+    caller = trace.NonRecordingSpan(
+        trace.SpanContext(
+            trace_id=5, span_id=7, is_remote=True, trace_flags=trace.TraceFlags(1),
+            trace_state=trace.TraceState([("vendor", "caller-secret")]),
+        )
+    )  # fmt: skip
+    with trace.use_span(caller):
+        execution_id = conveyor_service.trigger("traced-http", {})
+    row = wait_for(conveyor_service, execution_id)
 
     assert row.status is ExecutionStatus.COMPLETED, row.error
     tries = {attributes(s)["conveyor.node"]: s for s in ended(spans, 2, "conveyor.node ")}
@@ -359,3 +438,7 @@ def test_the_http_node_sends_its_tries_trace_context(
         f"00-{plain.trace_id:032x}-{plain.span_id:016x}-{plain.trace_flags:02x}",
         "mine",
     }
+    # And the caller's tracestate (stored, and the tries' too) is not sent to the service
+    assert row.tracestate == "vendor=caller-secret"
+    assert tries["plain"].context.trace_state == trace.TraceState([("vendor", "caller-secret")])
+    assert [h for h in _Recorder.received if "tracestate" in {k.lower() for k in h}] == []

@@ -3,6 +3,9 @@ webhook deliveries that start workflows (conveyor.engine.subscriptions)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -66,6 +69,28 @@ def test_a_slot_is_fired_once_however_often_it_is_stored(bench: Bench) -> None:
     again = bench.units.run(lambda s: s.add_fired_executions([fire], bench.clock()))
 
     assert [f for f, _ in first] == [fire] and again == []
+
+
+def test_a_fires_trace_context_is_stored_with_its_execution(bench: Bench) -> None:
+    # Given a due schedule, and a check that gives each fire a trace context (its span's)
+    bench.apply("cron", node("a"), schedules=[EVERY_5])
+    given = TraceContext(
+        traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", tracestate="k=v"
+    )
+
+    @contextmanager
+    def traced(fires: list[Fire]) -> Iterator[list[Fire]]:
+        yield [replace(fire, trace=given) for fire in fires]
+
+    bench.clock.advance(5 * 60 + 30)
+    checked = bench.units.run(
+        lambda s: schedules.check_due(s, bench.clock(), limit=10, grace=60, traced=traced)
+    )
+
+    (published,) = checked.dispatches
+    execution_id = bench.probe.job(published.job_id).execution_id
+    with bench.store() as store:
+        assert store.execution(execution_id).trace == given
 
 
 def test_a_paused_schedule_starts_nothing(bench: Bench) -> None:

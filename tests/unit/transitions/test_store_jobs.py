@@ -8,6 +8,9 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from opentelemetry import trace
+
+from conveyor import tracing
 from conveyor.engine.records import Finish, TraceContext
 from conveyor.engine.states import (
     AttemptStatus,
@@ -86,6 +89,30 @@ def test_an_execution_keeps_the_trace_context_it_was_triggered_with_and_its_clai
     with bench.store() as store:
         assert store.execution(traced.execution_id).trace == trace
         assert store.execution(untraced.execution_id).trace is None
+
+
+def test_a_callers_long_tracestate_is_stored_cut_to_whole_members(bench: Bench) -> None:
+    # Given a caller's span whose vendors' tracestate is 3 x 250 characters (OpenTelemetry
+    # accepts up to 32 members of 256), longer than the 512 the column holds
+    members = [(f"vendor{i}", str(i) * 242) for i in range(3)]
+    caller = trace.NonRecordingSpan(
+        trace.SpanContext(
+            trace_id=5, span_id=7, is_remote=True, trace_flags=trace.TraceFlags(1),
+            trace_state=trace.TraceState(members),
+        )
+    )  # fmt: skip
+    with trace.use_span(caller):
+        context = tracing.current_context()
+    bench.apply("chain", *CHAIN)
+
+    # When an execution is triggered with it (PostgreSQL refused the insert before)
+    made = bench.trigger("chain", trace=context)
+
+    # Then it is stored, with the members that fit, the last one dropped
+    with bench.store() as store:
+        stored = store.execution(made.execution_id).trace
+    assert stored is not None and stored.tracestate is not None
+    assert stored.tracestate == ",".join(f"{k}={v}" for k, v in members[:2])
 
 
 def test_a_job_is_claimed_once(bench: Bench) -> None:
