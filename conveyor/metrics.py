@@ -98,11 +98,16 @@ class Snapshot:
         return sum(n for (q, _), n in (self.queue_depth or {}).items() if queue in (None, q))
 
 
-def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapshot:
+def take(
+    database: Database, broker_url: str, limiter: Limiter | None, *, labelled: bool = True
+) -> Snapshot:
+    """The snapshot now. Not ``labelled`` (the alerts, ``conveyor stats``), the histograms are
+    only summed: ``wait_by`` and ``run_by`` stay empty, and the tries are counted by status
+    alone, which spares the scan of every try its join to the jobs and workflows."""
     now = datetime.now(UTC)
     with database.snapshot() as store:
         jobs, executions = store.job_counts(), store.execution_counts()
-        tries = stats.merged(store.attempt_tallies(), store.pruned_tallies())
+        tries = stats.merged(store.attempt_tallies(labelled=labelled), store.pruned_tallies())
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
         permits = limiter.snapshot() if limiter is not None else []
@@ -115,8 +120,8 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         attempts=stats.counts_of(tries),
         wait=_summed(wait_by := _histograms(tries, "waited")),
         run=_summed(run_by := _histograms(tries, "duration")),
-        wait_by=wait_by,
-        run_by=run_by,
+        wait_by=wait_by if labelled else {},
+        run_by=run_by if labelled else {},
         permits=permits,
         schedules_late=late,
         schedule_lag=lag,

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select, text, update
 
+from conveyor import metrics, wiring
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job, JobAttempt
@@ -143,6 +144,21 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     def prune() -> int:
         return conveyor_service.prune(timedelta(days=14), batch=2)
 
+    def summed_alike() -> None:
+        """The snapshot the alerts and `conveyor stats` read (by status alone, no join) has
+        the totals of the labelled one the scrape reads, the pruned tallies' included."""
+        labelled = metrics.take(conveyor_service.db, "", None)
+        alone = metrics.take(conveyor_service.db, "", None, labelled=False)
+        assert (alone.wait_by, alone.run_by) == ({}, {})
+        assert labelled.run_by  # the scrape's
+        alerts = wiring.alerter(conveyor_service).snapshot()
+        assert (alerts.wait_by, alerts.run_by) == ({}, {})
+        for snap in (alone, alerts):
+            assert snap.attempts == labelled.attempts
+            for mine, theirs in ((snap.wait, labelled.wait), (snap.run, labelled.run)):
+                assert (mine.buckets, mine.count) == (theirs.buckets, theirs.count)
+                assert mine.total == pytest.approx(theirs.total)  # added in another order
+
     run_and_age()
     before = counted()
     assert before["conveyor_attempts_total{'status': 'failed'}"] == 3
@@ -151,6 +167,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     assert before["conveyor_job_wait_seconds_bucket{'le': '0.025'}"] == 7
     assert before["conveyor_job_run_seconds_bucket{'le': '5.0'}"] == 0
     assert before["conveyor_job_run_seconds_bucket{'le': '10.0'}"] == 7
+    summed_alike()
 
     # When every execution is pruned, a batch of two at a time, save the dead-lettered one's
     assert prune() == 4
@@ -160,6 +177,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
         left = store.session.scalar(select(func.count()).select_from(JobAttempt))
     assert left == 2  # the dead letter's two tries: its execution is kept
     assert counted() == pytest.approx(before)  # the sums added in another order
+    summed_alike()
 
     # And tries made and pruned later add to them (the tallies' rows updated, not inserted)
     run_and_age()
@@ -170,6 +188,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     assert again["conveyor_job_run_seconds_sum{}"] == pytest.approx(14 * 7.0)
     assert prune() == 4
     assert counted() == pytest.approx(again)
+    summed_alike()
 
 
 def test_the_metrics_are_read_in_one_snapshot_and_the_connection_is_reset_after(
