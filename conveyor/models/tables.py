@@ -107,7 +107,7 @@ class WebhookDelivery(Base):
     status: Mapped[DeliveryStatus] = mapped_column(_enum(DeliveryStatus, "delivery_status"))
     executions: Mapped[int] = mapped_column(Integer, default=0)
     # The executions it started, as a repeat is answered; NULL for a delivery handled before
-    # revision 0012 recorded them.
+    # revision 0014 recorded them.
     execution_ids: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -404,7 +404,7 @@ class PrunedTally(Base):
     ``attempts:<status>`` (a count), ``waited`` and ``duration`` (the count and sum of the
     values), ``waited<=<bound>`` and ``duration<=<bound>`` (a histogram's cumulative count),
     each of the last four followed by its labels' values (``|<queue>`` for ``waited``,
-    ``|<queue>|<workflow>`` for ``duration``; none in rows from before schema 0012)."""
+    ``|<queue>|<workflow>`` for ``duration``; none in rows from before schema 0013)."""
 
     __tablename__ = "pruned_tallies"
 

@@ -49,7 +49,7 @@ Labelled = dict[tuple[str, ...], tuple[list[int], float, int]]
 def tally_name(column: str, bound: float | None = None, labels: Sequence[str] = ()) -> str:
     """The ``pruned_tallies`` row of a histogram: its count and sum, or a bucket's count, for
     one value of each of its labels (``duration<=0.5|workflow-node|orders``). Queue and
-    workflow names never hold a ``|``. Rows written before the labels (schema 0012) have
+    workflow names never hold a ``|``. Rows written before the labels (schema 0013) have
     none: they count under empty labels."""
     name = column if bound is None else f"{column}<={bound!r}"
     return "|".join((name, *labels))

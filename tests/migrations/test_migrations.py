@@ -131,3 +131,39 @@ def test_db_upgrade_says_what_it_did_to_a_fresh_then_current_then_older_database
     assert f"up to date at revision {head}, nothing to do" in again.stdout
     assert f"upgraded from revision 0009 to {head}" in caught_up.stdout
     assert postgres_url.rsplit("/", 1)[1] in created.stdout  # which database
+
+
+def test_downgrading_past_0013_folds_the_labelled_tallies_into_unlabelled_ones(
+    empty_database: str,
+) -> None:
+    # Given tallies at 0013, labelled by queue (and workflow) and from before the labels
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0013")
+    rows = [("attempts:failed", 3, 0.0), ("waited", 2, 0.5), ("waited|workflow-node", 4, 1.5),
+            ("waited|workflow-execution", 1, 0.25), ("waited<=0.5|workflow-node", 4, 0.0),
+            ("waited<=0.5", 2, 0.0), ("duration|workflow-node|orders", 5, 10.0),
+            ("duration|workflow-node|billing", 6, 2.0)]  # fmt: skip
+    engine = make_engine(empty_database)
+    with engine.begin() as conn:
+        for what, count, total in rows:
+            conn.exec_driver_sql(
+                "INSERT INTO pruned_tallies (what, count, total) VALUES "
+                f"('{what}', {count}, {total})"
+            )
+    engine.dispose()
+
+    # When the schema goes back to 0012, whose rows have no labels
+    command.downgrade(config, "0012")
+
+    # Then each figure is the sum of its labelled rows
+    engine = make_engine(empty_database)
+    with engine.connect() as conn:
+        kept = {what: (count, total) for what, count, total in conn.exec_driver_sql(
+            "SELECT what, count, total FROM pruned_tallies")}  # fmt: skip
+    engine.dispose()
+    assert kept == {
+        "attempts:failed": (3, 0.0),
+        "waited": (7, 2.25),
+        "waited<=0.5": (6, 0.0),
+        "duration": (11, 12.0),
+    }
