@@ -18,12 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select, text, update
 
 from conveyor import metrics, wiring
+from conveyor.api.app import create_app
+from conveyor.config import Settings
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job, JobAttempt
 from conveyor.service import Conveyor, utcnow
 from conveyor.store import Database
-from tests.integration.conftest import SCRAPER
+from tests.integration.conftest import METRICS_TOKEN, SCRAPER, served
 from tests.support.services import wait_for
 
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]
@@ -86,6 +88,8 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     node = ("queue", "workflow-node")
     assert scraped[("conveyor_job_wait_seconds_count", (node,))] == tries
     assert scraped[("conveyor_job_wait_seconds_count", (("queue", "workflow-execution"),))] == 0
+    for never in ("workflow-scheduled", "workflow-webhook"):  # their jobs make no tries
+        assert ("conveyor_job_wait_seconds_count", (("queue", never),)) not in scraped
     assert scraped[("conveyor_job_run_seconds_count", (node, ("workflow", "good")))] == 3
     assert scraped[("conveyor_job_run_seconds_count", (node, ("workflow", "bad")))] == 2
     assert sum(v for (name, _), v in scraped.items()
@@ -108,6 +112,23 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     (build,) = [labels for (name, labels), _ in scraped.items() if name == "conveyor_build_info"]
     assert dict(build) == {"version": metadata.version("conveyor"),
                            "python": platform.python_version()}  # fmt: skip
+
+
+def test_without_the_workflow_label_the_run_histogram_is_by_queue_alone(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given tries of two workflows, and an API told not to label by workflow name
+    run_some(conveyor_service)
+    settings = Settings(metrics_token=METRICS_TOKEN, metrics_workflow_label=False)
+
+    with served(create_app(conveyor_service, settings)) as url:
+        scraped = samples(httpx.get(f"{url}/metrics", headers=SCRAPER, timeout=30).text)
+
+    # Then the run histogram has a series per queue, none per workflow (tenants name those)
+    runs = [labels for (name, labels), _ in scraped.items()
+            if name == "conveyor_job_run_seconds_count"]  # fmt: skip
+    assert runs == [(("queue", "workflow-node"),)]
+    assert scraped[("conveyor_job_run_seconds_count", (("queue", "workflow-node"),))] == 5
 
 
 def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_them(
