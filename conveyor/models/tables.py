@@ -374,6 +374,11 @@ class JobAttempt(Base):
     # Seconds from when the job was (last) queued to when this try started.
     waited: Mapped[float | None] = mapped_column(Float, nullable=True)
     timed_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The job's queue and workflow version, copied by the claim that starts the try, so that
+    # the metrics add tries up by them without joining each to its job (store.stats). No
+    # foreign key: checking one would cost every claim a lookup. NULL: never, since 0015.
+    queue: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(nullable=True)
 
 
 class AlertState(Base):

@@ -80,6 +80,13 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
         tries = store.session.scalar(select(func.count()).select_from(JobAttempt))
         failed = store.session.scalar(select(func.count()).where(JobAttempt.status == "failed"))
         node_jobs = store.session.scalar(select(func.count()).where(Job.kind == "node"))
+        # the claim copied each try's job's queue and workflow version (the scrape groups by them)
+        copied = store.session.execute(
+            select(JobAttempt.queue, JobAttempt.workflow_id, Job.queue, Job.workflow_id).join(
+                Job, Job.id == JobAttempt.job_id
+            )
+        ).all()
+    assert len(copied) == tries and all(row[:2] == row[2:] for row in copied)
     assert scraped[("conveyor_dead_letters", ())] == 1
     assert scraped[("conveyor_executions", (("status", "completed"),))] == 3
     assert scraped[("conveyor_executions", (("status", "failed"),))] == 1
