@@ -27,7 +27,7 @@ Metrics (all prefixed ``conveyor_``):
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -103,8 +103,8 @@ def take(
     database: Database, broker_url: str, limiter: Limiter | None, *, labelled: bool = True
 ) -> Snapshot:
     """The snapshot now. Not ``labelled`` (the alerts, ``conveyor stats``), the histograms are
-    only summed: ``wait_by`` and ``run_by`` stay empty, and the tries are counted by status
-    alone, which spares the scan of every try its join to the jobs and workflows."""
+    only summed: ``wait_by`` and ``run_by`` stay empty, and the tries are grouped by status
+    alone (fewer groups, no workflow names to read)."""
     now = datetime.now(UTC)
     with database.snapshot() as store:
         jobs, executions = store.job_counts(), store.execution_counts()
@@ -119,8 +119,8 @@ def take(
         jobs=jobs,
         executions=executions,
         attempts=stats.counts_of(tries),
-        wait=_summed(wait_by := _histograms(tries, "waited")),
-        run=_summed(run_by := _histograms(tries, "duration")),
+        wait=_summed((wait_by := _histograms(tries, "waited")).values()),
+        run=_summed((run_by := _histograms(tries, "duration")).values()),
         wait_by=wait_by if labelled else {},
         run_by=run_by if labelled else {},
         permits=permits,
@@ -138,9 +138,9 @@ def _histograms(tallies: stats.Tallies, column: str) -> dict[tuple[str, ...], Hi
     }
 
 
-def _summed(histograms: Mapping[tuple[str, ...], Histogram] | list[Histogram]) -> Histogram:
+def _summed(histograms: Iterable[Histogram]) -> Histogram:
     """One histogram of every label's values (what `conveyor stats` and the alerts read)."""
-    every = list(histograms.values()) if isinstance(histograms, Mapping) else histograms
+    every = list(histograms)
     return Histogram(
         buckets=[sum(h.buckets[i] for h in every) for i in range(len(BOUNDS))],
         total=sum(h.total for h in every),
@@ -270,11 +270,11 @@ def metric_families(snap: Snapshot, *, workflow_label: bool = True) -> Iterator[
         run_labels = tuple(label for label in run_labels if label != "workflow")
         runs = _folded(snap.run_by, [i for i, n in enumerate(stats.LABELS["duration"])
                                      if n in run_labels])  # fmt: skip
-    for name, doc, labels, histograms in (
+    for name, doc, label_names, histograms in (
         ("conveyor_job_wait_seconds", "Queued to started, per try.", stats.LABELS["waited"], waits),
         ("conveyor_job_run_seconds", "Started to finished, per try.", run_labels, runs),
     ):
-        family = HistogramMetricFamily(name, doc, labels=list(labels))
+        family = HistogramMetricFamily(name, doc, labels=list(label_names))
         for labels, hist in sorted(histograms.items()):
             buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
             family.add_metric(list(labels), [*buckets, ("+Inf", hist.count)], hist.total)

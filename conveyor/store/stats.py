@@ -98,8 +98,8 @@ def _tallies(rows: Sequence[Sequence[Any]], session: Session) -> dict[str, tuple
     names: dict[uuid.UUID, str] = {}
     if found:
         versions = select(WorkflowVersion.id, WorkflowVersion.name)
-        rows_of = session.execute(versions.where(WorkflowVersion.id.in_(found)))
-        names = {version: name for version, name in rows_of}
+        named = session.execute(versions.where(WorkflowVersion.id.in_(found)))
+        names = {version: name for version, name in named}
 
     def figures() -> Iterator[tuple[str, int, float]]:
         width = 2 + len(BOUNDS)  # a measured column's figures: count, sum, a count per bound
