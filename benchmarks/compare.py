@@ -363,8 +363,9 @@ WITH made AS (
     RETURNING id, created_at
 )
 INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, finished_at,
-                          duration, waited, timed_out)
-SELECT id, 1, 'succeeded', 'bench', created_at, created_at, 0.001, 0.001, false FROM jobs
+                          duration, waited, timed_out, queue, workflow_id)
+SELECT id, 1, 'succeeded', 'bench', created_at, created_at, 0.001, 0.001, false,
+       'workflow-node', :workflow FROM jobs
 """
 
 

@@ -217,6 +217,13 @@ class Settings(BaseSettings):
         default="127.0.0.1",
         description="Where the metrics listener of CONVEYOR_METRICS_PORT listens.",
     )
+    metrics_workflow_label: bool = Field(
+        default=True,
+        description="conveyor_job_run_seconds is labelled by workflow name as well as queue; "
+        "false: by queue alone. Tenants name workflows (POST /v1/workflows), so with the "
+        "label they decide how many series there are: 17 for each name that ever ran, kept "
+        "forever.",
+    )
 
     heartbeat_interval: float = Field(
         default=5.0, gt=0, description="Seconds between a running node job's heartbeats."

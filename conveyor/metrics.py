@@ -14,7 +14,8 @@ Metrics (all prefixed ``conveyor_``):
   included: ``pruned_tallies``): ``rate()`` of it is throughput, the ``failed`` share the
   error rate;
 - ``job_wait_seconds{queue}`` and ``job_run_seconds{queue,workflow}``: histograms of how
-  long tries waited in the queue (queued to started) and ran (started to finished);
+  long tries waited in the queue (queued to started) and ran (started to finished); the
+  workflow label (names tenants choose) is left out with CONVEYOR_METRICS_WORKFLOW_LABEL=false;
 - ``permits_in_use``, ``permits_limit``, ``permits_waiting`` ``{scope,name}`` (with limits),
   named as ``conveyor limits`` names them: a tenant by its name, a workflow ``tenant/workflow``;
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
@@ -26,7 +27,7 @@ Metrics (all prefixed ``conveyor_``):
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -43,7 +44,7 @@ from prometheus_client.registry import Collector
 
 from conveyor.engine.limits import KeyUsage
 from conveyor.engine.ports import Limiter
-from conveyor.engine.queues import ALL_QUEUES
+from conveyor.engine.queues import ALL_QUEUES, QUEUE_FOR_KIND
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.store import Database, stats
 from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re-exported
@@ -98,11 +99,16 @@ class Snapshot:
         return sum(n for (q, _), n in (self.queue_depth or {}).items() if queue in (None, q))
 
 
-def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapshot:
+def take(
+    database: Database, broker_url: str, limiter: Limiter | None, *, labelled: bool = True
+) -> Snapshot:
+    """The snapshot now. Not ``labelled`` (the alerts, ``conveyor stats``), the histograms are
+    only summed: ``wait_by`` and ``run_by`` stay empty, and the tries are grouped by status
+    alone (fewer groups, no workflow names to read)."""
     now = datetime.now(UTC)
     with database.snapshot() as store:
         jobs, executions = store.job_counts(), store.execution_counts()
-        tries = stats.merged(store.attempt_tallies(), store.pruned_tallies())
+        tries = stats.merged(store.attempt_tallies(labelled=labelled), store.pruned_tallies())
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
         permits = limiter.snapshot() if limiter is not None else []
@@ -113,10 +119,10 @@ def take(database: Database, broker_url: str, limiter: Limiter | None) -> Snapsh
         jobs=jobs,
         executions=executions,
         attempts=stats.counts_of(tries),
-        wait=_summed(wait_by := _histograms(tries, "waited")),
-        run=_summed(run_by := _histograms(tries, "duration")),
-        wait_by=wait_by,
-        run_by=run_by,
+        wait=_summed((wait_by := _histograms(tries, "waited")).values()),
+        run=_summed((run_by := _histograms(tries, "duration")).values()),
+        wait_by=wait_by if labelled else {},
+        run_by=run_by if labelled else {},
         permits=permits,
         schedules_late=late,
         schedule_lag=lag,
@@ -132,14 +138,24 @@ def _histograms(tallies: stats.Tallies, column: str) -> dict[tuple[str, ...], Hi
     }
 
 
-def _summed(histograms: Mapping[tuple[str, ...], Histogram]) -> Histogram:
+def _summed(histograms: Iterable[Histogram]) -> Histogram:
     """One histogram of every label's values (what `conveyor stats` and the alerts read)."""
-    every = list(histograms.values())
+    every = list(histograms)
     return Histogram(
         buckets=[sum(h.buckets[i] for h in every) for i in range(len(BOUNDS))],
         total=sum(h.total for h in every),
         count=sum(h.count for h in every),
     )
+
+
+def _folded(
+    histograms: Mapping[tuple[str, ...], Histogram], kept: list[int]
+) -> dict[tuple[str, ...], Histogram]:
+    """The histograms summed over every label but those at the ``kept`` positions."""
+    groups: dict[tuple[str, ...], list[Histogram]] = {}
+    for labels, hist in histograms.items():
+        groups.setdefault(tuple(labels[i] for i in kept), []).append(hist)
+    return {labels: _summed(every) for labels, every in groups.items()}
 
 
 def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
@@ -180,17 +196,21 @@ def broker_holds(
 
 
 class SnapshotCollector(Collector):
-    """Prometheus collector: one fresh snapshot per scrape."""
+    """Prometheus collector: one fresh snapshot per scrape (``workflow_label``: see
+    :func:`metric_families`)."""
 
-    def __init__(self, source: Callable[[], Snapshot]) -> None:
+    def __init__(self, source: Callable[[], Snapshot], *, workflow_label: bool = True) -> None:
         self.source = source
+        self.workflow_label = workflow_label
 
     def collect(self) -> Iterator[Metric]:
-        yield from metric_families(self.source())
+        yield from metric_families(self.source(), workflow_label=self.workflow_label)
 
 
-# The kinds of job the jobs table holds (a webhook delivery has a table of its own).
+# The kinds of job the jobs table holds (a webhook delivery has a table of its own), and the
+# queues of their tries: no job of workflow-scheduled or workflow-webhook ever makes one.
 _JOB_KINDS = (JobKind.EXECUTION, JobKind.NODE)
+_TRIED_QUEUES = tuple(QUEUE_FOR_KIND[kind] for kind in _JOB_KINDS)
 
 
 @cache
@@ -203,7 +223,9 @@ def build_info() -> dict[str, str]:
     return {"version": version, "python": platform.python_version()}
 
 
-def metric_families(snap: Snapshot) -> Iterator[Metric]:
+def metric_families(snap: Snapshot, *, workflow_label: bool = True) -> Iterator[Metric]:
+    """The snapshot as Prometheus metrics; without ``workflow_label``
+    (CONVEYOR_METRICS_WORKFLOW_LABEL=false), the run histogram by queue alone."""
     info = build_info()
     build = GaugeMetricFamily(
         "conveyor_build_info", "Always 1: the versions serving these metrics.", labels=list(info)
@@ -238,15 +260,21 @@ def metric_families(snap: Snapshot) -> Iterator[Metric]:
     for status in sorted({s.value for s in AttemptStatus} | snap.attempts.keys()):
         tries.add_metric([status], snap.attempts.get(status, 0))
     yield tries
-    # every queue's wait is shown, empty when none of its tries is left or counted
+    # the wait of every queue whose jobs make tries is shown, empty when none is left or counted
     empty = Histogram(buckets=[0] * len(BOUNDS), total=0.0, count=0)
-    waits: dict[tuple[str, ...], Histogram] = {(queue,): empty for queue in ALL_QUEUES}
+    waits: dict[tuple[str, ...], Histogram] = {(queue,): empty for queue in _TRIED_QUEUES}
     waits.update(snap.wait_by)
-    for name, doc, column, histograms in (
-        ("conveyor_job_wait_seconds", "Queued to started, per try.", "waited", waits),
-        ("conveyor_job_run_seconds", "Started to finished, per try.", "duration", snap.run_by),
+    run_labels = stats.LABELS["duration"]
+    runs: Mapping[tuple[str, ...], Histogram] = snap.run_by
+    if not workflow_label:
+        run_labels = tuple(label for label in run_labels if label != "workflow")
+        runs = _folded(snap.run_by, [i for i, n in enumerate(stats.LABELS["duration"])
+                                     if n in run_labels])  # fmt: skip
+    for name, doc, label_names, histograms in (
+        ("conveyor_job_wait_seconds", "Queued to started, per try.", stats.LABELS["waited"], waits),
+        ("conveyor_job_run_seconds", "Started to finished, per try.", run_labels, runs),
     ):
-        family = HistogramMetricFamily(name, doc, labels=list(stats.LABELS[column]))
+        family = HistogramMetricFamily(name, doc, labels=list(label_names))
         for labels, hist in sorted(histograms.items()):
             buckets = [(str(b), n) for b, n in zip(BOUNDS, hist.buckets, strict=True)]
             family.add_metric(list(labels), [*buckets, ("+Inf", hist.count)], hist.total)

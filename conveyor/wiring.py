@@ -154,7 +154,7 @@ def alerter(service: Conveyor) -> Alerter:
     )
     return Alerter(
         service.db,
-        lambda: metrics.take(service.db, settings.resolved_broker_url, limiter),
+        lambda: metrics.take(service.db, settings.resolved_broker_url, limiter, labelled=False),
         thresholds,
         interval=settings.alert_interval,
         webhook_url=settings.alert_webhook_url,

@@ -109,7 +109,12 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
     app.add_exception_handler(OperationalError, _unavailable)  # type: ignore[arg-type]
     app.add_exception_handler(IntegrityError, _conflict)  # type: ignore[arg-type]
 
-    registry.register(metrics.SnapshotCollector(lambda: _snapshot(app.state.service)))
+    registry.register(
+        metrics.SnapshotCollector(
+            lambda: _snapshot(app.state.service),
+            workflow_label=settings.metrics_workflow_label,
+        )
+    )
     generated = app.openapi
 
     def openapi() -> dict[str, Any]:

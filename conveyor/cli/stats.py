@@ -17,7 +17,8 @@ from conveyor.config import get_settings
 
 
 def _take() -> metrics.Snapshot:
-    return metrics.take(wiring.database(), get_settings().resolved_broker_url, wiring.limiter())
+    database, broker_url = wiring.database(), get_settings().resolved_broker_url
+    return metrics.take(database, broker_url, wiring.limiter(), labelled=False)
 
 
 def stats(

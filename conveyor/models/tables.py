@@ -108,7 +108,7 @@ class WebhookDelivery(Base):
     status: Mapped[DeliveryStatus] = mapped_column(_enum(DeliveryStatus, "delivery_status"))
     executions: Mapped[int] = mapped_column(Integer, default=0)
     # The executions it started, as a repeat is answered; NULL for a delivery handled before
-    # revision 0012 recorded them.
+    # revision 0014 recorded them.
     execution_ids: Mapped[list[str] | None] = mapped_column(JsonType, nullable=True)
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     processed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -375,6 +375,11 @@ class JobAttempt(Base):
     # Seconds from when the job was (last) queued to when this try started.
     waited: Mapped[float | None] = mapped_column(Float, nullable=True)
     timed_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The job's queue and workflow version, copied by the claim that starts the try, so that
+    # the metrics add tries up by them without joining each to its job (store.stats). No
+    # foreign key: checking one would cost every claim a lookup. NULL: never, since 0015.
+    queue: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    workflow_id: Mapped[uuid.UUID | None] = mapped_column(nullable=True)
 
 
 class AlertState(Base):
@@ -405,7 +410,7 @@ class PrunedTally(Base):
     ``attempts:<status>`` (a count), ``waited`` and ``duration`` (the count and sum of the
     values), ``waited<=<bound>`` and ``duration<=<bound>`` (a histogram's cumulative count),
     each of the last four followed by its labels' values (``|<queue>`` for ``waited``,
-    ``|<queue>|<workflow>`` for ``duration``; none in rows from before schema 0012)."""
+    ``|<queue>|<workflow>`` for ``duration``; none in rows from before schema 0013)."""
 
     __tablename__ = "pruned_tallies"
 

@@ -188,6 +188,8 @@ class JobQueries(StoreCore):
                 worker=worker,
                 started_at=now,
                 waited=max(0.0, waited) if waited is not None else None,
+                queue=job.queue,
+                workflow_id=job.workflow_id,
             )
         )
 

@@ -180,10 +180,10 @@ WITH job AS (
     SELECT executions.* FROM executions JOIN job ON executions.id = job.execution_id
 ), attempt AS (
     INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, waited,
-                              timed_out)
+                              timed_out, queue, workflow_id)
     SELECT job.id, job.tries_before + job.retry_count + 1, 'running', :worker, :now,
            greatest(0, extract(epoch FROM (CAST(:now AS timestamptz) - job.enqueued_at))),
-           false
+           false, job.queue, job.workflow_id
     FROM job, ex WHERE ex.status IN ('pending', 'running')
 ), node AS (
     UPDATE node_states SET status = 'running',

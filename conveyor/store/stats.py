@@ -11,7 +11,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Select, bindparam, func, select, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Select,
+    bindparam,
+    func,
+    null,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from conveyor.engine.states import AttemptStatus
@@ -40,7 +49,7 @@ Labelled = dict[tuple[str, ...], tuple[list[int], float, int]]
 def tally_name(column: str, bound: float | None = None, labels: Sequence[str] = ()) -> str:
     """The ``pruned_tallies`` row of a histogram: its count and sum, or a bucket's count, for
     one value of each of its labels (``duration<=0.5|workflow-node|orders``). Queue and
-    workflow names never hold a ``|``. Rows written before the labels (schema 0012) have
+    workflow names never hold a ``|``. Rows written before the labels (schema 0013) have
     none: they count under empty labels."""
     name = column if bound is None else f"{column}<={bound!r}"
     return "|".join((name, *labels))
@@ -57,39 +66,47 @@ def tally_of(session: Session, execution_ids: Sequence[uuid.UUID]) -> dict[str, 
     doomed: BindParameter[list[uuid.UUID]] = bindparam(
         "doomed", list(execution_ids), expanding=True, literal_execute=True
     )
-    rows = session.execute(_tallying(Job.execution_id.in_(doomed))).all()
-    return _tallies([row for row in rows if row[0] is not AttemptStatus.RUNNING])
+    tallying = _tallying(Job.execution_id.in_(doomed))
+    rows = session.execute(tallying.join_from(JobAttempt, Job, Job.id == JobAttempt.job_id)).all()
+    return _tallies([row for row in rows if row[0] is not AttemptStatus.RUNNING], session)
 
 
-def _tallying(*where: ColumnElement[bool]) -> Select[Any]:
-    """The tries (those ``where`` says) added up by status, queue and workflow in one scan
-    (joined to their jobs and workflow versions, for the labels): their number, and for
-    each measured column the count and sum of its values and a count per bound. (A CASE
-    giving each value its bucket, grouped by, was tried: it sorts the rows by bucket, and read
-    1,000,000 tries of spread values in 0.95 s, where counts per bound take 0.74 to 0.82.)"""
+def _tallying(*where: ColumnElement[bool], labelled: bool = True) -> Select[Any]:
+    """The tries (those ``where`` says) added up by status, queue and workflow version in one
+    scan of ``job_attempts`` alone (the claim copies the job's queue and workflow into the
+    try's row: grouping by them costs no join; by status alone if not ``labelled``): their
+    number, and for each measured column the count and sum of its values and a count per
+    bound. (A CASE giving each value its bucket, grouped by, was tried: it sorts the rows by
+    bucket, and read 1,000,000 tries of spread values in 0.95 s, where counts per bound take
+    0.74 to 0.82.)"""
     columns: list[ColumnElement[Any]] = []
     for name in MEASURED:
         value: ColumnElement[float] = getattr(JobAttempt, name)
         columns += [func.count(value), func.coalesce(func.sum(value), 0.0)]
         columns += [func.count().filter(value <= bound) for bound in BOUNDS]
-    return (
-        select(JobAttempt.status, Job.queue, WorkflowVersion.name, func.count(), *columns)
-        .select_from(JobAttempt)
-        .join(Job, Job.id == JobAttempt.job_id)
-        .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
-        .where(*where)
-        .group_by(JobAttempt.status, Job.queue, WorkflowVersion.name)
-    )
+    if not labelled:
+        unlabelled = (JobAttempt.status, null(), null())
+        return select(*unlabelled, func.count(), *columns).where(*where).group_by(JobAttempt.status)
+    by = (JobAttempt.status, JobAttempt.queue, JobAttempt.workflow_id)
+    return select(*by, func.count(), *columns).where(*where).group_by(*by)
 
 
-def _tallies(rows: Sequence[Sequence[Any]]) -> dict[str, tuple[int, float]]:
-    """:func:`_tallying`'s rows as ``pruned_tallies`` rows."""
+def _tallies(rows: Sequence[Sequence[Any]], session: Session) -> dict[str, tuple[int, float]]:
+    """:func:`_tallying`'s rows as ``pruned_tallies`` rows: each workflow version by its
+    workflow's name, read from ``workflows`` (the versions the rows name, a few)."""
+    found = {row[2] for row in rows if row[2] is not None}
+    names: dict[uuid.UUID, str] = {}
+    if found:
+        versions = select(WorkflowVersion.id, WorkflowVersion.name)
+        named = session.execute(versions.where(WorkflowVersion.id.in_(found)))
+        names = {version: name for version, name in named}
 
     def figures() -> Iterator[tuple[str, int, float]]:
         width = 2 + len(BOUNDS)  # a measured column's figures: count, sum, a count per bound
-        for status, queue, workflow, tries, *row in rows:
+        for status, queue, version, tries, *row in rows:
             yield f"attempts:{status.value}", tries, 0.0
-            values = {"queue": queue, "workflow": workflow}
+            workflow = names.get(version, "") if version is not None else ""
+            values = {"queue": queue or "", "workflow": workflow}
             for i, name in enumerate(MEASURED):
                 labels = [values[label] for label in LABELS[name]]
                 count, total, *buckets = row[i * width : (i + 1) * width]
@@ -180,10 +197,12 @@ class StatsQueries:
         ).all()
         return {status.value: n for status, n in rows}
 
-    def attempt_tallies(self) -> dict[str, tuple[int, float]]:
+    def attempt_tallies(self, *, labelled: bool = True) -> dict[str, tuple[int, float]]:
         """Every try in ``job_attempts``, added up as the pruned ones are (one scan): with
-        :meth:`pruned_tallies`, the tries ever made (:func:`merged`)."""
-        return _tallies(self.session.execute(_tallying()).all())
+        :meth:`pruned_tallies`, the tries ever made (:func:`merged`). Not ``labelled``, the
+        histograms' rows have empty labels, and the scan needs no join (the alerts and
+        ``conveyor stats`` read only the histograms summed over their labels)."""
+        return _tallies(self.session.execute(_tallying(labelled=labelled)).all(), self.session)
 
     def pruned_tallies(self) -> dict[str, tuple[int, float]]:
         """What the retention sweep deleted, added up (see :class:`PrunedTally`)."""

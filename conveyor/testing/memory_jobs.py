@@ -118,6 +118,7 @@ class MemoryJobs(MemoryExecutions):
         self.tables.attempts[job.id, job.try_number] = AttemptRow(
             job_id=job.id, attempt_number=job.try_number, status=AttemptStatus.RUNNING,
             worker=worker, started_at=now, waited=max(0.0, waited) if waited is not None else None,
+            queue=job.queue, workflow_id=job.workflow_id,
         )  # fmt: skip
 
     def finish_attempt(

@@ -160,6 +160,8 @@ class AttemptRow:
     duration: float | None = None
     waited: float | None = None
     timed_out: bool = False
+    queue: str | None = None  # the job's, as the claim copies them
+    workflow_id: uuid.UUID | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,12 +17,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select, text, update
 
+from conveyor import metrics, wiring
+from conveyor.api.app import create_app
+from conveyor.config import Settings
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job, JobAttempt
 from conveyor.service import Conveyor, utcnow
 from conveyor.store import Database
-from tests.integration.conftest import SCRAPER
+from tests.integration.conftest import METRICS_TOKEN, SCRAPER, served
 from tests.support.services import wait_for
 
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]
@@ -77,6 +80,13 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
         tries = store.session.scalar(select(func.count()).select_from(JobAttempt))
         failed = store.session.scalar(select(func.count()).where(JobAttempt.status == "failed"))
         node_jobs = store.session.scalar(select(func.count()).where(Job.kind == "node"))
+        # the claim copied each try's job's queue and workflow version (the scrape groups by them)
+        copied = store.session.execute(
+            select(JobAttempt.queue, JobAttempt.workflow_id, Job.queue, Job.workflow_id).join(
+                Job, Job.id == JobAttempt.job_id
+            )
+        ).all()
+    assert len(copied) == tries and all(row[:2] == row[2:] for row in copied)
     assert scraped[("conveyor_dead_letters", ())] == 1
     assert scraped[("conveyor_executions", (("status", "completed"),))] == 3
     assert scraped[("conveyor_executions", (("status", "failed"),))] == 1
@@ -85,6 +95,8 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     node = ("queue", "workflow-node")
     assert scraped[("conveyor_job_wait_seconds_count", (node,))] == tries
     assert scraped[("conveyor_job_wait_seconds_count", (("queue", "workflow-execution"),))] == 0
+    for never in ("workflow-scheduled", "workflow-webhook"):  # their jobs make no tries
+        assert ("conveyor_job_wait_seconds_count", (("queue", never),)) not in scraped
     assert scraped[("conveyor_job_run_seconds_count", (node, ("workflow", "good")))] == 3
     assert scraped[("conveyor_job_run_seconds_count", (node, ("workflow", "bad")))] == 2
     assert sum(v for (name, _), v in scraped.items()
@@ -107,6 +119,23 @@ def test_the_metrics_parse_and_match_the_database(conveyor_service: Conveyor, ap
     (build,) = [labels for (name, labels), _ in scraped.items() if name == "conveyor_build_info"]
     assert dict(build) == {"version": metadata.version("conveyor"),
                            "python": platform.python_version()}  # fmt: skip
+
+
+def test_without_the_workflow_label_the_run_histogram_is_by_queue_alone(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given tries of two workflows, and an API told not to label by workflow name
+    run_some(conveyor_service)
+    settings = Settings(metrics_token=METRICS_TOKEN, metrics_workflow_label=False)
+
+    with served(create_app(conveyor_service, settings)) as url:
+        scraped = samples(httpx.get(f"{url}/metrics", headers=SCRAPER, timeout=30).text)
+
+    # Then the run histogram has a series per queue, none per workflow (tenants name those)
+    runs = [labels for (name, labels), _ in scraped.items()
+            if name == "conveyor_job_run_seconds_count"]  # fmt: skip
+    assert runs == [(("queue", "workflow-node"),)]
+    assert scraped[("conveyor_job_run_seconds_count", (("queue", "workflow-node"),))] == 5
 
 
 def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_them(
@@ -143,6 +172,21 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     def prune() -> int:
         return conveyor_service.prune(timedelta(days=14), batch=2)
 
+    def summed_alike() -> None:
+        """The snapshot the alerts and `conveyor stats` read (by status alone, no join) has
+        the totals of the labelled one the scrape reads, the pruned tallies' included."""
+        labelled = metrics.take(conveyor_service.db, "", None)
+        alone = metrics.take(conveyor_service.db, "", None, labelled=False)
+        assert (alone.wait_by, alone.run_by) == ({}, {})
+        assert labelled.run_by  # the scrape's
+        alerts = wiring.alerter(conveyor_service).snapshot()
+        assert (alerts.wait_by, alerts.run_by) == ({}, {})
+        for snap in (alone, alerts):
+            assert snap.attempts == labelled.attempts
+            for mine, theirs in ((snap.wait, labelled.wait), (snap.run, labelled.run)):
+                assert (mine.buckets, mine.count) == (theirs.buckets, theirs.count)
+                assert mine.total == pytest.approx(theirs.total)  # added in another order
+
     run_and_age()
     before = counted()
     assert before["conveyor_attempts_total{'status': 'failed'}"] == 3
@@ -151,6 +195,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     assert before["conveyor_job_wait_seconds_bucket{'le': '0.025'}"] == 7
     assert before["conveyor_job_run_seconds_bucket{'le': '5.0'}"] == 0
     assert before["conveyor_job_run_seconds_bucket{'le': '10.0'}"] == 7
+    summed_alike()
 
     # When every execution is pruned, a batch of two at a time, save the dead-lettered one's
     assert prune() == 4
@@ -160,6 +205,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
         left = store.session.scalar(select(func.count()).select_from(JobAttempt))
     assert left == 2  # the dead letter's two tries: its execution is kept
     assert counted() == pytest.approx(before)  # the sums added in another order
+    summed_alike()
 
     # And tries made and pruned later add to them (the tallies' rows updated, not inserted)
     run_and_age()
@@ -170,6 +216,7 @@ def test_the_tries_counted_ever_do_not_go_down_when_the_retention_sweep_deletes_
     assert again["conveyor_job_run_seconds_sum{}"] == pytest.approx(14 * 7.0)
     assert prune() == 4
     assert counted() == pytest.approx(again)
+    summed_alike()
 
 
 def test_the_metrics_are_read_in_one_snapshot_and_the_connection_is_reset_after(

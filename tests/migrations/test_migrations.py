@@ -131,3 +131,72 @@ def test_db_upgrade_says_what_it_did_to_a_fresh_then_current_then_older_database
     assert f"up to date at revision {head}, nothing to do" in again.stdout
     assert f"upgraded from revision 0009 to {head}" in caught_up.stdout
     assert postgres_url.rsplit("/", 1)[1] in created.stdout  # which database
+
+
+def test_downgrading_past_0013_folds_the_labelled_tallies_into_unlabelled_ones(
+    empty_database: str,
+) -> None:
+    # Given tallies at 0013, labelled by queue (and workflow) and from before the labels
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0013")
+    rows = [("attempts:failed", 3, 0.0), ("waited", 2, 0.5), ("waited|workflow-node", 4, 1.5),
+            ("waited|workflow-execution", 1, 0.25), ("waited<=0.5|workflow-node", 4, 0.0),
+            ("waited<=0.5", 2, 0.0), ("duration|workflow-node|orders", 5, 10.0),
+            ("duration|workflow-node|billing", 6, 2.0)]  # fmt: skip
+    engine = make_engine(empty_database)
+    with engine.begin() as conn:
+        for what, count, total in rows:
+            conn.exec_driver_sql(
+                "INSERT INTO pruned_tallies (what, count, total) VALUES "
+                f"('{what}', {count}, {total})"
+            )
+    engine.dispose()
+
+    # When the schema goes back to 0012, whose rows have no labels
+    command.downgrade(config, "0012")
+
+    # Then each figure is the sum of its labelled rows
+    engine = make_engine(empty_database)
+    with engine.connect() as conn:
+        kept = {what: (count, total) for what, count, total in conn.exec_driver_sql(
+            "SELECT what, count, total FROM pruned_tallies")}  # fmt: skip
+    engine.dispose()
+    assert kept == {
+        "attempts:failed": (3, 0.0),
+        "waited": (7, 2.25),
+        "waited<=0.5": (6, 0.0),
+        "duration": (11, 12.0),
+    }
+
+
+def test_upgrading_to_0015_copies_each_try_s_queue_and_workflow_from_its_job(
+    empty_database: str,
+) -> None:
+    # Given a try at 0014, whose row names only its job
+    config = alembic_config(empty_database)
+    command.upgrade(config, "0014")
+    engine = make_engine(empty_database)
+    ids = {key: f"00000000-0000-0000-0000-00000000000{n}" for n, key in enumerate("twej", 1)}
+    if not empty_database.startswith("postgresql"):  # SQLite stores a Uuid as 32 hex digits
+        ids = {k: v.replace("-", "") for k, v in ids.items()}
+    rows = [statement.replace("'t1'", f"'{ids['t']}'").replace("'w1'", f"'{ids['w']}'")
+            .replace("'e1'", f"'{ids['e']}'").replace("'j1'", f"'{ids['j']}'")
+            for statement in ROWS_AT_0002]  # fmt: skip
+    with engine.begin() as conn:
+        for statement in rows:
+            conn.exec_driver_sql(statement)
+        conn.exec_driver_sql(
+            "INSERT INTO job_attempts (job_id, attempt_number, status, started_at, timed_out) "
+            f"VALUES ('{ids['j']}', 1, 'running', '2026-01-01', false)"
+        )
+    engine.dispose()
+
+    # When it is upgraded
+    command.upgrade(config, "0015")
+
+    # Then the try names its job's queue and workflow version (what the metrics group by)
+    engine = make_engine(empty_database)
+    with engine.connect() as conn:
+        found = conn.exec_driver_sql("SELECT queue, workflow_id FROM job_attempts").one()
+    engine.dispose()
+    assert (found[0], str(found[1]).replace("-", "")) == ("q", ids["w"].replace("-", ""))

@@ -80,6 +80,12 @@ def test_compose_starts_conveyor_services_after_migrate_completes() -> None:
         assert service["depends_on"]["redis"] == {"condition": "service_healthy"}, name
 
 
+def test_compose_checks_that_the_api_is_ready_not_only_alive() -> None:
+    # a healthy API can serve: /ready checks the database, the broker and Redis
+    check = compose()["api"]["healthcheck"]["test"]
+    assert "http://127.0.0.1:8000/ready" in check[-1], check
+
+
 def test_compose_beat_checks_the_heartbeat_it_writes() -> None:
     beat = compose()["beat"]
     assert beat["environment"]["CONVEYOR_BEAT_HEARTBEAT_FILE"]

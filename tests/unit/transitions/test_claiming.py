@@ -23,6 +23,9 @@ def test_a_claim_starts_the_try_and_gives_the_node_its_needs_outputs(bench: Benc
     assert (attempt.attempt_number, attempt.status, attempt.worker) == (
         1, AttemptStatus.RUNNING, "tester",
     )  # fmt: skip
+    # the job's queue and workflow version, which the metrics group tries by
+    assert (attempt.queue, attempt.workflow_id) == (run.job.queue, run.job.workflow_id)
+    assert attempt.queue == "workflow-node"
     assert bench.probe.nodes(made.execution_id)["b"].status is NodeStatus.RUNNING
 
 
