@@ -4,10 +4,18 @@ from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
 from conveyor.engine.node_types import NodeContext
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.enqueue import enqueue
-from conveyor.exceptions import ConveyorError, DefinitionError, NodeError, NonRetryableError
+from conveyor.exceptions import (
+    CancelExecution,
+    ConveyorError,
+    DefinitionError,
+    NodeError,
+    NonRetryableError,
+    Snooze,
+)
 from conveyor.nodes import node
 
 __all__ = [
+    "CancelExecution",
     "ConveyorError",
     "Defaults",
     "DefinitionError",
@@ -20,6 +28,7 @@ __all__ = [
     "NonRetryableError",
     "Priority",
     "RetryPolicy",
+    "Snooze",
     "Workflow",
     "enqueue",
     "node",

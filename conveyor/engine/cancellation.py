@@ -14,9 +14,12 @@ from conveyor.exceptions import (
 )
 
 
-def cancel_execution(store: Store, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-    """Cancel pending nodes now; running nodes see the status and are asked to stop. Returns
-    the node jobs cancelled before they ran (the limiter forgets them)."""
+def cancel_execution(
+    store: Store, execution_id: uuid.UUID, now: datetime, *, reason: str = "cancelled by request"
+) -> list[uuid.UUID]:
+    """Cancel pending nodes now; running nodes see the status and are asked to stop;
+    ``reason`` is the execution's error. Returns the node jobs cancelled before they ran (the
+    limiter forgets them)."""
     status = store.execution(execution_id).status
     if status.finished:
         raise InvalidTransition(
@@ -25,7 +28,7 @@ def cancel_execution(store: Store, execution_id: uuid.UUID, now: datetime) -> li
         )
     cancelled = store.cancel_unstarted(execution_id, now)
     if not store.finish_execution(
-        execution_id, ExecutionStatus.CANCELLED, now, error="cancelled by request"
+        execution_id, ExecutionStatus.CANCELLED, now, error=reason
     ):  # it finished meanwhile; raising rolls back the cancellations above
         raise InvalidTransition(f"execution {execution_id} finished before it could be cancelled")
     return cancelled

@@ -71,6 +71,8 @@ class AttemptStatus(StrEnum):
     RUNNING = "running"  # the try has started and not reported
     SUCCEEDED = "succeeded"  # the try returned a result
     FAILED = "failed"  # the try raised, timed out or was abandoned
+    SNOOZED = "snoozed"  # the node asked to run again later (Snooze): no attempt spent
+    CANCELLED = "cancelled"  # the node cancelled its execution (CancelExecution)
 
 
 class Priority(StrEnum):

@@ -16,6 +16,7 @@ from conveyor.batches import Member, run_batch
 from conveyor.engine import (
     claiming,
     failure,
+    outcomes,
     subscriptions,
     success,
     triggering,
@@ -24,8 +25,11 @@ from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
+    CancelExecution,
+    LimitError,
     NodeCancelled,
     NonRetryableError,
+    Snooze,
 )
 from conveyor.nodes import NodeContext
 from conveyor.service.base import ServiceBase, log, utcnow
@@ -45,6 +49,13 @@ def _log_failure(
     job_log: Any, failed: failure.Failed, error: BaseException, duration: float
 ) -> None:
     """A failed try, at the level its outcome deserves."""
+    if failed.snoozed:
+        tracing.outcome("snoozed")
+        job_log.info(
+            "snoozed", snooze_for=round(failed.retry_in or 0.0, 3), duration=round(duration, 3),
+            reason=logs.short(getattr(error, "reason", "")),
+        )  # fmt: skip
+        return
     tracing.outcome(_OUTCOMES.get(failed.outcome, "reclaimed"), error)
     fields = {"duration": round(duration, 3), "error": logs.short(failure.describe(error))}
     if failed.outcome is JobStatus.RETRY_WAIT:
@@ -70,6 +81,8 @@ class Ran:
     node: str = ""
     error: str = ""  # the node's, when its try failed (cut at logs.ERROR_CHARS)
     retry_in: float | None = None
+    snoozed: bool = False  # retry_wait because the node snoozed: no attempt spent
+    by_node: bool = False  # cancelled because the node cancelled its execution
 
     @property
     def name(self) -> str:
@@ -96,6 +109,7 @@ def _failed(ran: Ran, failed: failure.Failed, error: BaseException) -> Ran:
         reclaimed=failed.outcome is None,
         error=logs.short(failure.describe(error)),  # cut as the logs cut it
         retry_in=failed.retry_in,
+        snoozed=failed.snoozed,
     )
 
 
@@ -206,6 +220,12 @@ class Workers(ServiceBase):
         started = time.monotonic()
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
+        except (Snooze, CancelExecution) as exc:  # an outcome the node chose
+            duration = time.monotonic() - started
+            failed = self._record_choice(run, exc, duration)
+            _log_failure(job_log, failed, exc, duration)
+            dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
+            ran = replace(ran, by_node=isinstance(exc, CancelExecution))
         except Exception as exc:
             duration = time.monotonic() - started
             failed = self._record_failure(run, exc, duration)
@@ -278,3 +298,22 @@ class Workers(ServiceBase):
         return self.db.run(
             lambda s: failure.fail_node(s, run, error, utcnow(), duration, self._rng)
         )
+
+    def _record_choice(
+        self, run: claiming.NodeRun, choice: Snooze | CancelExecution, duration: float
+    ) -> failure.Failed:
+        """Record a snooze, or the node's cancel of its execution (the limiter forgets the
+        jobs that cancel took before they ran)."""
+        if isinstance(choice, Snooze):
+            return self.db.run(lambda s: outcomes.snooze_node(s, run, choice, utcnow(), duration))
+        failed = self.db.run(
+            lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration)
+        )
+        if self.gate is not None and failed.forget:
+            try:
+                self.gate.forget(list(failed.forget))
+            except LimitError:  # they are dropped when their turn comes instead
+                log.warning(
+                    "could not tell the limiter about %d cancelled jobs", len(failed.forget)
+                )
+        return failed
