@@ -1,0 +1,87 @@
+"""Issue 27, items 1 and 5, on real ``celery worker`` processes: a node snoozes while its input
+is not ready (no attempt spent), and a node ends itself cancelled. One worker set runs both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import Popen
+
+from conveyor import views
+from conveyor.engine.states import ExecutionStatus, JobStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.service import Conveyor
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ROOT, await_ready
+from tests.support.services import effects, wait_for
+
+
+def _python(node_id: str, function: str, needs: list[str], **inputs: object) -> dict:
+    return {"id": node_id, "type": "python", "config": {"function": function},
+            "needs": needs, "inputs": inputs}  # fmt: skip
+
+
+def test_a_node_snoozes_without_spending_attempts_and_a_node_cancels_its_execution(
+    client: Conveyor, start_worker: Callable[..., Popen[str]], acceptance_env: dict[str, str]
+) -> None:
+    await_ready(
+        start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
+        start_worker("workflow-node", concurrency=2, name="node", wait=False),
+    )
+    once = {"retry": {"max_attempts": 1}}
+
+    # Given a node whose input is not ready for its first five tries, with one attempt only
+    client.apply(parse_workflow({
+        "name": "ledger", "defaults": once,
+        "nodes": [_python("post", "test.snooze", [], times=5, seconds=0.2),
+                  _python("after", "test.add", ["post"], a="{{ nodes.post.tries }}", b=0)],
+    }))  # fmt: skip
+    # And a node that finds its document deleted, before a node that must not run
+    client.apply(parse_workflow({
+        "name": "export", "defaults": once,
+        "nodes": [_python("render", "test.cancel", [], reason="the document was deleted"),
+                  _python("upload", "test.add", ["render"], a=1, b=1)],
+    }))  # fmt: skip
+
+    snoozing = client.trigger("ledger", {})
+    cancelling = client.trigger("export", {})
+
+    # Then the snoozing node ran six times on its one attempt, and succeeded
+    row = wait_for(client, snoozing, timeout=60)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert row.output == {"after": {"sum": 6}}
+    with client.db.transaction() as store:
+        view = views.execution_view(store, snoozing)
+    post = next(n for n in view["nodes"] if n["id"] == "post")
+    assert (post["attempts"], post["snoozes"], post["error"]) == (1, 5, None)
+    (job,) = [j for j in view["jobs"] if j["node"] == "post"]
+    assert [a["status"] for a in job["attempts"]] == ["snoozed"] * 5 + ["succeeded"]
+    assert job["attempts"][0]["error"] == "not ready yet (1 of 5)"
+    assert job["last_error"] is None
+    tries = [e["attempt"] for e in effects(ACCEPTANCE_DB_URL) if e["node_id"] == "post"]
+    assert tries == [1] * 6  # ctx.attempt never moved
+
+    # And the cancelling node ended itself and its execution cancelled, nothing dead-lettered
+    row = wait_for(client, cancelling, timeout=60)
+    reason = "cancelled by node 'render': the document was deleted"
+    assert (row.status, row.error) == (ExecutionStatus.CANCELLED, reason)
+    with client.db.transaction() as store:
+        view = views.execution_view(store, cancelling)
+        jobs = {j.node_id: j for j, _ in store.execution_jobs(cancelling)}
+    assert {n["id"]: (n["status"], n["error"]) for n in view["nodes"]} == {
+        "render": ("cancelled", reason), "upload": ("cancelled", None),
+    }  # fmt: skip
+    assert jobs["render"].status is JobStatus.CANCELLED
+    assert not [j for j in jobs.values() if j.status is JobStatus.DEAD_LETTER]
+    assert [e["node_id"] for e in effects(ACCEPTANCE_DB_URL)].count("upload") == 0
+
+    # And `conveyor executions show` says so
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "conveyor"), "executions", "show", str(cancelling)],
+        cwd=ROOT, env={**os.environ, **acceptance_env}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "the document was deleted" in shown.stdout
