@@ -10,6 +10,7 @@ from conveyor.exceptions import (
     DefinitionError,
     NodeError,
     NonRetryableError,
+    Skip,
     Snooze,
 )
 from conveyor.nodes import node
@@ -28,6 +29,7 @@ __all__ = [
     "NonRetryableError",
     "Priority",
     "RetryPolicy",
+    "Skip",
     "Snooze",
     "Workflow",
     "enqueue",

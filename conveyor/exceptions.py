@@ -202,6 +202,17 @@ class CancelExecution(ConveyorError):
         super().__init__(reason or None)
 
 
+class Skip(ConveyorError):
+    """The node had nothing to do."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        """Raise it from a node to end the node ``skipped``, as a branch not taken is: its
+        successors run unless all their needs were skipped; ``reason`` is recorded with the
+        try."""
+        self.reason = reason or ""
+        super().__init__(reason or None)
+
+
 class UnknownFunction(NodeError):
     """The python node names a function that is not registered in this worker."""
 

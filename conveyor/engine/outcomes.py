@@ -1,5 +1,5 @@
-"""Outcomes a node chooses for itself: snooze (run again later, no attempt spent) and
-cancel its execution. Neither is a failure: neither lands in the error history."""
+"""Outcomes a node chooses for itself: snooze (run again later, no attempt spent), skip, and
+cancel its execution. None is a failure: none lands in the error history."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from conveyor.engine.cancellation import cancel_execution
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
-from conveyor.engine.settling import outcome_status
+from conveyor.engine.settling import outcome_status, settle
 from conveyor.engine.states import AttemptStatus, JobStatus, NodeStatus
-from conveyor.exceptions import CancelExecution, NonRetryableError, Snooze
+from conveyor.exceptions import CancelExecution, NonRetryableError, Skip, Snooze
 
 
 def snooze_node(
@@ -67,3 +67,23 @@ def cancel_from_node(
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
     forget = cancel_execution(store, execution_id, now, reason=reason)
     return Failed(dispatches=[], outcome=JobStatus.CANCELLED, forget=tuple(forget))
+
+
+def skip_node(store: Store, run: NodeRun, skip: Skip, now: datetime, duration: float) -> Failed:
+    """The node ends ``skipped``, as a branch not taken does, and settles: its successors run
+    unless all their needs were skipped (:func:`~conveyor.engine.settling.settle`). Once its
+    execution has finished, the node is cancelled as any try that ends then is."""
+    job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    status = outcome_status(store, execution_id)
+    if status is None or status.finished:
+        return fail_node(store, run, skip, now, duration)
+    store.finish_attempt(
+        job.id, job.try_number, AttemptStatus.SKIPPED, now, duration, error=skip.reason or None
+    )
+    if not store.transition_job(
+        job.id, JobStatus.PROCESSING, JobStatus.COMPLETED, try_number=job.try_number,
+        completed_at=now,
+    ):  # fmt: skip
+        return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
+    store.set_node(execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
+    return Failed(dispatches=settle(store, run, now), outcome=JobStatus.COMPLETED, skipped=True)

@@ -73,6 +73,7 @@ class AttemptStatus(StrEnum):
     FAILED = "failed"  # the try raised, timed out or was abandoned
     SNOOZED = "snoozed"  # the node asked to run again later (Snooze): no attempt spent
     CANCELLED = "cancelled"  # the node cancelled its execution (CancelExecution)
+    SKIPPED = "skipped"  # the node ended itself skipped (Skip)
 
 
 class Priority(StrEnum):

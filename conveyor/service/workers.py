@@ -29,6 +29,7 @@ from conveyor.exceptions import (
     LimitError,
     NodeCancelled,
     NonRetryableError,
+    Skip,
     Snooze,
 )
 from conveyor.nodes import NodeContext
@@ -49,6 +50,13 @@ def _log_failure(
     job_log: Any, failed: failure.Failed, error: BaseException, duration: float
 ) -> None:
     """A failed try, at the level its outcome deserves."""
+    if failed.skipped:
+        tracing.outcome("skipped")
+        job_log.info(
+            "job skipped", duration=round(duration, 3),
+            reason=logs.short(getattr(error, "reason", "")),
+        )  # fmt: skip
+        return
     if failed.snoozed:
         tracing.outcome("snoozed")
         job_log.info(
@@ -82,7 +90,7 @@ class Ran:
     error: str = ""  # the node's, when its try failed (cut at logs.ERROR_CHARS)
     retry_in: float | None = None
     snoozed: bool = False  # retry_wait because the node snoozed: no attempt spent
-    by_node: bool = False  # cancelled because the node cancelled its execution
+    by_node: bool = False  # the node skipped itself or cancelled its execution (``error``)
 
     @property
     def name(self) -> str:
@@ -220,12 +228,16 @@ class Workers(ServiceBase):
         started = time.monotonic()
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
-        except (Snooze, CancelExecution) as exc:  # an outcome the node chose
+        except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose
             duration = time.monotonic() - started
             failed = self._record_choice(run, exc, duration)
             _log_failure(job_log, failed, exc, duration)
             dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
-            ran = replace(ran, by_node=isinstance(exc, CancelExecution))
+            if failed.skipped:
+                shown = f"skipped by the node: {exc}" if str(exc) else "skipped by the node"
+                ran = replace(ran, by_node=True, error=logs.short(shown))
+            elif failed.outcome is JobStatus.CANCELLED:
+                ran = replace(ran, by_node=isinstance(exc, CancelExecution))
         except Exception as exc:
             duration = time.monotonic() - started
             failed = self._record_failure(run, exc, duration)
@@ -300,12 +312,14 @@ class Workers(ServiceBase):
         )
 
     def _record_choice(
-        self, run: claiming.NodeRun, choice: Snooze | CancelExecution, duration: float
+        self, run: claiming.NodeRun, choice: Snooze | Skip | CancelExecution, duration: float
     ) -> failure.Failed:
-        """Record a snooze, or the node's cancel of its execution (the limiter forgets the
-        jobs that cancel took before they ran)."""
+        """Record a snooze, a skip, or the node's cancel of its execution (the limiter
+        forgets the jobs that cancel took before they ran)."""
         if isinstance(choice, Snooze):
             return self.db.run(lambda s: outcomes.snooze_node(s, run, choice, utcnow(), duration))
+        if isinstance(choice, Skip):
+            return self.db.run(lambda s: outcomes.skip_node(s, run, choice, utcnow(), duration))
         failed = self.db.run(
             lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration)
         )

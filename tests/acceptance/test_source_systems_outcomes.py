@@ -1,5 +1,6 @@
 """Issue 27, items 1 and 5, on real ``celery worker`` processes: a node snoozes while its input
-is not ready (no attempt spent), and a node ends itself cancelled. One worker set runs both."""
+is not ready (no attempt spent), a node ends itself cancelled, a node ends itself skipped. One
+worker set runs all three."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _python(node_id: str, function: str, needs: list[str], **inputs: object) -> 
             "needs": needs, "inputs": inputs}  # fmt: skip
 
 
-def test_a_node_snoozes_without_spending_attempts_and_a_node_cancels_its_execution(
+def test_a_node_snoozes_without_spending_attempts_cancels_its_execution_or_skips_itself(
     client: Conveyor, start_worker: Callable[..., Popen[str]], acceptance_env: dict[str, str]
 ) -> None:
     await_ready(
@@ -45,8 +46,19 @@ def test_a_node_snoozes_without_spending_attempts_and_a_node_cancels_its_executi
                   _python("upload", "test.add", ["render"], a=1, b=1)],
     }))  # fmt: skip
 
+    # And a node with nothing to do, before a node of its own and a join with another
+    client.apply(parse_workflow({
+        "name": "digest", "defaults": once,
+        "nodes": [_python("check", "test.skip", [], reason="nothing changed"),
+                  _python("send", "test.add", ["check"], a=1, b=1),
+                  _python("count", "test.add", [], a=1, b=2),
+                  _python("tally", "test.add", ["check", "count"], a="{{ nodes.count.sum }}",
+                          b=0)],
+    }))  # fmt: skip
+
     snoozing = client.trigger("ledger", {})
     cancelling = client.trigger("export", {})
+    skipping = client.trigger("digest", {})
 
     # Then the snoozing node ran six times on its one attempt, and succeeded
     row = wait_for(client, snoozing, timeout=60)
@@ -76,6 +88,17 @@ def test_a_node_snoozes_without_spending_attempts_and_a_node_cancels_its_executi
     assert jobs["render"].status is JobStatus.CANCELLED
     assert not [j for j in jobs.values() if j.status is JobStatus.DEAD_LETTER]
     assert [e["node_id"] for e in effects(ACCEPTANCE_DB_URL)].count("upload") == 0
+
+    # And the skipping node ended skipped, its own successor too, the join ran
+    row = wait_for(client, skipping, timeout=60)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    with client.db.transaction() as store:
+        view = views.execution_view(store, skipping)
+    assert {n["id"]: n["status"] for n in view["nodes"]} == {
+        "check": "skipped", "send": "skipped", "count": "completed", "tally": "completed",
+    }  # fmt: skip
+    (job,) = [j for j in view["jobs"] if j["node"] == "check"]
+    assert [(a["status"], a["error"]) for a in job["attempts"]] == [("skipped", "nothing changed")]
 
     # And `conveyor executions show` says so
     shown = subprocess.run(

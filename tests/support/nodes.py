@@ -190,3 +190,9 @@ def snooze(times: int, seconds: float, ctx: NodeContext) -> dict[str, int]:
 def cancel(reason: str, ctx: NodeContext) -> None:
     record(ctx, "try")
     raise conveyor.CancelExecution(reason)
+
+
+@conveyor.node("test.skip")
+def skip(reason: str, ctx: NodeContext) -> None:
+    record(ctx, "try")
+    raise conveyor.Skip(reason)

@@ -67,12 +67,17 @@ def test_a_snoozed_try_is_a_retry_around_a_snooze_not_a_failure() -> None:
     assert isinstance(raised.value.exc, TryFailed)
 
 
-def test_a_node_that_cancelled_its_execution_is_a_success_that_gives_its_reason() -> None:
+def test_a_node_that_cancelled_its_execution_or_skipped_is_a_success_that_says_why() -> None:
     cancelled = Ran(
         job_id=uuid.uuid4(), outcome=JobStatus.CANCELLED, workflow="export", node="render",
         error="cancelled by node 'render': the document was deleted", by_node=True,
     )  # fmt: skip
     assert report([cancelled]) == "cancelled by node 'render': the document was deleted"
+    skipped = Ran(
+        job_id=uuid.uuid4(), outcome=JobStatus.COMPLETED, workflow="digest", node="check",
+        error="skipped by the node: nothing changed", by_node=True,
+    )  # fmt: skip
+    assert report([skipped]) == "skipped by the node: nothing changed"
 
 
 def test_a_packed_message_shows_its_worst_job_naming_each_that_failed() -> None:

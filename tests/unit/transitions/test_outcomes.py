@@ -9,7 +9,7 @@ from conveyor.engine import cancellation, due, outcomes
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobStatus, NodeStatus
-from conveyor.exceptions import CancelExecution, Snooze
+from conveyor.exceptions import CancelExecution, Skip, Snooze
 from tests.support.bench import Bench, node
 
 ONCE = {"retry": {"max_attempts": 1}}
@@ -138,3 +138,31 @@ def test_a_node_cancelling_its_execution_cancels_its_successors_and_dead_letters
     (attempt,) = bench.probe.attempts(job.id)
     assert (attempt.status, attempt.error) == (AttemptStatus.CANCELLED, reason)
     assert not [j for j in bench.probe.jobs(made.execution_id) if j.status is JobStatus.DEAD_LETTER]
+
+
+def test_a_node_skipping_itself_settles_skipped_and_a_join_with_another_need_runs(
+    bench: Bench,
+) -> None:
+    # Given a → b (only a), and a join of a and c
+    made = bench.trigger(bench.apply(
+        "export", node("a"), node("c"), node("b", "a"), node("join", "a", "c"), defaults=ONCE,
+    ).name)  # fmt: skip
+    run = bench.claim_node(made.execution_id, "a")
+    bench.succeed(bench.claim_node(made.execution_id, "c"), {"c": 1})
+
+    failed = bench.units.run(
+        lambda s: outcomes.skip_node(s, run, Skip("nothing changed"), bench.clock(), 0.01)
+    )
+
+    # Then a is skipped, b (all its needs skipped) too, and the join is queued
+    assert (failed.outcome, failed.skipped) == (JobStatus.COMPLETED, True)
+    assert [d.node for d in failed.dispatches] == ["join"]
+    assert bench.statuses(made.execution_id) == {
+        "a": "skipped", "c": "completed", "b": "skipped", "join": "queued",
+    }  # fmt: skip
+    job = bench.job(made.execution_id, "a")
+    assert (job.status, job.last_error) == (JobStatus.COMPLETED, None)
+    (attempt,) = bench.probe.attempts(job.id)
+    assert (attempt.status, attempt.error) == (AttemptStatus.SKIPPED, "nothing changed")
+    bench.succeed(bench.claim_node(made.execution_id, "join"), {"joined": True})
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.COMPLETED
