@@ -50,20 +50,6 @@ def _log_failure(
     job_log: Any, failed: failure.Failed, error: BaseException, duration: float
 ) -> None:
     """A failed try, at the level its outcome deserves."""
-    if failed.skipped:
-        tracing.outcome("skipped")
-        job_log.info(
-            "job skipped", duration=round(duration, 3),
-            reason=logs.short(getattr(error, "reason", "")),
-        )  # fmt: skip
-        return
-    if failed.snoozed:
-        tracing.outcome("snoozed")
-        job_log.info(
-            "snoozed", snooze_for=round(failed.retry_in or 0.0, 3), duration=round(duration, 3),
-            reason=logs.short(getattr(error, "reason", "")),
-        )  # fmt: skip
-        return
     tracing.outcome(_OUTCOMES.get(failed.outcome, "reclaimed"), error)
     fields = {"duration": round(duration, 3), "error": logs.short(failure.describe(error))}
     if failed.outcome is JobStatus.RETRY_WAIT:
@@ -72,6 +58,31 @@ def _log_failure(
         job_log.error("dead-lettered", **fields)
     else:
         job_log.info("job stopped", outcome=failed.outcome and failed.outcome.value, **fields)
+
+
+# An outcome a node chose, as its log line says it.
+_CHOSEN = {"snoozed": "snoozed", "skipped": "job skipped", "cancelled": "cancelled by the node"}
+
+
+def _log_choice(
+    job_log: Any, failed: failure.Failed, choice: Snooze | Skip | CancelExecution, duration: float
+) -> None:
+    """An outcome the node chose, logged at info, its span no error; a choice that did not
+    hold (past max_snoozes, or its execution finished meanwhile) is logged as a failure."""
+    if failed.skipped:
+        chosen = "skipped"
+    elif failed.snoozed:
+        chosen = "snoozed"
+    elif isinstance(choice, CancelExecution) and failed.outcome is JobStatus.CANCELLED:
+        chosen = "cancelled"
+    else:
+        _log_failure(job_log, failed, choice, duration)
+        return
+    tracing.outcome(chosen)
+    fields = {"duration": round(duration, 3), "reason": logs.short(choice.reason)}
+    if failed.snoozed:
+        fields["snooze_for"] = round(failed.retry_in or 0.0, 3)
+    job_log.info(_CHOSEN[chosen], **fields)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +242,7 @@ class Workers(ServiceBase):
         except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose
             duration = time.monotonic() - started
             failed = self._record_choice(run, exc, duration)
-            _log_failure(job_log, failed, exc, duration)
+            _log_choice(job_log, failed, exc, duration)
             dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
             if failed.skipped:
                 shown = f"skipped by the node: {exc}" if str(exc) else "skipped by the node"

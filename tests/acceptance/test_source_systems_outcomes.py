@@ -4,6 +4,7 @@ worker set runs all three."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,10 @@ def _python(node_id: str, function: str, needs: list[str], **inputs: object) -> 
 
 
 def test_a_node_snoozes_without_spending_attempts_cancels_its_execution_or_skips_itself(
-    client: Conveyor, start_worker: Callable[..., Popen[str]], acceptance_env: dict[str, str]
+    client: Conveyor,
+    start_worker: Callable[..., Popen[str]],
+    acceptance_env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     await_ready(
         start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
@@ -108,3 +112,11 @@ def test_a_node_snoozes_without_spending_attempts_cancels_its_execution_or_skips
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "the document was deleted" in shown.stdout
+
+    # And the node worker logged each snooze, skip and cancel as such, no error among them
+    records = [json.loads(line) for line in (tmp_path / "node.log").read_text().splitlines()
+               if line.startswith("{")]  # fmt: skip
+    said = [r["event"] for r in records if r.get("node_id") in ("post", "render", "check")]
+    assert said.count("snoozed") == 5
+    assert {"job skipped", "cancelled by the node"} <= set(said)
+    assert not [r for r in records if r.get("level") in ("error", "ERROR", "critical")]
