@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from conveyor.engine.cancellation import cancel_execution
+from conveyor.engine.cancellation import stop_execution
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
@@ -49,7 +49,7 @@ def cancel_from_node(
     store: Store, run: NodeRun, cancel: CancelExecution, now: datetime, duration: float
 ) -> Failed:
     """The node ends ``cancelled`` with its reason, and its execution is cancelled as a
-    client's cancel does (:func:`~conveyor.engine.cancellation.cancel_execution`): nodes not
+    client's cancel does (:func:`~conveyor.engine.cancellation.stop_execution`): nodes not
     started are cancelled, running ones told to stop; nothing is dead-lettered."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     reason = f"cancelled by node {node_id!r}" + (f": {cancel.reason}" if cancel.reason else "")
@@ -65,7 +65,8 @@ def cancel_from_node(
     status = outcome_status(store, execution_id)
     if status is None or status.finished:
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
-    forget = cancel_execution(store, execution_id, now, reason=reason)
+    # Should it fail or be cancelled meanwhile, it stays as it finished: the node is cancelled
+    forget, _ = stop_execution(store, execution_id, now, reason)
     return Failed(dispatches=[], outcome=JobStatus.CANCELLED, forget=tuple(forget))
 
 

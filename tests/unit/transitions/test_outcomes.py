@@ -166,3 +166,19 @@ def test_a_node_skipping_itself_settles_skipped_and_a_join_with_another_need_run
     assert (attempt.status, attempt.error) == (AttemptStatus.SKIPPED, "nothing changed")
     bench.succeed(bench.claim_node(made.execution_id, "join"), {"joined": True})
     assert bench.probe.execution(made.execution_id).status is ExecutionStatus.COMPLETED
+
+
+def test_a_node_cancelling_an_execution_that_failed_meanwhile_leaves_it_failed(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("export", node("a"), node("b"), defaults=ONCE).name)
+    run = bench.claim_node(made.execution_id, "a")
+    bench.fail(bench.claim_node(made.execution_id, "b"), RuntimeError("down"))
+
+    failed = bench.units.run(
+        lambda s: outcomes.cancel_from_node(s, run, CancelExecution("gone"), bench.clock(), 0.01)
+    )
+
+    assert failed.outcome is JobStatus.CANCELLED
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.FAILED
+    assert bench.statuses(made.execution_id) == {"a": "cancelled", "b": "failed"}
