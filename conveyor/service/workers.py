@@ -132,6 +132,19 @@ def _failed(ran: Ran, failed: failure.Failed, error: BaseException) -> Ran:
     )
 
 
+def _chose(ran: Ran, failed: failure.Failed, choice: Snooze | Skip | CancelExecution) -> Ran:
+    """What a node's chosen outcome shows in Flower: a skip or a cancel says so, and why."""
+    ran = _failed(ran, failed, choice)
+    if failed.skipped:
+        what = "skipped by the node"
+    elif isinstance(choice, CancelExecution) and failed.outcome is JobStatus.CANCELLED:
+        what = "cancelled by the node"
+    else:
+        return ran
+    shown = f"{what}: {choice.reason}" if choice.reason else what
+    return replace(ran, by_node=True, error=logs.short(shown))
+
+
 class Workers(ServiceBase):
     """A worker's side: each task's message becomes one of these calls."""
 
@@ -243,12 +256,7 @@ class Workers(ServiceBase):
             duration = time.monotonic() - started
             failed = self._record_choice(run, exc, duration)
             _log_choice(job_log, failed, exc, duration)
-            dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
-            if failed.skipped:
-                shown = f"skipped by the node: {exc}" if str(exc) else "skipped by the node"
-                ran = replace(ran, by_node=True, error=logs.short(shown))
-            elif failed.outcome is JobStatus.CANCELLED:
-                ran = replace(ran, by_node=isinstance(exc, CancelExecution))
+            dispatches, ran = failed.dispatches, _chose(ran, failed, exc)
         except Exception as exc:
             duration = time.monotonic() - started
             failed = self._record_failure(run, exc, duration)

@@ -120,3 +120,11 @@ def test_a_node_snoozes_without_spending_attempts_cancels_its_execution_or_skips
     assert said.count("snoozed") == 5
     assert {"job skipped", "cancelled by the node"} <= set(said)
     assert not [r for r in records if r.get("level") in ("error", "ERROR", "critical")]
+    # And Celery (so Flower) saw each snooze as a retry, the skip and the cancel as successes
+    tasks = [r["event"] for r in records if r.get("logger") == "celery.app.trace"]
+    snoozes = [t for t in tasks if "ledger/post" in t and " retry: " in t]
+    assert len(snoozes) == 5
+    assert "runs again in 0.2s: snoozed for 0.2s: not ready yet (1 of 5)" in snoozes[0]
+    succeeded = [t for t in tasks if " succeeded in " in t]  # a batch names its first job
+    assert [t for t in succeeded if "cancelled by the node: the document was deleted" in t]
+    assert [t for t in succeeded if "skipped by the node: nothing changed" in t]

@@ -70,9 +70,9 @@ def test_a_snoozed_try_is_a_retry_around_a_snooze_not_a_failure() -> None:
 def test_a_node_that_cancelled_its_execution_or_skipped_is_a_success_that_says_why() -> None:
     cancelled = Ran(
         job_id=uuid.uuid4(), outcome=JobStatus.CANCELLED, workflow="export", node="render",
-        error="cancelled by node 'render': the document was deleted", by_node=True,
+        error="cancelled by the node: the document was deleted", by_node=True,
     )  # fmt: skip
-    assert report([cancelled]) == "cancelled by node 'render': the document was deleted"
+    assert report([cancelled]) == "cancelled by the node: the document was deleted"
     skipped = Ran(
         job_id=uuid.uuid4(), outcome=JobStatus.COMPLETED, workflow="digest", node="check",
         error="skipped by the node: nothing changed", by_node=True,
