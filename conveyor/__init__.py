@@ -4,10 +4,19 @@ from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
 from conveyor.engine.node_types import NodeContext
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
 from conveyor.enqueue import enqueue
-from conveyor.exceptions import ConveyorError, DefinitionError, NodeError, NonRetryableError
+from conveyor.exceptions import (
+    CancelExecution,
+    ConveyorError,
+    DefinitionError,
+    NodeError,
+    NonRetryableError,
+    Skip,
+    Snooze,
+)
 from conveyor.nodes import node
 
 __all__ = [
+    "CancelExecution",
     "ConveyorError",
     "Defaults",
     "DefinitionError",
@@ -20,6 +29,8 @@ __all__ = [
     "NonRetryableError",
     "Priority",
     "RetryPolicy",
+    "Skip",
+    "Snooze",
     "Workflow",
     "enqueue",
     "node",

@@ -176,6 +176,43 @@ class NodeCancelled(NodeError):
         super().__init__(message, retryable=False)
 
 
+class Snooze(ConveyorError):
+    """The node's input is not ready yet: run it again later."""
+
+    def __init__(self, seconds: float, reason: str | None = None) -> None:
+        """Raise it from a node to run the node again in ``seconds`` (from 0.001 to a day)
+        without spending an attempt; ``reason`` is recorded with the snoozed try. A node
+        snoozes at most ``max_snoozes`` times in a row (its definition's; 100 by default)."""
+        seconds = float(seconds)
+        if not 0.001 <= seconds <= 86_400:
+            raise ValueError(f"a snooze lasts from 0.001 s to a day (86400 s), not {seconds} s")
+        self.seconds = seconds
+        self.reason = reason or ""
+        super().__init__(f"snoozed for {seconds:g}s" + (f": {reason}" if reason else ""))
+
+
+class CancelExecution(ConveyorError):
+    """The node cancelled its execution."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        """Raise it from a node to end the node cancelled, and its execution with it: its
+        successors are cancelled, nothing is dead-lettered, ``reason`` is recorded as the
+        node's and the execution's error."""
+        self.reason = reason or ""
+        super().__init__(reason or None)
+
+
+class Skip(ConveyorError):
+    """The node had nothing to do."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        """Raise it from a node to end the node ``skipped``, as a branch not taken is: its
+        successors run unless all their needs were skipped; ``reason`` is recorded with the
+        try."""
+        self.reason = reason or ""
+        super().__init__(reason or None)
+
+
 class UnknownFunction(NodeError):
     """The python node names a function that is not registered in this worker."""
 
@@ -193,6 +230,13 @@ class TryFailed(ConveyorError):
     Raised by the node task after the outcome is committed, inside Celery's ``Retry``, so
     that Flower shows the message as RETRY with the node's error; the message is acked and
     nothing is published again (the retry is the job's, not the message's)."""
+
+
+class Snoozed(ConveyorError):
+    """A node's try snoozed: its job waits in the database for its time, no attempt spent.
+
+    Raised by the node task inside Celery's ``Retry``, as :class:`TryFailed` is, so that
+    Flower shows the message as RETRY (the node runs again later) with the snooze's reason."""
 
 
 class TryReclaimed(ConveyorError):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import TypedDict  # pydantic (the API) needs it before Python 3.12
 
 from conveyor.engine.records import WorkflowRecord
+from conveyor.engine.states import AttemptStatus
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class NodeJson(TypedDict):
     status: str
     branch: str | None
     attempts: int
+    snoozes: int
     output: Any
     error: str | None
     started_at: str | None
@@ -127,22 +129,29 @@ def execution_json(
     nodes: Sequence[NodeState],
     jobs: Sequence[tuple[Job, list[JobAttempt]]],
 ) -> ExecutionJson:
-    tries = {job.node_id: len(attempts) for job, attempts in jobs if job.node_id}
+    tries = {job.node_id: _tries(attempts) for job, attempts in jobs if job.node_id}
     return {
         **execution_summary(row, workflow.name, workflow.version),
         "input": row.input,
         "output": row.output,
-        "nodes": [_node_json(n, tries.get(n.node_id, 0)) for n in nodes],
+        "nodes": [_node_json(n, *tries.get(n.node_id, (0, 0))) for n in nodes],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
     }
 
 
-def _node_json(row: NodeState, attempts: int) -> NodeJson:
+def _tries(attempts: Sequence[JobAttempt]) -> tuple[int, int]:
+    """A node's tries: those that were attempts, and those that snoozed (conveyor.Snooze)."""
+    snoozes = sum(1 for a in attempts if a.status is AttemptStatus.SNOOZED)
+    return len(attempts) - snoozes, snoozes
+
+
+def _node_json(row: NodeState, attempts: int, snoozes: int) -> NodeJson:
     return {
         "id": row.node_id,
         "status": row.status.value,
         "branch": row.branch,
         "attempts": attempts,
+        "snoozes": snoozes,
         "output": row.output,
         "error": row.error,
         "started_at": iso(row.started_at),

@@ -38,6 +38,7 @@ STATUS_STYLE = {
     "queued": "blue",
     "retrying": "magenta",
     "waiting": "blue",
+    "snoozed": "blue",
     "running": "yellow",
     "completed": "green",
     "failed": "red",
@@ -128,6 +129,9 @@ def progress_table(view: ExecutionJson, now: datetime) -> Table:
 
 def _node_status(node: NodeJson, job: JobJson | None) -> str:
     if node["status"] == "queued" and job is not None:
+        last = job["attempts"][-1:]
+        if job["status"] == "retry_wait" and last and last[0]["status"] == "snoozed":
+            return "snoozed"
         names = {"retry_wait": "retrying", "scheduled": "waiting", "parked": "parked"}
         return names.get(job["status"], "queued")
     return node["status"]

@@ -23,9 +23,18 @@ def cancel_execution(store: Store, execution_id: uuid.UUID, now: datetime) -> li
             f"execution {execution_id} is already {status.value}; only pending or running "
             f"executions can be cancelled"
         )
-    cancelled = store.cancel_unstarted(execution_id, now)
-    if not store.finish_execution(
-        execution_id, ExecutionStatus.CANCELLED, now, error="cancelled by request"
-    ):  # it finished meanwhile; raising rolls back the cancellations above
+    cancelled, finished = stop_execution(store, execution_id, now, "cancelled by request")
+    if not finished:  # it finished meanwhile; raising rolls back the cancellations
         raise InvalidTransition(f"execution {execution_id} finished before it could be cancelled")
     return cancelled
+
+
+def stop_execution(
+    store: Store, execution_id: uuid.UUID, now: datetime, reason: str
+) -> tuple[list[uuid.UUID], bool]:
+    """Cancel the execution's nodes not started and the execution, with ``reason`` as its
+    error. The node jobs cancelled before they ran, and whether the execution was still
+    running to be cancelled (False: it finished meanwhile, and stays as it finished)."""
+    cancelled = store.cancel_unstarted(execution_id, now)
+    finished = store.finish_execution(execution_id, ExecutionStatus.CANCELLED, now, error=reason)
+    return cancelled, finished

@@ -19,7 +19,14 @@ import json
 from functools import cached_property
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from conveyor.engine.cron import MisfirePolicy, expression_problem, timezone_problem
 from conveyor.engine.states import Priority
@@ -63,6 +70,24 @@ class Node(BaseModel):
     retry: RetryPolicy | None = None
     timeout: float | None = Field(default=None, gt=0, le=86_400)
     continue_on_failure: bool = False
+    # Snoozes in a row (conveyor.Snooze) before the node fails; None: DEFAULT_MAX_SNOOZES.
+    max_snoozes: int | None = Field(default=None, ge=0, le=10_000)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Left out when not set: definitions stored before it existed keep their digest.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("max_snoozes") is None:
+            data.pop("max_snoozes", None)
+        return data
+
+    @property
+    def snooze_bound(self) -> int:
+        return DEFAULT_MAX_SNOOZES if self.max_snoozes is None else self.max_snoozes
+
+
+# How many times in a row a node may snooze when its definition does not say.
+DEFAULT_MAX_SNOOZES = 100
 
 
 class ScheduleSpec(BaseModel):

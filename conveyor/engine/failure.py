@@ -4,6 +4,7 @@ retry policy and the execution's status decide."""
 from __future__ import annotations
 
 import random
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,8 +40,12 @@ class Failed:
     """What a failed try led to."""
 
     dispatches: list[Dispatch]
-    outcome: JobStatus | None  # retry_wait, dead_letter or cancelled; None: taken meanwhile
+    # retry_wait, dead_letter or cancelled (completed: skipped); None: taken meanwhile
+    outcome: JobStatus | None
     retry_in: float | None = None
+    snoozed: bool = False  # the node snoozed (conveyor.Snooze): retry_wait, no attempt spent
+    skipped: bool = False  # the node ended itself skipped (conveyor.Skip): job completed
+    forget: tuple[uuid.UUID, ...] = ()  # node jobs it cancelled before they ran (the limiter's)
 
 
 def complete_stopped(

@@ -18,14 +18,14 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from conveyor.engine import bounds, templates
 from conveyor.engine.addresses import AllowList, judge_url
 from conveyor.engine.definitions import Node
 from conveyor.engine.parameters import FunctionParameters, input_problems
 from conveyor.engine.template_budget import Deadline
-from conveyor.exceptions import NonRetryableError
+from conveyor.exceptions import NonRetryableError, Snooze
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +53,11 @@ class NodeContext:
             self._told.set()
             return True
         return False
+
+    def snooze(self, seconds: float, reason: str | None = None) -> NoReturn:
+        """Run this node again in ``seconds`` without spending an attempt (raises
+        :class:`~conveyor.exceptions.Snooze`)."""
+        raise Snooze(seconds, reason)
 
     @property
     def told_to_stop(self) -> bool:

@@ -310,6 +310,15 @@ class Jobs(Protocol):
         """processing -> retry_wait while try ``try_number`` is current."""
         ...
 
+    def schedule_snooze(self, job_id: uuid.UUID, next_run_at: datetime, *, try_number: int) -> bool:
+        """processing -> retry_wait while try ``try_number`` is current, no attempt spent:
+        the next try is the job's next try number, its attempt (``retry_count``) the same."""
+        ...
+
+    def snoozes_in_a_row(self, job_id: uuid.UUID, try_number: int) -> int:
+        """How many of the job's tries just before try ``try_number`` snoozed."""
+        ...
+
     def promote_due(self, now: datetime, limit: int) -> list[JobRecord]:
         """Waiting jobs whose time has come -> queued (rows another promoter holds skipped)."""
         ...

@@ -26,7 +26,7 @@ class JobStatus(StrEnum):
     QUEUED = "queued"  # committed and published (or about to be); a worker may claim it
     PARKED = "parked"  # waits without a message for a concurrency permit; a release wakes it
     PROCESSING = "processing"  # claimed by a worker, a try is running
-    RETRY_WAIT = "retry_wait"  # a try failed; waits in the database until next_run_at
+    RETRY_WAIT = "retry_wait"  # a try failed or snoozed; waits in the database until next_run_at
     SCHEDULED = "scheduled"  # waits in the database until next_run_at (delay nodes)
     COMPLETED = "completed"  # the work is done and its result recorded
     DEAD_LETTER = "dead_letter"  # tries exhausted or not retryable; an operator may requeue
@@ -71,6 +71,9 @@ class AttemptStatus(StrEnum):
     RUNNING = "running"  # the try has started and not reported
     SUCCEEDED = "succeeded"  # the try returned a result
     FAILED = "failed"  # the try raised, timed out or was abandoned
+    SNOOZED = "snoozed"  # the node asked to run again later (Snooze): no attempt spent
+    CANCELLED = "cancelled"  # the node cancelled its execution (CancelExecution)
+    SKIPPED = "skipped"  # the node ended itself skipped (Skip)
 
 
 class Priority(StrEnum):

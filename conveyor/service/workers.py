@@ -16,6 +16,7 @@ from conveyor.batches import Member, run_batch
 from conveyor.engine import (
     claiming,
     failure,
+    outcomes,
     subscriptions,
     success,
     triggering,
@@ -24,8 +25,12 @@ from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
+    CancelExecution,
+    LimitError,
     NodeCancelled,
     NonRetryableError,
+    Skip,
+    Snooze,
 )
 from conveyor.nodes import NodeContext
 from conveyor.service.base import ServiceBase, log, utcnow
@@ -55,6 +60,31 @@ def _log_failure(
         job_log.info("job stopped", outcome=failed.outcome and failed.outcome.value, **fields)
 
 
+# An outcome a node chose, as its log line says it.
+_CHOSEN = {"snoozed": "snoozed", "skipped": "job skipped", "cancelled": "cancelled by the node"}
+
+
+def _log_choice(
+    job_log: Any, failed: failure.Failed, choice: Snooze | Skip | CancelExecution, duration: float
+) -> None:
+    """An outcome the node chose, logged at info, its span no error; a choice that did not
+    hold (past max_snoozes, or its execution finished meanwhile) is logged as a failure."""
+    if failed.skipped:
+        chosen = "skipped"
+    elif failed.snoozed:
+        chosen = "snoozed"
+    elif isinstance(choice, CancelExecution) and failed.outcome is JobStatus.CANCELLED:
+        chosen = "cancelled"
+    else:
+        _log_failure(job_log, failed, choice, duration)
+        return
+    tracing.outcome(chosen)
+    fields = {"duration": round(duration, 3), "reason": logs.short(choice.reason)}
+    if failed.snoozed:
+        fields["snooze_for"] = round(failed.retry_in or 0.0, 3)
+    job_log.info(_CHOSEN[chosen], **fields)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Ran:
     """What became of one node job's run on this worker: what its Celery task reports, so
@@ -70,6 +100,8 @@ class Ran:
     node: str = ""
     error: str = ""  # the node's, when its try failed (cut at logs.ERROR_CHARS)
     retry_in: float | None = None
+    snoozed: bool = False  # retry_wait because the node snoozed: no attempt spent
+    by_node: bool = False  # the node skipped itself or cancelled its execution (``error``)
 
     @property
     def name(self) -> str:
@@ -96,7 +128,21 @@ def _failed(ran: Ran, failed: failure.Failed, error: BaseException) -> Ran:
         reclaimed=failed.outcome is None,
         error=logs.short(failure.describe(error)),  # cut as the logs cut it
         retry_in=failed.retry_in,
+        snoozed=failed.snoozed,
     )
+
+
+def _chose(ran: Ran, failed: failure.Failed, choice: Snooze | Skip | CancelExecution) -> Ran:
+    """What a node's chosen outcome shows in Flower: a skip or a cancel says so, and why."""
+    ran = _failed(ran, failed, choice)
+    if failed.skipped:
+        what = "skipped by the node"
+    elif isinstance(choice, CancelExecution) and failed.outcome is JobStatus.CANCELLED:
+        what = "cancelled by the node"
+    else:
+        return ran
+    shown = f"{what}: {choice.reason}" if choice.reason else what
+    return replace(ran, by_node=True, error=logs.short(shown))
 
 
 class Workers(ServiceBase):
@@ -206,6 +252,11 @@ class Workers(ServiceBase):
         started = time.monotonic()
         try:
             output = nodes.execute(run.node, run.context, ctx, run.timeout)
+        except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose
+            duration = time.monotonic() - started
+            failed = self._record_choice(run, exc, duration)
+            _log_choice(job_log, failed, exc, duration)
+            dispatches, ran = failed.dispatches, _chose(ran, failed, exc)
         except Exception as exc:
             duration = time.monotonic() - started
             failed = self._record_failure(run, exc, duration)
@@ -278,3 +329,24 @@ class Workers(ServiceBase):
         return self.db.run(
             lambda s: failure.fail_node(s, run, error, utcnow(), duration, self._rng)
         )
+
+    def _record_choice(
+        self, run: claiming.NodeRun, choice: Snooze | Skip | CancelExecution, duration: float
+    ) -> failure.Failed:
+        """Record a snooze, a skip, or the node's cancel of its execution (the limiter
+        forgets the jobs that cancel took before they ran)."""
+        if isinstance(choice, Snooze):
+            return self.db.run(lambda s: outcomes.snooze_node(s, run, choice, utcnow(), duration))
+        if isinstance(choice, Skip):
+            return self.db.run(lambda s: outcomes.skip_node(s, run, choice, utcnow(), duration))
+        failed = self.db.run(
+            lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration)
+        )
+        if self.gate is not None and failed.forget:
+            try:
+                self.gate.forget(list(failed.forget))
+            except LimitError:  # they are dropped when their turn comes instead
+                log.warning(
+                    "could not tell the limiter about %d cancelled jobs", len(failed.forget)
+                )
+        return failed

@@ -9,7 +9,7 @@ import uuid
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, func, insert, select, update
 
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
@@ -89,6 +89,34 @@ class JobQueries(StoreCore):
             )
         )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def schedule_snooze(self, job_id: uuid.UUID, next_run_at: datetime, *, try_number: int) -> bool:
+        """processing -> retry_wait, no attempt spent: the snoozed try counts in
+        ``tries_before``, as the tries before a requeue do, not in ``retry_count``."""
+        result = self._core(
+            update(JOBS)
+            .where(
+                JOBS.c.id == job_id,
+                unindexed(JOBS.c.status) == JobStatus.PROCESSING,
+                *current_try(try_number),
+            )
+            .values(
+                status=JobStatus.RETRY_WAIT,
+                tries_before=JOBS.c.tries_before + 1,
+                next_run_at=next_run_at,
+            )
+        )
+        return bool(result.rowcount)
+
+    def snoozes_in_a_row(self, job_id: uuid.UUID, try_number: int) -> int:
+        earlier = ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.attempt_number < try_number
+        last_other = (
+            select(func.coalesce(func.max(ATTEMPTS.c.attempt_number), 0))
+            .where(*earlier, ATTEMPTS.c.status != AttemptStatus.SNOOZED)
+            .scalar_subquery()
+        )
+        counted = select(func.count()).where(*earlier, ATTEMPTS.c.attempt_number > last_other)
+        return int(self.session.execute(counted).scalar_one())
 
     def promote_due(self, now: datetime, limit: int) -> list[JobRecord]:
         """Move waiting jobs whose time has come to queued, skipping rows another promoter

@@ -28,7 +28,7 @@ from conveyor import logs, metrics, tracing, wiring
 from conveyor.config import archive_retention, get_settings
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.states import JobStatus
-from conveyor.exceptions import DeadLettered, LimitError, TryFailed, TryReclaimed
+from conveyor.exceptions import DeadLettered, LimitError, Snoozed, TryFailed, TryReclaimed
 from conveyor.scheduler.duty_thread import Duty, Maintenance
 from conveyor.service.workers import Ran
 from conveyor.tasks.dispatch import decode_hints
@@ -107,9 +107,10 @@ def report(ran: Sequence[Ran]) -> str:
     (:class:`DeadLettered`), or when its try failed after recovery had reclaimed the job
     (:class:`TryReclaimed`: recovery runs it again); RETRY when a try will be retried
     (Celery's ``Retry``, raised, never ``self.retry``: nothing is published, the job waits in
-    the database); else SUCCESS, the result saying what became of each job. Either way the
-    message is acked (``task_acks_on_failure_or_timeout``, see tasks/app.py), so raising
-    never redelivers it."""
+    the database), or when a node snoozed (the same, with :class:`Snoozed`: no try failed);
+    else SUCCESS (a node that cancelled its execution says so, with its reason), the result
+    saying what became of each job. Either way the message is acked
+    (``task_acks_on_failure_or_timeout``, see tasks/app.py), so raising never redelivers it."""
     several = len(ran) > 1
 
     def errors(outcome: JobStatus | None, reclaimed: bool = False) -> str:
@@ -121,9 +122,12 @@ def report(ran: Sequence[Ran]) -> str:
     if reclaimed := errors(None, reclaimed=True):
         raise TryReclaimed(f"failed; its job was reclaimed by recovery: {reclaimed}")
     if retried := errors(JobStatus.RETRY_WAIT):
-        soonest = min(r.retry_in or 0.0 for r in ran if r.outcome is JobStatus.RETRY_WAIT)
+        waiting = [r for r in ran if r.outcome is JobStatus.RETRY_WAIT]
+        soonest = min(r.retry_in or 0.0 for r in waiting)
+        if all(r.snoozed for r in waiting):  # no try failed: each node asked to wait
+            raise Retry(f"runs again in {soonest:.1f}s: {retried}", exc=Snoozed(retried))
         raise Retry(f"tried again in {soonest:.1f}s: {retried}", exc=TryFailed(retried))
-    shown = [_SHOWN.get(r.outcome, str(r.outcome)) for r in ran]
+    shown = [r.error if r.by_node else _SHOWN.get(r.outcome, str(r.outcome)) for r in ran]
     return (
         "; ".join(f"{r.name}: {s}" for r, s in zip(ran, shown, strict=True))
         if several

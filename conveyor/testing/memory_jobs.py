@@ -166,6 +166,25 @@ class MemoryJobs(MemoryExecutions):
         )  # fmt: skip
         return True
 
+    def schedule_snooze(self, job_id: uuid.UUID, next_run_at: datetime, *, try_number: int) -> bool:
+        row = self._current(job_id, JobStatus.PROCESSING, try_number)
+        if row is None:
+            return False
+        self._set_job(
+            row, status=JobStatus.RETRY_WAIT, tries_before=row.tries_before + 1,
+            next_run_at=next_run_at,
+        )  # fmt: skip
+        return True
+
+    def snoozes_in_a_row(self, job_id: uuid.UUID, try_number: int) -> int:
+        count = 0
+        for number in range(try_number - 1, 0, -1):
+            attempt = self.tables.attempts.get((job_id, number))
+            if attempt is None or attempt.status is not AttemptStatus.SNOOZED:
+                break
+            count += 1
+        return count
+
     def _current(
         self, job_id: uuid.UUID, status: JobStatus, try_number: int | None
     ) -> JobRow | None:

@@ -164,3 +164,35 @@ def current_span(ctx: NodeContext) -> dict[str, str]:
 
     seen = trace.get_current_span().get_span_context()
     return {"trace_id": format(seen.trace_id, "032x"), "span_id": format(seen.span_id, "016x")}
+
+
+def _tries(ctx: NodeContext) -> int:
+    """How many effects this node run recorded before."""
+    with _engine().connect() as conn:
+        found = conn.execute(
+            text("SELECT count(*) FROM test_effects WHERE idempotency_key = :k"),
+            {"k": ctx.idempotency_key},
+        ).scalar_one()
+    return int(found)
+
+
+@conveyor.node("test.snooze")
+def snooze(times: int, seconds: float, ctx: NodeContext) -> dict[str, int]:
+    """Snooze ``times`` times ("not ready yet"), then succeed."""
+    tried = _tries(ctx)
+    record(ctx, "try")
+    if tried < times:
+        ctx.snooze(seconds, f"not ready yet ({tried + 1} of {times})")
+    return {"tries": tried + 1, "attempt": ctx.attempt}
+
+
+@conveyor.node("test.cancel")
+def cancel(reason: str, ctx: NodeContext) -> None:
+    record(ctx, "try")
+    raise conveyor.CancelExecution(reason)
+
+
+@conveyor.node("test.skip")
+def skip(reason: str, ctx: NodeContext) -> None:
+    record(ctx, "try")
+    raise conveyor.Skip(reason)

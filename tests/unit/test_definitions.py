@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from conveyor.engine.definitions import Workflow
+from conveyor.exceptions import Snooze
 
 
 def definition(**node_b: Any) -> dict[str, Any]:
@@ -62,3 +65,19 @@ def test_digest_changes_when_a_node_input_changes() -> None:
 
 def test_digest_changes_when_a_node_policy_changes() -> None:
     assert digest(definition(retry={"max_attempts": 5})) != digest(definition())
+
+
+def test_max_snoozes_is_stored_when_set_and_absent_when_not_so_old_digests_hold() -> None:
+    plain = Workflow.model_validate(definition())
+    assert "max_snoozes" not in plain.canonical_json()
+    assert plain.nodes[1].snooze_bound == 100
+    bounded = Workflow.model_validate(definition(max_snoozes=3))
+    assert '"max_snoozes":3' in bounded.canonical_json()
+    assert bounded.digest() != plain.digest()
+    assert Workflow.model_validate_json(bounded.canonical_json()).nodes[1].snooze_bound == 3
+
+
+def test_a_snooze_outside_its_bounds_is_refused_naming_them() -> None:
+    with pytest.raises(ValueError, match=r"from 0.001 s to a day \(86400 s\), not -1.0 s"):
+        Snooze(-1)
+    assert str(Snooze(30, "ledger not synced")) == "snoozed for 30s: ledger not synced"

@@ -11,7 +11,7 @@ from celery.exceptions import Retry
 
 from conveyor.config import Settings
 from conveyor.engine.states import JobStatus
-from conveyor.exceptions import DeadLettered, TryFailed, TryReclaimed
+from conveyor.exceptions import DeadLettered, Snoozed, TryFailed, TryReclaimed
 from conveyor.service.workers import Ran
 from conveyor.tasks import report, run_many, run_node
 from conveyor.tasks.app import create_app
@@ -50,6 +50,34 @@ def test_a_try_to_be_retried_is_a_retry_around_the_nodes_error_and_publishes_not
     assert isinstance(raised.value.exc, TryFailed)
     assert str(raised.value.exc) == "RuntimeError: busy"
     assert raised.value.sig is None  # raised, not self.retry(): no message to send
+
+
+def test_a_snoozed_try_is_a_retry_around_a_snooze_not_a_failure() -> None:
+    snoozed = Ran(
+        job_id=uuid.uuid4(), outcome=JobStatus.RETRY_WAIT, workflow="ledger", node="post",
+        error="snoozed for 30s: not synced", retry_in=30.0, snoozed=True,
+    )  # fmt: skip
+    with pytest.raises(Retry) as raised:
+        report([snoozed])
+    assert str(raised.value) == "runs again in 30.0s: snoozed for 30s: not synced"
+    assert isinstance(raised.value.exc, Snoozed)
+    # Beside a try that failed, the message is a failed try's retry
+    with pytest.raises(Retry) as raised:
+        report([snoozed, ran("b", JobStatus.RETRY_WAIT, "RuntimeError: busy", retry_in=1.0)])
+    assert isinstance(raised.value.exc, TryFailed)
+
+
+def test_a_node_that_cancelled_its_execution_or_skipped_is_a_success_that_says_why() -> None:
+    cancelled = Ran(
+        job_id=uuid.uuid4(), outcome=JobStatus.CANCELLED, workflow="export", node="render",
+        error="cancelled by the node: the document was deleted", by_node=True,
+    )  # fmt: skip
+    assert report([cancelled]) == "cancelled by the node: the document was deleted"
+    skipped = Ran(
+        job_id=uuid.uuid4(), outcome=JobStatus.COMPLETED, workflow="digest", node="check",
+        error="skipped by the node: nothing changed", by_node=True,
+    )  # fmt: skip
+    assert report([skipped]) == "skipped by the node: nothing changed"
 
 
 def test_a_packed_message_shows_its_worst_job_naming_each_that_failed() -> None:
