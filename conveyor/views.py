@@ -15,6 +15,7 @@ from conveyor.engine.records import WorkflowRecord
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
+    from conveyor.store.listing import StatusCount
     from conveyor.store.sql_store import SqlStore
 
 
@@ -72,6 +73,26 @@ class ExecutionJson(ExecutionSummaryJson):
     output: Any
     nodes: list[NodeJson]
     jobs: list[JobJson]
+
+
+class StatusCountJson(TypedDict):
+    workflow: str
+    status: str
+    count: int
+    oldest: str  # the first created, ISO 8601
+    newest: str  # the last created
+    average_attempts: float  # tries of their jobs per execution
+
+
+def status_count_json(row: StatusCount) -> StatusCountJson:
+    return {
+        "workflow": row.workflow,
+        "status": row.status.value,
+        "count": row.count,
+        "oldest": iso(row.oldest) or "",
+        "newest": iso(row.newest) or "",
+        "average_attempts": round(row.attempts / row.count, 2),
+    }
 
 
 class WorkflowJson(TypedDict):

@@ -25,6 +25,7 @@ from conveyor.views import (
     ExecutionSummaryJson,
     JobJson,
     NodeJson,
+    StatusCountJson,
     WorkflowJson,
     seconds,
 )
@@ -107,6 +108,16 @@ def executions_table(rows: Sequence[ExecutionSummaryJson]) -> Table:
             fmt_seconds(e["duration"]),
             short(e["error"] or "", 50),
         )
+    return table
+
+
+def status_counts_table(rows: Sequence[StatusCountJson]) -> Table:
+    table = Table("workflow", "status", "count", "oldest", "newest", "avg tries", box=None)
+    for r in rows:
+        table.add_row(
+            r["workflow"], styled(r["status"]), str(r["count"]), fmt_time(r["oldest"]),
+            fmt_time(r["newest"]), f"{r['average_attempts']:.2f}",
+        )  # fmt: skip
     return table
 
 
