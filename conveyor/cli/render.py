@@ -153,6 +153,9 @@ def _running_for(node: NodeJson, now: datetime) -> float | None:
 
 
 def _detail(node: NodeJson) -> Text:
+    if node["heartbeat_age"] is not None:
+        beat = f"heartbeat {fmt_seconds(node['heartbeat_age'])} ago"
+        return Text(f"on {node['worker']}, {beat}" if node["worker"] else beat, style="dim")
     if node["error"]:
         return Text(short(node["error"]), style="red")
     if node["status"] == "completed":
