@@ -112,7 +112,16 @@ NodeStatusOption = Annotated[
 ]
 Time = Annotated[
     datetime | None,
-    typer.Option(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"]),
+    typer.Option(
+        formats=[
+            f"%Y-%m-%dT%H:%M:%S{fraction}{offset}"
+            for fraction in ("", ".%f")
+            for offset in ("%z", "")
+        ]
+        + ["%Y-%m-%d"],
+        metavar="TIME",
+        help="A time (created_at as shown, or without an offset: UTC).",
+    ),
 ]
 Key = Annotated[str | None, typer.Option()]
 
