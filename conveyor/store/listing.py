@@ -90,11 +90,15 @@ class ListingQueries:
         if where is not None:
             query = where.applied(query)
         if after is not None:
-            mark = [
-                select(column).where(Execution.id == after).scalar_subquery()
-                for column in (Execution.created_at, Execution.id)
-            ]
-            query = query.where(tuple_(Execution.created_at, Execution.id) < tuple_(*mark))
+            mark = select(Execution.created_at).where(Execution.id == after)
+            if tenant_id is not None:
+                mark = mark.where(Execution.tenant_id == tenant_id)
+            created = self.session.scalar(mark)
+            if created is None:
+                raise ExecutionNotFound(
+                    f"no execution has id {after}: page on with the last id of a page listed"
+                )
+            query = query.where(tuple_(Execution.created_at, Execution.id) < (created, after))
         return [(e, n, v) for e, n, v in self.session.execute(query)]
 
     def status_counts(

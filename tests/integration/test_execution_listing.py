@@ -72,6 +72,8 @@ def test_executions_are_found_by_workflow_status_node_status_time_and_keys_page_
     second = ids(http.get("/v1/executions", params={"limit": 2, "after": first[-1]}))
     assert first + second == [failed, *sums]
     assert ids(http.get("/v1/executions", params={"after": second[-1]})) == []
+    lost = http.get("/v1/executions", params={"after": str(uuid.uuid4())})
+    assert lost.status_code == 404 and "last id of a page" in lost.json()["detail"]
     bad = http.get("/v1/executions", params={"node_status": "sleeping"})
     assert bad.status_code == 422 and "node_status" in bad.text
 
