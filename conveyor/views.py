@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import TypedDict  # pydantic (the API) needs it before Python 3.12
 
 from conveyor.engine.records import WorkflowRecord
-from conveyor.engine.states import AttemptStatus
+from conveyor.engine.states import AttemptStatus, JobStatus
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
+    from conveyor.store.listing import StatusCount
     from conveyor.store.sql_store import SqlStore
 
 
@@ -39,6 +40,7 @@ class JobJson(TypedDict):
     priority: str
     next_run_at: str | None
     last_error: str | None
+    heartbeat_at: str | None  # last renewed by the worker running it (processing only)
     attempts: list[AttemptJson]
 
 
@@ -53,6 +55,11 @@ class NodeJson(TypedDict):
     started_at: str | None
     finished_at: str | None
     duration: float | None
+    # While the node runs: the worker holding it, its last heartbeat and that heartbeat's age
+    # in seconds when read (a worker renews it every CONVEYOR_HEARTBEAT_INTERVAL seconds).
+    worker: str | None
+    heartbeat_at: str | None
+    heartbeat_age: float | None
 
 
 class ExecutionSummaryJson(TypedDict):
@@ -74,6 +81,26 @@ class ExecutionJson(ExecutionSummaryJson):
     output: Any
     nodes: list[NodeJson]
     jobs: list[JobJson]
+
+
+class StatusCountJson(TypedDict):
+    workflow: str
+    status: str
+    count: int
+    oldest: str  # the first created, ISO 8601
+    newest: str  # the last created
+    average_attempts: float  # tries of their jobs per execution
+
+
+def status_count_json(row: StatusCount) -> StatusCountJson:
+    return {
+        "workflow": row.workflow,
+        "status": row.status.value,
+        "count": row.count,
+        "oldest": iso(row.oldest) or "",
+        "newest": iso(row.newest) or "",
+        "average_attempts": round(row.attempts / row.count, 2),
+    }
 
 
 class WorkflowJson(TypedDict):
@@ -129,34 +156,38 @@ def execution_json(
     nodes: Sequence[NodeState],
     jobs: Sequence[tuple[Job, list[JobAttempt]]],
 ) -> ExecutionJson:
-    tries = {job.node_id: _tries(attempts) for job, attempts in jobs if job.node_id}
+    by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
+    now = datetime.now(UTC)
     return {
         **execution_summary(row, workflow.name, workflow.version),
         "input": row.input,
         "output": row.output,
-        "nodes": [_node_json(n, *tries.get(n.node_id, (0, 0))) for n in nodes],
+        "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
     }
 
 
-def _tries(attempts: Sequence[JobAttempt]) -> tuple[int, int]:
-    """A node's tries: those that were attempts, and those that snoozed (conveyor.Snooze)."""
+def _node_json(row: NodeState, job: tuple[Job, list[JobAttempt]] | None, now: datetime) -> NodeJson:
+    attempts = job[1] if job is not None else []
     snoozes = sum(1 for a in attempts if a.status is AttemptStatus.SNOOZED)
-    return len(attempts) - snoozes, snoozes
-
-
-def _node_json(row: NodeState, attempts: int, snoozes: int) -> NodeJson:
+    beat = (
+        job[0].heartbeat_at if job is not None and job[0].status == JobStatus.PROCESSING else None
+    )
+    running = [a.worker for a in attempts if a.status == AttemptStatus.RUNNING]
     return {
         "id": row.node_id,
         "status": row.status.value,
         "branch": row.branch,
-        "attempts": attempts,
+        "attempts": len(attempts) - snoozes,
         "snoozes": snoozes,
         "output": row.output,
         "error": row.error,
         "started_at": iso(row.started_at),
         "finished_at": iso(row.finished_at),
         "duration": seconds(row.started_at, row.finished_at),
+        "worker": running[-1] if beat is not None and running else None,
+        "heartbeat_at": iso(beat),
+        "heartbeat_age": seconds(beat, now) if beat is not None else None,
     }
 
 
@@ -170,6 +201,7 @@ def _job_json(row: Job, attempts: list[JobAttempt]) -> JobJson:
         "priority": row.priority.value,
         "next_run_at": iso(row.next_run_at),
         "last_error": row.last_error,
+        "heartbeat_at": iso(row.heartbeat_at) if row.status == JobStatus.PROCESSING else None,
         "attempts": [_attempt_json(a) for a in attempts],
     }
 

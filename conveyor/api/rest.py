@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Request, Response, status
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -29,7 +30,7 @@ from conveyor.api.schemas import (
 )
 from conveyor.config import get_settings
 from conveyor.engine.records import TenantRef
-from conveyor.engine.states import ExecutionStatus, TriggerSource
+from conveyor.engine.states import ExecutionStatus, NodeStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import (
     ExecutionNotFound,
@@ -38,6 +39,7 @@ from conveyor.exceptions import (
     WorkflowNotFound,
 )
 from conveyor.service import Conveyor
+from conveyor.store.listing import ExecutionFilter
 from conveyor.wiring import function_parameters, http_allow, known_functions
 
 router = APIRouter(
@@ -157,17 +159,63 @@ def trigger(
 # -- executions --------------------------------------------------------------------------------
 
 
+class Filters:
+    """The query parameters that narrow a listing and the status view (all optional)."""
+
+    def __init__(
+        self,
+        status_: Annotated[ExecutionStatus | None, Query(alias="status")] = None,
+        workflow: Annotated[str | None, Query(description="A workflow's name")] = None,
+        node_status: Annotated[
+            NodeStatus | None, Query(description="Having a node in this status")
+        ] = None,
+        created_after: Annotated[datetime | None, Query(description="ISO 8601")] = None,
+        created_before: Annotated[datetime | None, Query(description="ISO 8601")] = None,
+        dedupe_key: Annotated[str | None, Query(max_length=200)] = None,
+        idempotency_key: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> None:
+        self.value = ExecutionFilter(
+            status=status_, workflow=workflow, node_status=node_status,
+            created_after=_aware(created_after), created_before=_aware(created_before),
+            dedupe_key=dedupe_key, idempotency_key=idempotency_key,
+        )  # fmt: skip
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """A time without an offset is taken as UTC, as every time Conveyor shows is."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+FiltersDep = Annotated[Filters, Depends()]
+
+
 @router.get("/executions", tags=["executions"])
 def list_executions(
     service: ServiceDep,
     tenant: TenantDep,
-    status_: Annotated[ExecutionStatus | None, Query(alias="status")] = None,
+    filters: FiltersDep,
+    after: Annotated[
+        uuid.UUID | None, Query(description="The last id of the previous page: the next page")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> list[views.ExecutionSummaryJson]:
-    """The tenant's most recent executions, newest first."""
+    """The tenant's executions, newest first, narrowed by the filters given; page on with
+    ``after`` set to the last id of a page."""
     with service.db.transaction() as store:
-        rows = store.list_executions(tenant.id, status=status_, limit=limit)
+        rows = store.list_executions(tenant.id, where=filters.value, after=after, limit=limit)
         return [views.execution_summary(e, name, version) for e, name, version in rows]
+
+
+@router.get("/executions/summary", tags=["executions"])
+def executions_summary(
+    service: ServiceDep, tenant: TenantDep, filters: FiltersDep
+) -> list[views.StatusCountJson]:
+    """The status view: the tenant's executions counted by workflow and status, with the
+    oldest and newest and the average tries per execution (the same filters as the list)."""
+    with service.db.transaction() as store:
+        return [views.status_count_json(c) for c in store.status_counts(tenant.id, filters.value)]
 
 
 @router.get("/executions/{execution_id}", tags=["executions"], response_model=views.ExecutionJson)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from contextlib import suppress
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -30,13 +31,14 @@ from conveyor.cli.common import (
 from conveyor.cli.definitions import apply_files
 from conveyor.config import get_settings
 from conveyor.definition_files import SUFFIXES
-from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
+from conveyor.engine.states import ExecutionStatus, NodeStatus, Priority, TriggerSource
 from conveyor.exceptions import InvalidTransition
 from conveyor.store import DEFAULT_TENANT
+from conveyor.store.listing import ExecutionFilter
 
 EXAMPLES = migrations.ROOT / "examples"
 
-executions_app = group("Executions: list, show, cancel.")
+executions_app = group("Executions: list, count, show, cancel.")
 
 
 def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
@@ -102,24 +104,103 @@ def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
     return execution_view(execution_id)
 
 
+OnlyTenant = Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant.")]
+Status = Annotated[ExecutionStatus | None, typer.Option(help="Only this status.")]
+Workflow = Annotated[str | None, typer.Option("--workflow", "-w", help="Only this workflow.")]
+NodeStatusOption = Annotated[
+    NodeStatus | None, typer.Option(help="Only those with a node in this status.")
+]
+Time = Annotated[
+    datetime | None,
+    typer.Option(
+        formats=[
+            f"%Y-%m-%dT%H:%M:%S{fraction}{offset}"
+            for fraction in ("", ".%f")
+            for offset in ("%z", "")
+        ]
+        + ["%Y-%m-%d"],
+        metavar="TIME",
+        help="A time (created_at as shown, or without an offset: UTC).",
+    ),
+]
+Key = Annotated[str | None, typer.Option()]
+
+
+def _filter(
+    status: ExecutionStatus | None,
+    workflow: str | None,
+    node_status: NodeStatus | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    dedupe_key: str | None = None,
+    idempotency_key: str | None = None,
+) -> ExecutionFilter:
+    def aware(value: datetime | None) -> datetime | None:  # a time without offset is UTC
+        return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
+
+    return ExecutionFilter(
+        status=status, workflow=workflow, node_status=node_status,
+        created_after=aware(created_after), created_before=aware(created_before),
+        dedupe_key=dedupe_key, idempotency_key=idempotency_key,
+    )  # fmt: skip
+
+
 @executions_app.command("list")
 def executions_list(
-    tenant: Annotated[str | None, typer.Option("--tenant", "-t", help="Only this tenant.")] = None,
-    status: Annotated[ExecutionStatus | None, typer.Option(help="Only this status.")] = None,
+    tenant: OnlyTenant = None,
+    status: Status = None,
+    workflow: Workflow = None,
+    node_status: NodeStatusOption = None,
+    created_after: Time = None,
+    created_before: Time = None,
+    dedupe_key: Annotated[str | None, typer.Option(help="Only this deduplication key.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Only this idempotency key.")] = None,
+    after: Annotated[
+        str | None, typer.Option(metavar="ID", help="Go on after this id (the last shown).")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many.")] = 20,
     as_json: JsonFlag = False,
 ) -> None:
-    """The most recent executions, newest first."""
+    """Executions, newest first, narrowed by the options given (times in UTC unless they
+    carry an offset); page on with --after set to the last id shown."""
+    where = _filter(
+        status, workflow, node_status, created_after, created_before, dedupe_key, idempotency_key
+    )
+    last = parse_uuid(after) if after is not None else None
     with embedded_schema(), wiring.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
         rows = [
             views.execution_summary(e, name, version)
-            for e, name, version in store.list_executions(tenant_id, status=status, limit=limit)
+            for e, name, version in store.list_executions(
+                tenant_id, where=where, after=last, limit=limit
+            )
         ]
     if as_json:
         render.print_json(rows)
     else:
         render.out.print(render.executions_table(rows) if rows else "no executions")
+
+
+@executions_app.command("stats")
+def executions_stats(
+    tenant: OnlyTenant = None,
+    status: Status = None,
+    workflow: Workflow = None,
+    node_status: NodeStatusOption = None,
+    created_after: Time = None,
+    created_before: Time = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The status view: executions counted by workflow and status, with the oldest, the
+    newest and the average tries per execution."""
+    where = _filter(status, workflow, node_status, created_after, created_before)
+    with embedded_schema(), wiring.database().transaction() as store:
+        tenant_id = store.tenant_id(tenant) if tenant is not None else None
+        rows = [views.status_count_json(c) for c in store.status_counts(tenant_id, where)]
+    if as_json:
+        render.print_json(rows)
+    else:
+        render.out.print(render.status_counts_table(rows) if rows else "no executions")
 
 
 @executions_app.command("show")

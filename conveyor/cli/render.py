@@ -25,6 +25,7 @@ from conveyor.views import (
     ExecutionSummaryJson,
     JobJson,
     NodeJson,
+    StatusCountJson,
     WorkflowJson,
     seconds,
 )
@@ -111,6 +112,16 @@ def executions_table(rows: Sequence[ExecutionSummaryJson]) -> Table:
     return table
 
 
+def status_counts_table(rows: Sequence[StatusCountJson]) -> Table:
+    table = Table("workflow", "status", "count", "oldest", "newest", "avg tries", box=None)
+    for r in rows:
+        table.add_row(
+            r["workflow"], styled(r["status"]), str(r["count"]), fmt_time(r["oldest"]),
+            fmt_time(r["newest"]), f"{r['average_attempts']:.2f}",
+        )  # fmt: skip
+    return table
+
+
 def progress_table(view: ExecutionJson, now: datetime) -> Table:
     """One row per node: the live view of ``run --wait`` and the node list of ``show``."""
     jobs = {j["node"]: j for j in view["jobs"] if j["node"]}
@@ -146,6 +157,9 @@ def _running_for(node: NodeJson, now: datetime) -> float | None:
 
 
 def _detail(node: NodeJson) -> Text:
+    if node["heartbeat_age"] is not None:
+        beat = f"heartbeat {fmt_seconds(node['heartbeat_age'])} ago"
+        return Text(f"on {node['worker']}, {beat}" if node["worker"] else beat, style="dim")
     if node["error"]:
         return Text(short(node["error"]), style="red")
     if node["status"] == "completed":

@@ -203,6 +203,17 @@ class Execution(Base):
     __tablename__ = "executions"
     __table_args__ = (
         Index("ix_executions_tenant_created", "tenant_id", "created_at"),
+        # The listing's filters (conveyor executions list, GET /v1/executions): newest first
+        # within a tenant's status or workflow, and every execution of a deduplication key.
+        Index("ix_executions_tenant_status_created", "tenant_id", "status", "created_at"),
+        Index("ix_executions_tenant_workflow_created", "tenant_id", "workflow_id", "created_at"),
+        Index(
+            "ix_executions_tenant_dedupe",
+            "tenant_id",
+            "dedupe_key",
+            postgresql_where=text("dedupe_key IS NOT NULL"),
+            sqlite_where=text("dedupe_key IS NOT NULL"),
+        ),
         # A retried trigger with the same Idempotency-Key finds the execution it made.
         Index(
             "uq_executions_idempotency",
@@ -271,7 +282,18 @@ class NodeState(Base):
     """The state storage: one row per node of an execution, with its output once it ran."""
 
     __tablename__ = "node_states"
-    __table_args__ = (UniqueConstraint("execution_id", "node_id"),)
+    __table_args__ = (
+        UniqueConstraint("execution_id", "node_id"),
+        # Executions having a node in a rare status (the listing's node_status filter): the
+        # settled-well statuses, which most nodes end in, stay out of it.
+        Index(
+            "ix_node_states_unsettled",
+            "status",
+            "execution_id",
+            postgresql_where=text("status NOT IN ('completed', 'skipped')"),
+            sqlite_where=text("status NOT IN ('completed', 'skipped')"),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     execution_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("executions.id", ondelete="CASCADE"))

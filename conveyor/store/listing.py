@@ -5,32 +5,141 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVarTuple
 
-from sqlalchemy import select
+from sqlalchemy import Select, exists, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.states import ExecutionStatus, NodeStatus
 from conveyor.exceptions import ExecutionNotFound
 from conveyor.models import Execution, Job, JobAttempt, NodeState, WorkflowVersion
+
+Ts = TypeVarTuple("Ts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionFilter:
+    """Which executions a listing or the status view counts; every field narrows it."""
+
+    status: ExecutionStatus | None = None
+    workflow: str | None = None  # a workflow's name: every version of it
+    node_status: NodeStatus | None = None  # has at least one node in this status
+    created_after: datetime | None = None  # strictly after
+    created_before: datetime | None = None  # strictly before
+    dedupe_key: str | None = None  # active or finished
+    idempotency_key: str | None = None
+
+    def applied(self, query: Select[*Ts]) -> Select[*Ts]:
+        if self.status is not None:
+            query = query.where(Execution.status == self.status)
+        if self.workflow is not None:
+            query = query.where(WorkflowVersion.name == self.workflow)
+        if self.node_status is not None:
+            query = query.where(
+                exists().where(
+                    NodeState.execution_id == Execution.id, NodeState.status == self.node_status
+                )
+            )
+        if self.created_after is not None:
+            query = query.where(Execution.created_at > self.created_after)
+        if self.created_before is not None:
+            query = query.where(Execution.created_at < self.created_before)
+        if self.dedupe_key is not None:
+            query = query.where(Execution.dedupe_key == self.dedupe_key)
+        if self.idempotency_key is not None:
+            query = query.where(Execution.idempotency_key == self.idempotency_key)
+        return query
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusCount:
+    """One line of the status view: a workflow's executions in one status."""
+
+    workflow: str
+    status: ExecutionStatus
+    count: int
+    oldest: datetime
+    newest: datetime
+    attempts: int  # tries of their jobs, all told
 
 
 class ListingQueries:
     session: Session
 
     def list_executions(
-        self, tenant_id: uuid.UUID | None, *, status: ExecutionStatus | None, limit: int
+        self,
+        tenant_id: uuid.UUID | None,
+        *,
+        where: ExecutionFilter | None = None,
+        after: uuid.UUID | None = None,
+        limit: int,
     ) -> Sequence[tuple[Execution, str, int]]:
+        """Newest first (by creation, then id). ``after``: the last execution of the previous
+        page; the page goes on below it (keyset pagination: no row is skipped or repeated by
+        executions created meanwhile)."""
         query = (
             select(Execution, WorkflowVersion.name, WorkflowVersion.version)
             .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
-            .order_by(Execution.created_at.desc())
+            .order_by(Execution.created_at.desc(), Execution.id.desc())
             .limit(limit)
         )
         if tenant_id is not None:
             query = query.where(Execution.tenant_id == tenant_id)
-        if status is not None:
-            query = query.where(Execution.status == status)
+        if where is not None:
+            query = where.applied(query)
+        if after is not None:
+            mark = select(Execution.created_at).where(Execution.id == after)
+            if tenant_id is not None:
+                mark = mark.where(Execution.tenant_id == tenant_id)
+            created = self.session.scalar(mark)
+            if created is None:
+                raise ExecutionNotFound(
+                    f"no execution has id {after}: page on with the last id of a page listed"
+                )
+            query = query.where(tuple_(Execution.created_at, Execution.id) < (created, after))
         return [(e, n, v) for e, n, v in self.session.execute(query)]
+
+    def status_counts(
+        self, tenant_id: uuid.UUID | None, where: ExecutionFilter | None = None
+    ) -> list[StatusCount]:
+        """The status view: executions counted by workflow and status, with the oldest and
+        newest creation and their jobs' tries (two grouped statements, no row fetched)."""
+        base = select(WorkflowVersion.name, Execution.status).join(
+            WorkflowVersion, WorkflowVersion.id == Execution.workflow_id
+        )
+        if tenant_id is not None:
+            base = base.where(Execution.tenant_id == tenant_id)
+        if where is not None:
+            base = where.applied(base)
+        groups = self.session.execute(
+            base.add_columns(
+                func.count(), func.min(Execution.created_at), func.max(Execution.created_at)
+            ).group_by(WorkflowVersion.name, Execution.status)
+        ).all()
+        tries = dict(
+            ((name, status), n)
+            for name, status, n in self.session.execute(
+                base.join(Job, Job.execution_id == Execution.id)
+                .join(JobAttempt, JobAttempt.job_id == Job.id)
+                .add_columns(func.count())
+                .group_by(WorkflowVersion.name, Execution.status)
+            )
+        )
+        return [
+            StatusCount(
+                workflow=name,
+                status=status,
+                count=count,
+                oldest=oldest,
+                newest=newest,
+                attempts=tries.get((name, status), 0),
+            )
+            for name, status, count, oldest, newest in sorted(
+                groups, key=lambda g: (g[0], g[1].value)
+            )
+        ]
 
     def execution_row(self, execution_id: uuid.UUID) -> Execution:
         row = self.session.get(Execution, execution_id)

@@ -74,7 +74,7 @@ class Home:
 
     def executions(self) -> list[Any]:
         with self.db.transaction() as store:
-            return [e for e, _, _ in store.list_executions(None, status=None, limit=100)]
+            return [e for e, _, _ in store.list_executions(None, limit=100)]
 
     def status(self, execution_id: uuid.UUID) -> ExecutionStatus:
         with self.db.transaction() as store:

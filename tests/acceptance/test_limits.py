@@ -19,6 +19,7 @@ from conveyor.engine.states import ExecutionStatus, JobStatus, Priority, Trigger
 from conveyor.engine.validation import parse_workflow
 from conveyor.limiter import RedisLimiter
 from conveyor.service import Conveyor
+from conveyor.store.listing import ExecutionFilter
 from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ACCEPTANCE_REDIS, await_ready
 from tests.acceptance.test_cli import conveyor
 from tests.support.services import Span, effects, max_overlap, spans, wait_for
@@ -212,7 +213,11 @@ def wait_planned(client: Conveyor, count: int) -> None:
     deadline = time.monotonic() + 60
     while True:
         with client.db.transaction() as store:
-            running = len(store.list_executions(None, status=ExecutionStatus.RUNNING, limit=count))
+            running = len(
+                store.list_executions(
+                    None, where=ExecutionFilter(status=ExecutionStatus.RUNNING), limit=count
+                )
+            )
         if running >= count:
             return
         assert time.monotonic() < deadline, f"{running} of {count} executions planned"

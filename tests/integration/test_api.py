@@ -65,7 +65,7 @@ def signed(secret: str, body: bytes, msg_id: str = "msg_1", at: datetime | None 
 
 def executions(service: Conveyor, tenant: str) -> list[Any]:
     with service.db.transaction() as store:
-        return list(store.list_executions(store.tenant_id(tenant), status=None, limit=100))
+        return list(store.list_executions(store.tenant_id(tenant), limit=100))
 
 
 def deliveries(service: Conveyor) -> int:
@@ -295,6 +295,8 @@ def test_tenant_a_cannot_see_or_touch_tenant_bs_work(
         assert a.get("/v1/workflows/doomed").status_code == 404
         assert a.post("/v1/workflows/doomed/executions").status_code == 404
         assert a.get("/v1/executions").json() == []
+        assert a.get("/v1/executions", params={"workflow": "doomed"}).json() == []
+        assert a.get("/v1/executions/summary").json() == []
         assert a.get(f"/v1/executions/{started}").status_code == 404
         assert a.post(f"/v1/executions/{started}/cancel").status_code == 404
         assert a.get(f"/v1/executions/{started}/events").status_code == 404

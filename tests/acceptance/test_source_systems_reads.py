@@ -1,0 +1,132 @@
+"""Issue 27, seeing and finding, as an operator of the replaced job systems would: a running
+node's heartbeat seen to move in `conveyor executions show` and the REST API, and executions
+found by filter and counted by the status view, through `conveyor` and `conveyor api` processes
+and a real `celery worker`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.acceptance.test_api import api  # noqa: F401  (the fixture: `conveyor api`)
+from tests.acceptance.test_cli import conveyor
+
+Start = Callable[..., subprocess.Popen[str]]
+SLOW = {"name": "export", "nodes": [{"id": "render", "type": "python",
+                                     "config": {"function": "test.sleep"},
+                                     "inputs": {"seconds": 60}}]}  # fmt: skip
+SUM = {"name": "sum", "nodes": [{"id": "add", "type": "python", "config": {"function": "test.add"},
+                                 "inputs": {"a": 1, "b": 1}}]}  # fmt: skip
+DOOMED = {"name": "doomed", "defaults": {"retry": {"max_attempts": 3, "backoff": 0.01}},
+          "nodes": [{"id": "f", "type": "python", "config": {"function": "test.fail"},
+                     "inputs": {"message": "no"}}]}  # fmt: skip
+
+
+def cli_json(env: dict[str, str], *args: str) -> Any:
+    done = conveyor(*args, "--json", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def until(check: Callable[[], Any], what: str, seconds: float = 30) -> Any:
+    deadline = time.monotonic() + seconds
+    while not (found := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return found
+
+
+def test_a_heartbeat_moves_in_show_and_the_api_and_executions_are_found_and_counted(
+    api: str,  # noqa: F811
+    start_worker: Start,
+    acceptance_env: dict[str, str],
+    request: pytest.FixtureRequest,
+) -> None:
+    # Given a worker that beats every 0.3 s, a tenant's key, and three workflows
+    env = {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
+    start_worker("workflow-execution,workflow-node", concurrency=2, name="beats",
+                 env={"CONVEYOR_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
+    assert conveyor("tenants", "create", "acme", env=env).returncode == 0
+    key = conveyor("keys", "create", "--tenant", "acme", env=env).stdout.strip()
+    http = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    request.addfinalizer(http.close)
+    for flow in (SLOW, SUM, DOOMED):
+        assert http.post("/v1/workflows", json=flow).status_code == 201
+
+    # When a slow node runs
+    slow = http.post("/v1/workflows/export/executions", json={"dedupe_key": "doc-1"}).json()["id"]
+
+    def beat_in_show() -> dict[str, Any] | None:
+        node = cli_json(env, "executions", "show", slow)["nodes"][0]
+        return node if node["heartbeat_at"] else None
+
+    # Then `executions show` names its worker and shows its heartbeat, which moves
+    first = until(beat_in_show, "no heartbeat in executions show")
+    assert first["status"] == "running" and first["worker"]  # host:pid
+    assert first["heartbeat_age"] >= 0
+    later = until(
+        lambda: (n := beat_in_show()) and n["heartbeat_at"] > first["heartbeat_at"] and n,
+        "the heartbeat did not move in executions show",
+    )
+    assert later["worker"] == first["worker"]
+    table = conveyor("executions", "show", slow, env=env).stdout
+    assert f"on {first['worker']}, heartbeat" in table
+    # ... and so does the API's read of the execution
+    seen = http.get(f"/v1/executions/{slow}").json()["nodes"][0]
+    assert seen["worker"] == first["worker"] and seen["heartbeat_at"] >= later["heartbeat_at"]
+    until(
+        lambda: (
+            http.get(f"/v1/executions/{slow}").json()["nodes"][0]["heartbeat_at"]
+            > seen["heartbeat_at"]
+        ),
+        "the heartbeat did not move in the API",
+    )
+
+    # When quick runs finish beside it: two sums (one with an idempotency key) and a failure
+    plain = http.post("/v1/workflows/sum/executions").json()["id"]
+    keyed = http.post("/v1/workflows/sum/executions", headers={"Idempotency-Key": "pay-1"}).json()[
+        "id"
+    ]
+    failed = http.post("/v1/workflows/doomed/executions").json()["id"]
+    until(
+        lambda: (
+            len(http.get("/v1/executions", params={"status": "completed"}).json()) == 2
+            and http.get("/v1/executions", params={"status": "failed"}).json()
+        ),
+        "the quick runs did not finish",
+    )
+
+    # Then the filters find each, in the API and the CLI
+    def api_ids(**params: str) -> list[str]:
+        return [e["id"] for e in http.get("/v1/executions", params=params).json()]
+
+    def cli_ids(*args: str) -> list[str]:
+        return [e["id"] for e in cli_json(env, "executions", "list", "--tenant", "acme", *args)]
+
+    assert api_ids(workflow="sum") == cli_ids("--workflow", "sum") == [keyed, plain]
+    assert api_ids(node_status="running") == cli_ids("--node-status", "running") == [slow]
+    assert api_ids(node_status="failed") == [failed]
+    assert api_ids(dedupe_key="doc-1") == cli_ids("--dedupe-key", "doc-1") == [slow]
+    assert api_ids(idempotency_key="pay-1") == [keyed]
+    page = api_ids(limit="2")
+    assert page + api_ids(after=page[-1]) == [failed, keyed, plain, slow]
+    assert cli_ids("--limit", "2", "--after", page[-1]) == [plain, slow]
+    created = http.get(f"/v1/executions/{plain}").json()["created_at"]
+    assert api_ids(created_after=created) == [failed, keyed]
+    assert cli_ids("--created-before", created[:19]) == [slow]  # no offset: UTC
+
+    # And the status view counts them by workflow and status, with the tries
+    expected = [("doomed", "failed", 1, 3.0), ("export", "running", 1, 1.0),
+                ("sum", "completed", 2, 1.0)]  # fmt: skip
+    for rows in (http.get("/v1/executions/summary").json(),
+                 cli_json(env, "executions", "stats", "--tenant", "acme")):  # fmt: skip
+        assert [(r["workflow"], r["status"], r["count"], r["average_attempts"]) for r in rows] == (
+            expected
+        )
+    assert http.post(f"/v1/executions/{slow}/cancel").status_code == 200
