@@ -4,15 +4,22 @@ passed over; on SQLite the trigger writes them too."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
 from conveyor import migrations
-from conveyor.engine.records import Dispatch
+from conveyor.api import tenant_stream
+from conveyor.api.hub import PolledHub
+from conveyor.api.stream import Admission, Streams
+from conveyor.engine.records import Dispatch, TenantRef
+from conveyor.engine.states import DEFAULT_TENANT
 from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import TooManyStreams
 from conveyor.service import Conveyor
 from conveyor.store import Database
 
@@ -91,3 +98,67 @@ def test_sqlite_writes_and_reads_the_events_in_order(tmp_path: Path) -> None:
         assert statuses(service, cursor)[0] == []  # type: ignore[arg-type]
     finally:
         database.dispose()
+
+
+def test_tenant_streams_count_against_the_same_caps_as_execution_streams(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a process whose tenants may hold two streams each, and a running execution
+    conveyor_service.apply(parse_workflow(HOLD))
+    execution_id = conveyor_service.trigger("hold", {})
+    with conveyor_service.db.transaction() as store:
+        acme = TenantRef(id=store.tenant_id(DEFAULT_TENANT), name=DEFAULT_TENANT)
+    other = TenantRef(id=uuid.uuid4(), name="other")
+
+    async def scenario() -> tuple[list[str], int, int]:
+        poller = tenant_stream.Poller(
+            lambda after: tenant_stream.read_events(conveyor_service, after, None, 100)
+        )
+        streams = Streams(
+            PolledHub(lambda ids: {}), Admission(per_tenant=2, per_process=10), poller=poller
+        )
+        await poller.start()
+        refusals: list[str] = []
+        try:
+            # When acme opens a tenant stream and an execution stream, then one more of each
+            held = [
+                await streams.open_tenant(
+                    conveyor_service, acme, tenant_stream.Filters(acme.id), None
+                ),
+                await streams.open(conveyor_service, acme, execution_id),
+            ]
+            for extra in (
+                streams.open_tenant(conveyor_service, acme, tenant_stream.Filters(acme.id), None),
+                streams.open(conveyor_service, acme, execution_id),
+            ):
+                try:
+                    await extra
+                except TooManyStreams as exc:
+                    refusals.append(str(exc))
+            # and a Last-Event-ID that is no id, while another tenant opens one
+            try:
+                await streams.open_tenant(
+                    conveyor_service, other, tenant_stream.Filters(other.id), "yesterday"
+                )
+            except ValueError as exc:
+                refusals.append(str(exc))
+            held.append(
+                await streams.open_tenant(
+                    conveyor_service, other, tenant_stream.Filters(other.id), None
+                )
+            )
+            during = streams.admission.open
+            for response in held:
+                response._on_close()
+            return refusals, during, streams.admission.open
+        finally:
+            await streams.close()
+
+    refusals, during, after = asyncio.run(scenario())
+
+    # Then both of acme's extra streams are refused naming the setting, the bad id is refused
+    # before it takes a place, and every place is given back when the streams close
+    assert len(refusals) == 3
+    assert all("CONVEYOR_STREAMS_PER_TENANT" in r for r in refusals[:2])
+    assert "Last-Event-ID 'yesterday'" in refusals[2]
+    assert (during, after) == (3, 0)
