@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
 
 from conveyor import migrations
@@ -79,25 +80,29 @@ class Dropped:
         pass
 
 
-def test_sqlite_writes_and_reads_the_events_in_order(tmp_path: Path) -> None:
-    # Given the embedded database, and an execution triggered and cancelled
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[Conveyor]:
+    """A service on a fresh SQLite database (nothing runs its jobs), with the hold workflow."""
     url = f"sqlite:///{tmp_path / 'conveyor.db'}"
     migrations.upgrade(url)
     database = Database(url)
-    try:
-        service = Conveyor(database, Dropped())
-        service.apply(parse_workflow(HOLD))
-        with service.db.transaction() as store:
-            start = store.stream_horizon()
-        execution_id = service.trigger("hold", {})
-        service.cancel(execution_id)
+    service = Conveyor(database, Dropped())
+    service.apply(parse_workflow(HOLD))
+    yield service
+    database.dispose()
 
-        # Then its events are read after where they stood, in order, and the cursor moves past
-        seen, cursor = statuses(service, start)
-        assert seen == [(str(execution_id), "running"), (str(execution_id), "cancelled")]
-        assert statuses(service, cursor)[0] == []  # type: ignore[arg-type]
-    finally:
-        database.dispose()
+
+def test_sqlite_writes_and_reads_the_events_in_order(embedded: Conveyor) -> None:
+    # Given the embedded database, and an execution triggered and cancelled
+    with embedded.db.transaction() as store:
+        start = store.stream_horizon()
+    execution_id = embedded.trigger("hold", {})
+    embedded.cancel(execution_id)
+
+    # Then its events are read after where they stood, in order, and the cursor moves past
+    seen, cursor = statuses(embedded, start)
+    assert seen == [(str(execution_id), "running"), (str(execution_id), "cancelled")]
+    assert statuses(embedded, cursor)[0] == []  # type: ignore[arg-type]
 
 
 def test_tenant_streams_count_against_the_same_caps_as_execution_streams(
@@ -162,3 +167,58 @@ def test_tenant_streams_count_against_the_same_caps_as_execution_streams(
     assert all("CONVEYOR_STREAMS_PER_TENANT" in r for r in refusals[:2])
     assert "Last-Event-ID 'yesterday'" in refusals[2]
     assert (during, after) == (3, 0)
+
+
+def test_a_stream_that_finds_a_gap_in_the_spans_reads_what_it_missed(
+    embedded: Conveyor,
+) -> None:
+    # Given a stream opened now, and two executions' events it was never handed (the spans
+    # that carried them fell off its backlog)
+    with embedded.db.transaction() as store:
+        tenant_id = store.tenant_id(DEFAULT_TENANT)
+    filters = tenant_stream.Filters(tenant_id)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        cursor, first = await tenant_stream.opening(embedded, filters, None)
+        ids = [str(embedded.trigger("hold", {})) for _ in range(2)]
+        with embedded.db.transaction() as store:
+            now = store.stream_horizon()
+        feed = tenant_stream.TenantFeed(tenant_id)
+        # When the next span it gets starts after where it stopped
+        feed.push(tenant_stream.Span(now, (0, now[1] + 1), []))
+        chunks = tenant_stream.events(embedded, feed, filters, cursor, first, keepalive=60)
+        sent = [await anext(chunks), await anext(chunks)]
+        await chunks.aclose()
+        return ids, [c.decode() for c in sent]
+
+    ids, sent = asyncio.run(scenario())
+
+    # Then it reads them itself and sends both, in order
+    assert sent[0] == ": stream open\n\n"
+    assert [i for i in ids if i in sent[1]] == ids
+    assert sent[1].index(ids[0]) < sent[1].index(ids[1])
+
+
+def test_a_resume_past_the_replay_bound_sends_reset_and_goes_on_from_now(
+    embedded: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a resume point with more events since than a resume replays
+    monkeypatch.setattr(tenant_stream, "REPLAY_MOST", 2)
+    with embedded.db.transaction() as store:
+        tenant_id = store.tenant_id(DEFAULT_TENANT)
+        start = store.stream_horizon()
+    for _ in range(3):
+        embedded.trigger("hold", {})
+    filters = tenant_stream.Filters(tenant_id)
+
+    # When a client resumes from there, and from one event later
+    far = asyncio.run(tenant_stream.opening(embedded, filters, tenant_stream.event_id(start)))
+    near = asyncio.run(
+        tenant_stream.opening(embedded, filters, tenant_stream.event_id((0, start[1] + 1)))
+    )
+
+    # Then the first gets one reset, at now; the second the two events since
+    (cursor, (reset,)) = far
+    assert reset.startswith(f"id: 0-{start[1] + 3}\nevent: reset\n".encode())
+    assert cursor == (0, start[1] + 3)
+    assert [c.split(b"\n")[1] for c in near[1]] == [b"event: execution"] * 2
