@@ -27,7 +27,9 @@ from conveyor.store import Database
 HOLD = {"name": "hold", "nodes": [{"id": "wait", "type": "delay", "config": {"seconds": 600}}]}
 
 
-def statuses(service: Conveyor, after: tuple[int, int]) -> tuple[list[tuple[str, str]], object]:
+def statuses(
+    service: Conveyor, after: tuple[int, int]
+) -> tuple[list[tuple[str, str]], tuple[int, int]]:
     with service.db.transaction() as store:
         found, cursor = store.stream_events(after, limit=100)
     return [(str(data["execution_id"]), str(data["status"])) for _, _, data in found], cursor
@@ -66,7 +68,7 @@ def test_an_event_committed_after_a_later_one_is_not_passed_over(
     deadline = time.monotonic() + 20
     while len([e for e in later if e[1] == "cancelled"]) < 2:
         assert time.monotonic() < deadline, later
-        found, cursor = statuses(conveyor_service, cursor)  # type: ignore[arg-type]
+        found, cursor = statuses(conveyor_service, cursor)
         later += found
         time.sleep(0.05)
     assert [e for e in seen + later if e[1] == "cancelled"] == [
@@ -102,7 +104,7 @@ def test_sqlite_writes_and_reads_the_events_in_order(embedded: Conveyor) -> None
     # Then its events are read after where they stood, in order, and the cursor moves past
     seen, cursor = statuses(embedded, start)
     assert seen == [(str(execution_id), "running"), (str(execution_id), "cancelled")]
-    assert statuses(embedded, cursor)[0] == []  # type: ignore[arg-type]
+    assert statuses(embedded, cursor)[0] == []
 
 
 def test_tenant_streams_count_against_the_same_caps_as_execution_streams(
