@@ -51,7 +51,8 @@ Found = tuple[Cursor, uuid.UUID, dict[str, Any]]
 def cursor_of(event_id: str) -> Cursor:
     """The cursor an event id names (raises :class:`ValueError` naming the problem)."""
     txid, _, row = event_id.strip().partition("-")
-    if not (txid.isdigit() and row.isdigit()):
+    numbers = txid.isascii() and txid.isdigit() and row.isascii() and row.isdigit()
+    if not (numbers and max(int(txid), int(row)) < 2**63):
         raise ValueError(
             f"Last-Event-ID {event_id[:80]!r} is not an event id of this stream (two numbers "
             f"joined by '-', as each event's id: line gives); send the id of the last event "
