@@ -180,8 +180,8 @@ class Settings(BaseSettings):
     streams_per_tenant: int = Field(
         default=100,
         ge=1,
-        description="Live status streams (GET /v1/executions/{id}/events) one tenant may hold "
-        "open at once in one API process; one more answers 429.",
+        description="Live status streams (GET /v1/executions/{id}/events, GET /v1/stream) one "
+        "tenant may hold open at once in one API process; one more answers 429.",
     )
     streams_per_process: int = Field(
         default=2000,

@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from conveyor import views
-from conveyor.api import stream
+from conveyor.api import stream, tenant_stream
 from conveyor.api.bodies import OTHER_BODY_BYTES
 from conveyor.api.deps import ServiceDep, TenantDep
 from conveyor.api.schemas import (
@@ -270,6 +270,52 @@ async def execution_events(
         return await streams.open(service, tenant, execution_id)
     except (TooManyStreams, StreamsUnavailable) as exc:
         return stream.refused(exc)
+
+
+@router.get(
+    "/stream",
+    tags=["executions"],
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {}}},
+        422: {"model": Problem, "description": "`Last-Event-ID` is none of this stream's ids"},
+        429: {
+            "model": Problem,
+            "description": "Too many live streams open (CONVEYOR_STREAMS_PER_TENANT, "
+            "CONVEYOR_STREAMS_PER_PROCESS); `Retry-After` says when to try again",
+        },
+    },
+)
+async def tenant_events(
+    request: Request,
+    service: ServiceDep,
+    tenant: TenantDep,
+    workflow: Annotated[
+        str | None, Query(max_length=200, description="Only this workflow's executions.")
+    ] = None,
+    dedupe_key: Annotated[
+        str | None, Query(max_length=200, description="Only executions with this dedupe key.")
+    ] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            max_length=60,
+            description="Resume after this event: the events since are sent first.",
+        ),
+    ] = None,
+) -> Response:
+    """Server-sent events: each change of the status of the tenant's executions from now on
+    (those triggered later included), filtered by workflow and by dedupe key; each event has
+    an id, and a client that reconnects with `Last-Event-ID` gets every event since first."""
+    streams: stream.Streams = request.app.state.streams
+    filters = tenant_stream.Filters(tenant.id, workflow, dedupe_key)
+    try:
+        return await streams.open_tenant(service, tenant, filters, last_event_id)
+    except (TooManyStreams, StreamsUnavailable) as exc:
+        return stream.refused(exc)
+    except ValueError as exc:
+        return JSONResponse(Problem(detail=str(exc)).model_dump(), status_code=422)
 
 
 # -- application events -------------------------------------------------------------------------

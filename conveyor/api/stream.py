@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
+from conveyor.api import tenant_stream
 from conveyor.api.hub import Feed, Hub, ListenHub, PolledHub, Signal, State
 from conveyor.api.schemas import Problem
 from conveyor.config import Settings
@@ -180,8 +181,15 @@ class EventStream(StreamingResponse):
 class Streams:
     """The live streams of one API process: the caps, and the hub that feeds them."""
 
-    def __init__(self, hub: Hub, admission: Admission, keepalive: float = 15.0) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        admission: Admission,
+        keepalive: float = 15.0,
+        poller: tenant_stream.Poller | None = None,
+    ) -> None:
         self.hub, self.admission, self.keepalive = hub, admission, keepalive
+        self.poller = poller
 
     async def open(
         self, service: Conveyor, tenant: TenantRef, execution_id: uuid.UUID
@@ -210,8 +218,46 @@ class Streams:
         first = tracker.opened(state)
         return EventStream(_events(service, feed, tracker, first, self.keepalive), close)
 
+    async def open_tenant(
+        self,
+        service: Conveyor,
+        tenant: TenantRef,
+        filters: tenant_stream.Filters,
+        last_event_id: str | None,
+    ) -> EventStream:
+        """The tenant's stream (see :mod:`conveyor.api.tenant_stream`), counted against the
+        same caps (raises :class:`TooManyStreams`, :class:`StreamsUnavailable`, or
+        ValueError for a Last-Event-ID that is none of its ids)."""
+        if last_event_id is not None:
+            tenant_stream.cursor_of(last_event_id)  # a bad one is refused before admission
+        if self.poller is None:
+            raise StreamsUnavailable()
+        poller = self.poller
+        self.admission.admit(tenant)
+        closed = False
+        feed: tenant_stream.TenantFeed | None = None
+
+        def close() -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                self.admission.release(tenant.id)
+                if feed is not None:
+                    poller.unsubscribe(feed)
+
+        try:
+            feed = poller.subscribe(tenant.id)
+            cursor, first = await tenant_stream.opening(service, filters, last_event_id)
+        except BaseException:
+            close()
+            raise
+        chunks = tenant_stream.events(service, feed, filters, cursor, first, self.keepalive)
+        return EventStream(chunks, close)
+
     async def close(self) -> None:
         """End every stream (each ends cleanly, without a finished status)."""
+        if self.poller is not None:
+            await self.poller.close()
         await self.hub.close()
 
 
@@ -265,8 +311,12 @@ async def serving(service: Conveyor, settings: Settings) -> AsyncIterator[Stream
     else:
         hub = PolledHub(lambda ids: _read_many(service, ids))
     admission = Admission(settings.streams_per_tenant, settings.streams_per_process)
-    streams = Streams(hub, admission, settings.streams_keepalive)
+    poller = tenant_stream.Poller(
+        lambda after: tenant_stream.read_events(service, after, None, tenant_stream.READ_MOST)
+    )
+    streams = Streams(hub, admission, settings.streams_keepalive, poller)
     await hub.start()
+    await poller.start()
     try:
         yield streams
     finally:

@@ -450,3 +450,32 @@ class StreamListener(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
     execution_id: Mapped[uuid.UUID] = mapped_column(index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class StreamEvent(Base):
+    """A change of an execution's status, as the tenant streams tell it and replay it
+    (``GET /v1/stream``). Written by a trigger on ``executions`` (migration 0016), in the
+    transaction that made the change; deleted with its execution. ``txid`` is that
+    transaction's id on PostgreSQL (None on SQLite, whose writers take turns): a stream reads
+    in (txid, id) order and only below the oldest transaction still running, so an event
+    committed late is not passed over (see :mod:`conveyor.api.tenant_stream`)."""
+
+    __tablename__ = "stream_events"
+    __table_args__ = (
+        Index("ix_stream_events_order", "txid", "id"),
+        Index("ix_stream_events_tenant_order", "tenant_id", "txid", "id"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+    )
+    txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column()
+    execution_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("executions.id", ondelete="CASCADE"), index=True
+    )
+    workflow_id: Mapped[uuid.UUID] = mapped_column()
+    dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -9,12 +9,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVarTuple
 
-from sqlalchemy import Select, exists, func, select, tuple_
+from sqlalchemy import Select, exists, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from conveyor.engine.states import ExecutionStatus, NodeStatus
 from conveyor.exceptions import ExecutionNotFound
-from conveyor.models import Execution, Job, JobAttempt, NodeState, WorkflowVersion
+from conveyor.models import (
+    Execution,
+    Job,
+    JobAttempt,
+    NodeState,
+    StreamEvent,
+    WorkflowVersion,
+)
 
 Ts = TypeVarTuple("Ts")
 
@@ -173,6 +180,65 @@ class ListingQueries:
             if node_id is not None:
                 nodes.append((node_id, node_status.value))
         return found
+
+    # -- the tenant streams' events (conveyor.api.tenant_stream) --------------------------------
+
+    def stream_horizon(self) -> tuple[int, int]:
+        """The cursor below which every event that will ever be written can be read now: on
+        PostgreSQL, (the oldest transaction id still running, 0); on SQLite, whose writers
+        take turns, (0, the last id)."""
+        if self.session.get_bind().dialect.name == "postgresql":
+            oldest = self.session.execute(
+                text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+            ).scalar_one()
+            return (int(oldest), 0)
+        last = self.session.execute(select(func.max(StreamEvent.id))).scalar_one()
+        return (0, int(last or 0))
+
+    def stream_events(
+        self,
+        after: tuple[int, int],
+        *,
+        limit: int,
+        tenant_id: uuid.UUID | None = None,
+        workflow: str | None = None,
+        dedupe_key: str | None = None,
+    ) -> tuple[list[tuple[tuple[int, int], uuid.UUID, dict[str, object]]], tuple[int, int]]:
+        """Up to ``limit`` events after the cursor ``after`` (those of one tenant, workflow or
+        dedupe key if given), in order, each as (its cursor, its tenant, what a stream sends);
+        and the cursor to read on from: past every event that matched or ever will, so far."""
+        horizon = self.stream_horizon()  # first: what is below it is all visible below
+        query = select(StreamEvent, WorkflowVersion.name, WorkflowVersion.version).join(
+            WorkflowVersion, WorkflowVersion.id == StreamEvent.workflow_id
+        )
+        if horizon[1] == 0:  # PostgreSQL: in (txid, id) order, below the horizon
+            query = query.where(
+                tuple_(StreamEvent.txid, StreamEvent.id) > tuple_(*after),
+                StreamEvent.txid < horizon[0],
+            ).order_by(StreamEvent.txid, StreamEvent.id)
+        else:
+            query = query.where(StreamEvent.id > after[1]).order_by(StreamEvent.id)
+        query = query.limit(limit)
+        if tenant_id is not None:
+            query = query.where(StreamEvent.tenant_id == tenant_id)
+        if workflow is not None:
+            query = query.where(WorkflowVersion.name == workflow)
+        if dedupe_key is not None:
+            query = query.where(StreamEvent.dedupe_key == dedupe_key)
+        found = []
+        for row, name, version in self.session.execute(query):
+            data: dict[str, object] = {
+                "execution_id": str(row.execution_id),
+                "workflow": name,
+                "version": version,
+                "status": row.status,
+                "dedupe_key": row.dedupe_key,
+                "at": row.created_at.isoformat(),
+            }
+            found.append(((row.txid or 0, row.id), row.tenant_id, data))
+        if len(found) == limit:  # more may follow the last
+            return found, found[-1][0]
+        return found, max([horizon, after, *(cursor for cursor, _, _ in found)])
 
     def execution_nodes(self, execution_id: uuid.UUID) -> list[NodeState]:
         return list(

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery.signals import before_task_publish
 from sqlalchemy import select
 
+from conveyor import wiring
 from conveyor.engine import triggering
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import (
@@ -225,11 +228,39 @@ def test_duplicated_message_does_not_run_a_node_twice(conveyor_service: Conveyor
     assert len(attempts) == 1
 
 
+@pytest.fixture(params=[8, 1], ids=["batched", "alone"])
+def batch_most(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The service's dispatcher packs sibling jobs into messages of up to this many (8, the
+    default: the three parents travel in one message, and the worker that takes it hands two
+    back when the first blocks; 1: each alone); every packed message's job count is recorded
+    in ``packed_messages``."""
+    import conveyor.tasks
+    from conveyor.tasks.dispatch import RUN_MANY, CeleryDispatcher
+
+    made = CeleryDispatcher(conveyor.tasks.app)
+    made.batch_most = request.param
+    monkeypatch.setattr(wiring.dispatcher(), "_made", made)
+    packed_messages.clear()
+
+    def count(sender: str | None = None, body: Any = None, **_: Any) -> None:
+        if sender == RUN_MANY:
+            packed_messages.append(len(body[0][0]))
+
+    before_task_publish.connect(count, weak=False)
+    yield request.param
+    before_task_publish.disconnect(count)
+
+
+packed_messages: list[int] = []
+
+
 def test_two_predecessors_completing_together_start_their_join_once(
-    conveyor_service: Conveyor,
+    conveyor_service: Conveyor, batch_most: int
 ) -> None:
     # Given three parallel parents that leave a barrier together, so their completion
-    # transactions race for the join
+    # transactions race for the join (with batching on, made ready together by the root they
+    # travel in one message: the worker that takes it runs the first and hands the other two
+    # back, for other workers, when it blocks at the barrier)
     parents = [
         py(f"p{i}", "barrier", ["root"], name="{{ input.barrier }}", value=i) for i in (1, 2, 3)
     ]
@@ -259,3 +290,7 @@ def test_two_predecessors_completing_together_start_their_join_once(
         assert len(jobs_and_attempts(conveyor_service, execution_id)["join"][1]) == 1
     joins = [e for e in effects(conveyor_service.db.url) if e["node_id"] == "join"]
     assert len(joins) == len(started)
+    # And the race ran the way batching sends siblings: the three parents of each execution
+    # in one message (nothing else is ever made ready together here), or each alone; the
+    # barrier proves, either way, that the three finished together
+    assert packed_messages == ([3] * len(started) if batch_most > 1 else [])
