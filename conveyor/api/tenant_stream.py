@@ -2,7 +2,7 @@
 those triggered after it opened included, resumable from ``Last-Event-ID``.
 
 The events are rows of ``stream_events``, written by a trigger in the transaction that
-changes an execution's status (migration 0016), so they can be read again. An event's id is
+changes an execution's status (migration 0017), so they can be read again. An event's id is
 its cursor ``<txid>-<id>``: on PostgreSQL the writing transaction's id and the row's, in which
 order the events are read, and only below the oldest transaction still running (a sequence
 alone would pass over an event whose transaction took an earlier number and committed later);

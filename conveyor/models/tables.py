@@ -454,7 +454,7 @@ class StreamListener(Base):
 
 class StreamEvent(Base):
     """A change of an execution's status, as the tenant streams tell it and replay it
-    (``GET /v1/stream``). Written by a trigger on ``executions`` (migration 0016), in the
+    (``GET /v1/stream``). Written by a trigger on ``executions`` (migration 0017), in the
     transaction that made the change; deleted with its execution. ``txid`` is that
     transaction's id on PostgreSQL (None on SQLite, whose writers take turns): a stream reads
     in (txid, id) order and only below the oldest transaction still running, so an event

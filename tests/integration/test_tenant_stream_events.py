@@ -1,4 +1,4 @@
-"""The events of the tenant streams (stream_events, migration 0016), read as GET /v1/stream
+"""The events of the tenant streams (stream_events, migration 0017), read as GET /v1/stream
 reads them: on PostgreSQL an event whose transaction committed after a later one's is not
 passed over; on SQLite the trigger writes them too."""
 
