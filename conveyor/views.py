@@ -62,6 +62,9 @@ class ExecutionSummaryJson(TypedDict):
     trigger: str
     error: str | None
     created_at: str
+    # when it was to start: a trigger's run_at (it waits, pending, until then) or the slot of
+    # the schedule that started it; None for a run started at once
+    scheduled_for: str | None
     started_at: str | None
     finished_at: str | None
     duration: float | None
@@ -104,6 +107,7 @@ def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionS
         "trigger": row.trigger,
         "error": row.error,
         "created_at": iso(row.created_at) or "",
+        "scheduled_for": iso(row.scheduled_for),
         "started_at": iso(row.started_at),
         "finished_at": iso(row.finished_at),
         "duration": seconds(row.started_at, row.finished_at),

@@ -147,6 +147,8 @@ def trigger(
         source=TriggerSource.API,
         idempotency_key=idempotency_key,
         dedupe_key=body.dedupe_key,
+        run_at=body.run_at,
+        delay=body.delay,
     )
     if replayed:
         response.status_code = status.HTTP_200_OK

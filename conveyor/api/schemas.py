@@ -4,6 +4,7 @@ are :mod:`conveyor.views`, shared with the CLI)."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +36,13 @@ class TriggerBody(BaseModel):
         min_length=1,
         max_length=200,
         description="While an execution with this key is pending or running, return it.",
+    )
+    run_at: datetime | None = Field(
+        default=None,
+        description="Start then (ISO 8601 with a UTC offset); the execution waits, pending.",
+    )
+    delay: float | None = Field(
+        default=None, description="Start this many seconds from now (not with run_at)."
     )
 
 
@@ -73,6 +81,16 @@ class JobIds(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job_ids: list[uuid.UUID] = Field(min_length=1, max_length=1000)
+
+
+class RequeueBody(JobIds):
+    run_at: datetime | None = Field(
+        default=None,
+        description="Resume then (ISO 8601 with a UTC offset); the jobs wait until then.",
+    )
+    delay: float | None = Field(
+        default=None, description="Resume this many seconds from now (not with run_at)."
+    )
 
 
 class Outcomes(BaseModel):

@@ -23,6 +23,7 @@ from conveyor.cli.common import (
     fail,
     group,
     parse_input,
+    parse_time,
     parse_uuid,
     wait_for,
     workers_if_embedded,
@@ -59,6 +60,15 @@ def run(
     timeout: Annotated[
         float | None, typer.Option(min=0, help="Stop waiting after this many seconds.")
     ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at", help="Start at this time (ISO 8601 with its offset, e.g. 2030-01-01T09:00Z)."
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None, typer.Option("--delay", help="Start this many seconds from now.")
+    ] = None,
 ) -> None:
     """Start an execution (applying NAME_OR_FILE first if it is a file).
 
@@ -66,14 +76,16 @@ def run(
     With no broker configured the workers run in this process, so --wait is implied.
     """
     payload = parse_input(input)
+    run_at = parse_time(at)
     path = Path(target)
     known_file = path.is_file() and path.suffix.lower() in SUFFIXES
     with workers_if_embedded() as embedded:
         # stdout carries only the id (or the JSON): the apply notice goes to stderr
         name = apply_files([path], tenant, render.err)[0] if known_file else target
         execution_id = wiring.service().trigger(
-            name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI
-        )
+            name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI,
+            run_at=run_at, delay=delay,
+        )  # fmt: skip
         if not (wait or embedded):
             _print_started(execution_id, as_json)
             return

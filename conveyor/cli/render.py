@@ -175,6 +175,8 @@ def attempts_table(view: ExecutionJson) -> Table:
 def print_execution(view: ExecutionJson) -> None:
     out.print(execution_header(view))
     out.print(f"created {fmt_time(view['created_at'])}   input {short(view['input'])}")
+    if (scheduled := view.get("scheduled_for")) is not None:
+        out.print(f"scheduled for {fmt_time(scheduled)}")
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
     out.print()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from conveyor import tracing
 from conveyor.engine import (
     cancellation,
     credentials,
+    later,
     subscriptions,
     triggering,
     workflows,
@@ -55,9 +57,15 @@ class Clients(ServiceBase):
         tenant: str = DEFAULT_TENANT,
         priority: Priority | None = None,
         source: TriggerSource = TriggerSource.API,
+        run_at: datetime | None = None,
+        delay: float | None = None,
     ) -> uuid.UUID:
-        """Start an execution; its start job is published once the row is committed."""
-        return self.start(workflow, input, tenant=tenant, priority=priority, source=source)[0]
+        """Start an execution; its start job is published once the row is committed. With
+        ``run_at`` (aware) or ``delay`` (seconds), it waits, pending, until then."""
+        return self.start(
+            workflow, input, tenant=tenant, priority=priority, source=source, run_at=run_at,
+            delay=delay,
+        )[0]  # fmt: skip
 
     def start(
         self,
@@ -69,9 +77,13 @@ class Clients(ServiceBase):
         source: TriggerSource = TriggerSource.API,
         idempotency_key: str | None = None,
         dedupe_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
+        now = utcnow()
+        begins = later.start_time(now, run_at=run_at, delay=delay)
         with tracing.trigger_span(workflow, source.value) as trace:
             # Its writes are one statement each (PostgreSQL): no transaction round trips.
             result = self.db.autocommit(
@@ -82,10 +94,11 @@ class Clients(ServiceBase):
                     input=input,
                     priority=priority,
                     source=source,
-                    now=utcnow(),
+                    now=now,
                     idempotency_key=idempotency_key,
                     dedupe_key=dedupe_key,
                     trace=trace,
+                    run_at=begins,
                 )
             )
             tracing.annotate(

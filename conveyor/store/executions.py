@@ -64,6 +64,7 @@ class ExecutionQueries(StoreCore):
         planned_nodes: int | None = None,
         execution_id: uuid.UUID | None = None,
         trace: TraceContext | None = None,
+        scheduled_for: datetime | None = None,
     ) -> uuid.UUID:
         """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
         planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
@@ -84,6 +85,7 @@ class ExecutionQueries(StoreCore):
             dedupe_key=dedupe_key,
             traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,
+            scheduled_for=scheduled_for,
         )
         if idempotency_key is None and dedupe_key is None:
             self._core(statement)

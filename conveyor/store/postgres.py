@@ -83,6 +83,7 @@ class PostgresStore(SqlStore):
             "priority": execution.priority.value, "trigger": trigger, "input": execution.input,
             "remaining_nodes": len(states), "started_at": now if planned else None, "now": now,
             "idempotency_key": idempotency_key, "dedupe_key": dedupe_key,
+            "scheduled_for": execution.scheduled_for,
             "traceparent": execution.trace.traceparent if execution.trace else None,
             "tracestate": execution.trace.tracestate if execution.trace else None,
             "state_nodes": [node_id for node_id, _ in states],

@@ -358,12 +358,12 @@ WITH target AS (
 ), made AS (
     INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
                             remaining_nodes, started_at, created_at, idempotency_key,
-                            dedupe_key, traceparent, tracestate)
+                            dedupe_key, traceparent, tracestate, scheduled_for)
     SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
            CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
            CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
            CAST(:dedupe_key AS varchar), CAST(:traceparent AS varchar),
-           CAST(:tracestate AS varchar)
+           CAST(:tracestate AS varchar), CAST(:scheduled_for AS timestamptz)
     FROM target WHERE target.latest
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -391,6 +391,7 @@ SELECT coalesce((SELECT latest FROM target), false) AS latest,
         bindparam("input", type_=JsonType),
         bindparam("now", type_=UTCDateTime()),
         bindparam("started_at", type_=UTCDateTime()),
+        bindparam("scheduled_for", type_=UTCDateTime()),
     )
 )
 
