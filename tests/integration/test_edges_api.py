@@ -1,0 +1,64 @@
+"""Issue 27, items 3 and 4 through the REST API (real HTTP, PostgreSQL, Redis and the
+in-process worker): a trigger for later shown pending with its start time and cancelled
+before it; bad start times refused, naming the fix; a requeue for later refused alike."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from conveyor.service import utcnow
+from tests.integration.test_api import MakeKey, add_node, client
+
+
+def test_a_trigger_for_later_is_pending_with_its_start_time_and_can_be_cancelled(
+    api_url: str, make_key: MakeKey
+) -> None:
+    run_at = utcnow() + timedelta(minutes=5)
+    with client(api_url, make_key("acme")) as http:
+        assert http.post("/v1/workflows", json=add_node()).status_code == 201
+
+        made = http.post("/v1/workflows/sum/executions", json={"run_at": run_at.isoformat()})
+        assert made.status_code == 201, made.text
+        execution_id = made.json()["id"]
+        shown = http.get(f"/v1/executions/{execution_id}").json()
+        assert (shown["status"], shown["scheduled_for"]) == ("pending", run_at.isoformat())
+        assert [(j["kind"], j["status"], j["next_run_at"]) for j in shown["jobs"]] == [
+            ("execution", "scheduled", run_at.isoformat())
+        ]
+        listed = http.get("/v1/executions").json()
+        assert [e["scheduled_for"] for e in listed] == [run_at.isoformat()]
+
+        assert http.post(f"/v1/executions/{execution_id}/cancel").status_code == 200
+        shown = http.get(f"/v1/executions/{execution_id}").json()
+        assert (shown["status"], [j["status"] for j in shown["jobs"]]) == (
+            "cancelled", ["cancelled"],
+        )  # fmt: skip
+        delayed = http.post("/v1/workflows/sum/executions", json={"delay": 600}).json()
+        later = http.get(f"/v1/executions/{delayed['id']}").json()
+        assert later["status"] == "pending" and later["scheduled_for"] is not None
+
+
+def test_bad_start_times_are_refused_naming_the_fix(api_url: str, make_key: MakeKey) -> None:
+    now = utcnow()
+    bad = {
+        "run_at": (now + timedelta(hours=1)).replace(tzinfo=None).isoformat(),  # naive
+    }
+    cases = [
+        (bad, "has no UTC offset"),
+        ({"run_at": (now - timedelta(hours=1)).isoformat()}, "is in the past"),
+        ({"run_at": (now + timedelta(days=400)).isoformat()}, "beyond the bound"),
+        ({"delay": -5}, "0 or more"),
+        ({"delay": 5, "run_at": now.isoformat()}, "not both"),
+    ]
+    with client(api_url, make_key("acme")) as http:
+        assert http.post("/v1/workflows", json=add_node()).status_code == 201
+        for body, says in cases:
+            answer = http.post("/v1/workflows/sum/executions", json=body)
+            assert answer.status_code == 422, (body, answer.text)
+            assert says in answer.text, (body, answer.text)
+        requeue = http.post(
+            "/v1/dead-letters/requeue",
+            json={"job_ids": ["00000000-0000-0000-0000-000000000001"], "delay": -1},
+        )
+        assert requeue.status_code == 422 and "0 or more" in requeue.text, requeue.text
+        assert http.get("/v1/executions").json() == []
