@@ -214,3 +214,8 @@ class DeadLettered(ConveyorError):
 class StartTimeError(ConveyorError):
     """The start time is invalid: give ``run_at`` as an aware date and time (with its UTC
     offset) within the bound, or ``delay`` as seconds, not both."""
+
+
+class TriggerLimitError(ConveyorError):
+    """A trigger's limits are out of bounds: max_attempts 1 to 100, timeout over 0 and at
+    most 86400 seconds (the bounds a definition's retry policy and timeout have)."""

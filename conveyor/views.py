@@ -71,6 +71,9 @@ class ExecutionSummaryJson(TypedDict):
 
 
 class ExecutionJson(ExecutionSummaryJson):
+    # limits its trigger gave, overriding the definition's (None: the definition's)
+    max_attempts: int | None
+    timeout: float | None
     input: Any
     output: Any
     nodes: list[NodeJson]
@@ -134,6 +137,8 @@ def execution_json(
     tries = {job.node_id: len(attempts) for job, attempts in jobs if job.node_id}
     return {
         **execution_summary(row, workflow.name, workflow.version),
+        "max_attempts": row.max_attempts,
+        "timeout": row.timeout,
         "input": row.input,
         "output": row.output,
         "nodes": [_node_json(n, tries.get(n.node_id, 0)) for n in nodes],

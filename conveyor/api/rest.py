@@ -149,6 +149,8 @@ def trigger(
         dedupe_key=body.dedupe_key,
         run_at=body.run_at,
         delay=body.delay,
+        max_attempts=body.max_attempts,
+        timeout=body.timeout,
     )
     if replayed:
         response.status_code = status.HTTP_200_OK

@@ -44,6 +44,14 @@ class TriggerBody(BaseModel):
     delay: float | None = Field(
         default=None, description="Start this many seconds from now (not with run_at)."
     )
+    max_attempts: int | None = Field(
+        default=None,
+        description="Tries of each node job (1-100), overriding the definition's for this run.",
+    )
+    timeout: float | None = Field(
+        default=None,
+        description="Seconds each try may run (at most 86400), overriding the definition's.",
+    )
 
 
 class Started(BaseModel):

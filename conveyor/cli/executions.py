@@ -69,6 +69,16 @@ def run(
     delay: Annotated[
         float | None, typer.Option("--delay", help="Start this many seconds from now.")
     ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option("--max-attempts", help="Tries of each node, overriding the definition's."),
+    ] = None,
+    try_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--try-timeout", help="Seconds each try may run, overriding the definition's."
+        ),
+    ] = None,
 ) -> None:
     """Start an execution (applying NAME_OR_FILE first if it is a file).
 
@@ -84,7 +94,7 @@ def run(
         name = apply_files([path], tenant, render.err)[0] if known_file else target
         execution_id = wiring.service().trigger(
             name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI,
-            run_at=run_at, delay=delay,
+            run_at=run_at, delay=delay, max_attempts=max_attempts, timeout=try_timeout,
         )  # fmt: skip
         if not (wait or embedded):
             _print_started(execution_id, as_json)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
+from conveyor.engine.bounds import MAX_DELAY_SECONDS
 from conveyor.exceptions import StartTimeError
 
 # A run_at this far in the past is taken as now (clocks differ a little); further is refused.
 PAST_GRACE = timedelta(seconds=60)
-# The latest start a trigger (or a requeue) may ask for.
-MAX_START_DELAY = timedelta(days=365)
+# The latest start a trigger (or a requeue) may ask for: as far as a delay node may wait.
+MAX_START_DELAY = timedelta(seconds=MAX_DELAY_SECONDS)
 
 
 def start_time(

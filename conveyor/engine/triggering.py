@@ -21,6 +21,7 @@ from conveyor.engine.records import (
     Created,
     Dispatch,
     ExecutionRecord,
+    Limits,
     TraceContext,
 )
 from conveyor.engine.states import (
@@ -96,6 +97,7 @@ def trigger(
     dedupe_key: str | None = None,
     trace: TraceContext | None = None,
     run_at: datetime | None = None,
+    limits: Limits | None = None,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
@@ -105,7 +107,9 @@ def trigger(
     deduplication key, a pending or running execution with that key is returned instead.
     ``trace``: the trace context its tries join (stored with it). ``run_at`` (checked by
     :func:`conveyor.engine.later.start_time`, after ``now``): the execution waits, pending,
-    its start job held in the database until then (see :mod:`conveyor.engine.later`)."""
+    its start job held in the database until then (see :mod:`conveyor.engine.later`).
+    ``limits`` (checked by :func:`conveyor.engine.trigger_limits.checked`): stored with the
+    execution, overriding its definition's maximum attempts and timeout."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -126,7 +130,7 @@ def trigger(
             status=ExecutionStatus.PENDING,
             priority=choose_priority(priority, workflow.priority, source),
             input=input if input is not None else {}, created_at=now, trace=trace,
-            scheduled_for=run_at,
+            scheduled_for=run_at, limits=limits,
         )  # fmt: skip
         try:
             created, dispatches = _create(

@@ -14,6 +14,7 @@ from conveyor.engine import (
     credentials,
     later,
     subscriptions,
+    trigger_limits,
     triggering,
     workflows,
 )
@@ -59,12 +60,16 @@ class Clients(ServiceBase):
         source: TriggerSource = TriggerSource.API,
         run_at: datetime | None = None,
         delay: float | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
     ) -> uuid.UUID:
         """Start an execution; its start job is published once the row is committed. With
-        ``run_at`` (aware) or ``delay`` (seconds), it waits, pending, until then."""
+        ``run_at`` (aware) or ``delay`` (seconds), it waits, pending, until then.
+        ``max_attempts`` and ``timeout`` (seconds a try) override the definition's for every
+        node of this execution."""
         return self.start(
             workflow, input, tenant=tenant, priority=priority, source=source, run_at=run_at,
-            delay=delay,
+            delay=delay, max_attempts=max_attempts, timeout=timeout,
         )[0]  # fmt: skip
 
     def start(
@@ -79,11 +84,14 @@ class Clients(ServiceBase):
         dedupe_key: str | None = None,
         run_at: datetime | None = None,
         delay: float | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
         now = utcnow()
         begins = later.start_time(now, run_at=run_at, delay=delay)
+        limits = trigger_limits.checked(max_attempts, timeout)
         with tracing.trigger_span(workflow, source.value) as trace:
             # Its writes are one statement each (PostgreSQL): no transaction round trips.
             result = self.db.autocommit(
@@ -99,6 +107,7 @@ class Clients(ServiceBase):
                     dedupe_key=dedupe_key,
                     trace=trace,
                     run_at=begins,
+                    limits=limits,
                 )
             )
             tracing.annotate(

@@ -84,6 +84,8 @@ class PostgresStore(SqlStore):
             "remaining_nodes": len(states), "started_at": now if planned else None, "now": now,
             "idempotency_key": idempotency_key, "dedupe_key": dedupe_key,
             "scheduled_for": execution.scheduled_for,
+            "max_attempts": execution.limits.max_attempts if execution.limits else None,
+            "timeout": execution.limits.timeout if execution.limits else None,
             "traceparent": execution.trace.traceparent if execution.trace else None,
             "tracestate": execution.trace.tracestate if execution.trace else None,
             "state_nodes": [node_id for node_id, _ in states],

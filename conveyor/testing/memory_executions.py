@@ -191,6 +191,8 @@ class MemoryExecutions(MemoryCatalog):
             traceparent=execution.trace.traceparent if execution.trace else None,
             tracestate=execution.trace.tracestate if execution.trace else None,
             scheduled_for=execution.scheduled_for,
+            max_attempts=execution.limits.max_attempts if execution.limits else None,
+            timeout=execution.limits.timeout if execution.limits else None,
         )  # fmt: skip
         if waiting_on is not None:
             self.add_node_states(execution.id, waiting_on, queued)
