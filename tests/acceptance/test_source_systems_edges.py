@@ -54,6 +54,13 @@ def test_delays_at_the_edges_and_per_trigger_limits_on_real_workers(
     client.apply(parse_workflow({"name": "once", "nodes": [
         python_node("first", "test.fails_first_run"),
     ]}))  # fmt: skip
+    # succeeds on its third attempt, which the definition's default policy (3) allows
+    client.apply(parse_workflow({"name": "flaky", "nodes": [python_node(
+        "shaky", "test.flaky", inputs={"failures": 2}, retry={"backoff": 0.05, "jitter": 0},
+    )]}))  # fmt: skip
+    # per-trigger limits, triggered first so that they run beside the checks below
+    limited = client.trigger("flaky", max_attempts=2)
+    default = client.trigger("flaky")
 
     # A trigger with run_at: stored at once, pending, its start time shown; it starts then
     run_at = utcnow() + timedelta(seconds=2)
@@ -90,6 +97,17 @@ def test_delays_at_the_edges_and_per_trigger_limits_on_real_workers(
     assert wait_for(client, dead).status is ExecutionStatus.COMPLETED
     (done,) = view(client, dead)["jobs"]
     assert datetime.fromisoformat(done["attempts"][1]["started_at"]) >= resume_at
+
+    # Per-trigger limits: max_attempts=2 given at trigger time dead-letters the node that the
+    # definition's three attempts let succeed
+    assert wait_for(client, limited).status is ExecutionStatus.FAILED
+    assert wait_for(client, default).status is ExecutionStatus.COMPLETED
+    (dead_job,) = view(client, limited)["jobs"]
+    assert (dead_job["status"], len(dead_job["attempts"])) == ("dead_letter", 2)
+    assert "all 2 attempt(s) failed" in (dead_job["last_error"] or "")
+    assert view(client, limited)["max_attempts"] == 2
+    (done_job,) = view(client, default)["jobs"]
+    assert (done_job["status"], len(done_job["attempts"])) == ("completed", 3)
 
     # The CLI: conveyor run --delay, its start time in executions show
     ran = conveyor("run", "later", "--input", '{"a": 1}', "--delay", "600", env=acceptance_env)

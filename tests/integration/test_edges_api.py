@@ -33,9 +33,13 @@ def test_a_trigger_for_later_is_pending_with_its_start_time_and_can_be_cancelled
         assert (shown["status"], [j["status"] for j in shown["jobs"]]) == (
             "cancelled", ["cancelled"],
         )  # fmt: skip
-        delayed = http.post("/v1/workflows/sum/executions", json={"delay": 600}).json()
+        delayed = http.post(
+            "/v1/workflows/sum/executions",
+            json={"delay": 600, "max_attempts": 4, "timeout": 12.5},
+        ).json()
         later = http.get(f"/v1/executions/{delayed['id']}").json()
         assert later["status"] == "pending" and later["scheduled_for"] is not None
+        assert (later["max_attempts"], later["timeout"]) == (4, 12.5)
 
 
 def test_bad_start_times_are_refused_naming_the_fix(api_url: str, make_key: MakeKey) -> None:
@@ -56,6 +60,12 @@ def test_bad_start_times_are_refused_naming_the_fix(api_url: str, make_key: Make
             answer = http.post("/v1/workflows/sum/executions", json=body)
             assert answer.status_code == 422, (body, answer.text)
             assert says in answer.text, (body, answer.text)
+        limits = http.post(
+            "/v1/workflows/sum/executions", json={"max_attempts": 0, "timeout": 90_000}
+        )
+        assert limits.status_code == 422, limits.text
+        assert "max_attempts input should be greater than or equal to 1" in limits.text
+        assert "timeout input should be less than or equal to 86400" in limits.text
         requeue = http.post(
             "/v1/dead-letters/requeue",
             json={"job_ids": ["00000000-0000-0000-0000-000000000001"], "delay": -1},
