@@ -235,4 +235,8 @@ async def execution_events(
 def emit_event(body: EventBody, service: ServiceDep, tenant: TenantDep) -> EventStarted:
     """Start every workflow of the tenant that subscribes to the event's type (`events:` in
     its definition); each gets ``{"event": type, "payload": payload}`` as input."""
-    return EventStarted(executions=service.emit(tenant.name, body.type, body.payload))
+    return EventStarted(
+        executions=service.emit(
+            tenant.name, body.type, body.payload, run_at=body.run_at, delay=body.delay
+        )
+    )

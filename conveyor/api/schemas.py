@@ -69,6 +69,13 @@ class EventBody(BaseModel):
 
     type: str = Field(min_length=1, max_length=200, pattern=EVENT_TYPE)
     payload: dict[str, Any] = Field(default_factory=dict)
+    run_at: datetime | None = Field(
+        default=None,
+        description="Start its executions then (ISO 8601 with a UTC offset); they wait, pending.",
+    )
+    delay: float | None = Field(
+        default=None, description="Start them this many seconds from now (not with run_at)."
+    )
 
 
 class EventStarted(BaseModel):

@@ -116,11 +116,24 @@ class Clients(ServiceBase):
             self._publish_now(result.dispatches, f"execution {result.execution_id}")
         return result.execution_id, result.replayed
 
-    def emit(self, tenant: str, event_type: str, payload: Any) -> list[uuid.UUID]:
-        """Start every workflow of the tenant that subscribes to the event type."""
+    def emit(
+        self,
+        tenant: str,
+        event_type: str,
+        payload: Any,
+        *,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+    ) -> list[uuid.UUID]:
+        """Start every workflow of the tenant that subscribes to the event type (at ``run_at``
+        or after ``delay`` seconds when given: they wait, pending, until then)."""
+        now = utcnow()
+        begins = later.start_time(now, run_at=run_at, delay=delay)
         with tracing.trigger_span(event_type, TriggerSource.EVENT.value) as trace:
             started = self.db.run(
-                lambda s: subscriptions.emit_event(s, tenant, event_type, payload, utcnow(), trace)
+                lambda s: subscriptions.emit_event(
+                    s, tenant, event_type, payload, now, trace, run_at=begins
+                )
             )
             self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
         return [t.execution_id for t in started]

@@ -33,6 +33,13 @@ def test_a_trigger_for_later_is_pending_with_its_start_time_and_can_be_cancelled
         assert (shown["status"], [j["status"] for j in shown["jobs"]]) == (
             "cancelled", ["cancelled"],
         )  # fmt: skip
+        flow = {**add_node("on-signup"), "events": ["user.signup"]}
+        assert http.post("/v1/workflows", json=flow).status_code == 201
+        emitted = http.post("/v1/events", json={"type": "user.signup", "delay": 600})
+        assert emitted.status_code == 202, emitted.text
+        (by_event,) = emitted.json()["executions"]
+        shown = http.get(f"/v1/executions/{by_event}").json()
+        assert shown["status"] == "pending" and shown["scheduled_for"] is not None
         delayed = http.post(
             "/v1/workflows/sum/executions",
             json={"delay": 600, "max_attempts": 4, "timeout": 12.5},

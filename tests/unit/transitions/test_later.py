@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from conveyor.engine import cancellation, dead_letters, due, later, triggering
+from conveyor.engine import cancellation, dead_letters, due, later, subscriptions, triggering
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, NodeStatus
 from conveyor.exceptions import NonRetryableError, StartTimeError
@@ -71,6 +71,21 @@ def test_a_trigger_without_run_at_is_planned_at_once(bench: Bench) -> None:
 
     assert [d.node for d in made.dispatches] == ["a"]
     assert bench.probe.execution(made.execution_id).scheduled_for is None
+
+
+def test_an_event_for_later_starts_its_workflows_pending_until_then(bench: Bench) -> None:
+    bench.apply("on_signup", node("welcome"), events=["user.signup"])
+    run_at = bench.clock() + timedelta(seconds=10)
+
+    (started,) = bench.units.run(lambda s: subscriptions.emit_event(
+        s, "default", "user.signup", {"id": 7}, bench.clock(), run_at=run_at))  # fmt: skip
+
+    assert started.dispatches == []
+    execution = bench.probe.execution(started.execution_id)
+    assert (execution.status, execution.scheduled_for) == (ExecutionStatus.PENDING, run_at)
+    assert promote(bench) == []
+    bench.clock.advance(10)
+    assert [d.job_id for d in promote(bench)] == [bench.job(started.execution_id, None).id]
 
 
 def test_a_dead_letter_requeued_for_later_waits_until_then(bench: Bench) -> None:
