@@ -176,7 +176,7 @@ def _create(
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = context_of(execution, {})
         roots = [(workflow.node(root), context) for root in shape.roots]
-        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS)
+        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS, limits=execution.limits)
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,

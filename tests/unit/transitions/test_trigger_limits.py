@@ -53,6 +53,9 @@ def test_a_triggers_limits_are_stored_with_its_execution_and_read_by_the_claim(
     assert bench.probe.execution(given.execution_id).max_attempts == 5
     assert bench.probe.execution(given.execution_id).timeout == 2.5
     assert bench.probe.execution(plain.execution_id).max_attempts is None
+    # each node job's max_retries says what the retry decision will allow
+    assert bench.job(given.execution_id, "a").max_retries == 4
+    assert bench.job(plain.execution_id, "a").max_retries == 2
     plain_run = bench.claim_node(plain.execution_id, "a")
     assert (plain_run.execution.limits, plain_run.timeout) == (None, 300.0)
 
@@ -65,6 +68,7 @@ def test_a_large_executions_limits_reach_the_nodes_its_start_job_plans(bench: Be
     bench.units.run(lambda s: triggering.start_execution(s, start.id, bench.clock(), "planner"))
 
     run = bench.claim_node(made.execution_id, "r0")
+    assert bench.job(made.execution_id, "r0").max_retries == 2  # the definition's 3 tries
 
     assert (run.timeout, bench.probe.execution(made.execution_id).status) == (
         7.0, ExecutionStatus.RUNNING,
