@@ -4,9 +4,16 @@ before it; bad start times refused, naming the fix; a requeue for later refused 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from conveyor.service import utcnow
+import pytest
+from sqlalchemy.orm import Session
+
+import conveyor
+from conveyor import views
+from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import StartTimeError
+from conveyor.service import Conveyor, utcnow
 from tests.integration.test_api import MakeKey, add_node, client
 
 
@@ -79,3 +86,22 @@ def test_bad_start_times_are_refused_naming_the_fix(api_url: str, make_key: Make
         )
         assert requeue.status_code == 422 and "0 or more" in requeue.text, requeue.text
         assert http.get("/v1/executions").json() == []
+
+
+def test_enqueue_in_the_callers_transaction_can_start_later_with_its_own_limits(
+    conveyor_service: Conveyor,
+) -> None:
+    conveyor_service.apply(parse_workflow(add_node()))
+    with Session(conveyor_service.db.engine) as session, session.begin():
+        execution_id = conveyor.enqueue(session, "sum", {"a": 1}, delay=600, max_attempts=7)
+
+    with conveyor_service.db.transaction() as store:
+        shown = views.execution_view(store, execution_id)
+    assert (shown["status"], shown["max_attempts"], shown["timeout"]) == ("pending", 7, None)
+    assert [(j["kind"], j["status"]) for j in shown["jobs"]] == [("execution", "scheduled")]
+    with (
+        Session(conveyor_service.db.engine) as session,
+        session.begin(),
+        pytest.raises(StartTimeError, match="has no UTC offset"),
+    ):
+        conveyor.enqueue(session, "sum", run_at=datetime(2031, 1, 1))
