@@ -22,7 +22,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from conveyor import tracing
-from conveyor.engine import triggering
+from conveyor.engine import later, trigger_limits, triggering
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import Priority, TriggerSource
@@ -41,20 +41,33 @@ def enqueue(
     source: TriggerSource = TriggerSource.API,
     dedupe_key: str | None = None,
     dispatcher: Dispatcher | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
 ) -> uuid.UUID:
     """Create an execution in the caller's transaction; its id. With ``dedupe_key``, a
-    pending or running execution with that key is returned instead of a new one."""
+    pending or running execution with that key is returned instead of a new one. With
+    ``run_at`` (an aware time) or ``delay`` (seconds) it starts then, waiting until then in
+    the database (:class:`~conveyor.exceptions.StartTimeError` for a time refused).
+    ``max_attempts`` and ``timeout`` (seconds a try) override the definition's for every node
+    of this execution (:class:`~conveyor.exceptions.TriggerLimitError` out of bounds)."""
+    now = datetime.now(UTC)
+    begins = later.start_time(now, run_at=run_at, delay=delay)
+    limits = trigger_limits.checked(max_attempts, timeout)
     with tracing.trigger_span(workflow, source.value) as trace:
         result = triggering.trigger(
             store_on(session),
             workflow_name=workflow,
             tenant=tenant,
             input=input,
-            now=datetime.now(UTC),
+            now=now,
             priority=priority,
             source=source,
             dedupe_key=dedupe_key,
             trace=trace,
+            run_at=begins,
+            limits=limits,
         )
         tracing.annotate(workflow=workflow, execution_id=str(result.execution_id))
     if result.dispatches:

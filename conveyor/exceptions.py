@@ -253,3 +253,13 @@ class DeadLettered(ConveyorError):
     Raised by the node task after the outcome is committed, so that Flower shows the message
     as FAILURE with the node's error (its str); the worker logs it as an expected failure,
     without a traceback, and acks the message."""
+
+
+class StartTimeError(ConveyorError):
+    """The start time is invalid: give ``run_at`` as an aware date and time (with its UTC
+    offset) within the bound, or ``delay`` as seconds, not both."""
+
+
+class TriggerLimitError(ConveyorError):
+    """A trigger's limits are out of bounds: max_attempts 1 to 100, timeout over 0 and at
+    most 86400 seconds (the bounds a definition's retry policy and timeout have)."""

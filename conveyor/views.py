@@ -71,12 +71,18 @@ class ExecutionSummaryJson(TypedDict):
     trigger: str
     error: str | None
     created_at: str
+    # when it was to start: a trigger's run_at (it waits, pending, until then) or the slot of
+    # the schedule that started it; None for a run started at once
+    scheduled_for: str | None
     started_at: str | None
     finished_at: str | None
     duration: float | None
 
 
 class ExecutionJson(ExecutionSummaryJson):
+    # limits its trigger gave, overriding the definition's (None: the definition's)
+    max_attempts: int | None
+    timeout: float | None
     input: Any
     output: Any
     nodes: list[NodeJson]
@@ -133,6 +139,7 @@ def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionS
         "trigger": row.trigger,
         "error": row.error,
         "created_at": iso(row.created_at) or "",
+        "scheduled_for": iso(row.scheduled_for),
         "started_at": iso(row.started_at),
         "finished_at": iso(row.finished_at),
         "duration": seconds(row.started_at, row.finished_at),
@@ -160,6 +167,8 @@ def execution_json(
     now = datetime.now(UTC)
     return {
         **execution_summary(row, workflow.name, workflow.version),
+        "max_attempts": row.max_attempts,
+        "timeout": row.timeout,
         "input": row.input,
         "output": row.output,
         "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],

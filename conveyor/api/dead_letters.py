@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from conveyor import views
 from conveyor.api.deps import ServiceDep, TenantDep
 from conveyor.api.rest import router as rest_router
-from conveyor.api.schemas import JobIds, Outcomes
+from conveyor.api.schemas import JobIds, Outcomes, RequeueBody
 from conveyor.exceptions import NotFound
 from conveyor.store.dead_letters import DeadLetterFilter
 
@@ -53,9 +53,12 @@ def show_dead_letter(
 
 
 @router.post("/requeue")
-def requeue(body: JobIds, service: ServiceDep, tenant: TenantDep) -> Outcomes:
-    """Resume each dead letter's execution from it, with a fresh set of tries."""
-    return _outcomes(service.requeue_dead_letters(body.job_ids, tenant.id))
+def requeue(body: RequeueBody, service: ServiceDep, tenant: TenantDep) -> Outcomes:
+    """Resume each dead letter's execution from it, with a fresh set of tries (with
+    `run_at` or `delay`, then: its jobs wait until then)."""
+    return _outcomes(
+        service.requeue_dead_letters(body.job_ids, tenant.id, run_at=body.run_at, delay=body.delay)
+    )
 
 
 @router.post("/discard")

@@ -149,6 +149,10 @@ def trigger(
         source=TriggerSource.API,
         idempotency_key=idempotency_key,
         dedupe_key=body.dedupe_key,
+        run_at=body.run_at,
+        delay=body.delay,
+        max_attempts=body.max_attempts,
+        timeout=body.timeout,
     )
     if replayed:
         response.status_code = status.HTTP_200_OK
@@ -325,4 +329,8 @@ async def tenant_events(
 def emit_event(body: EventBody, service: ServiceDep, tenant: TenantDep) -> EventStarted:
     """Start every workflow of the tenant that subscribes to the event's type (`events:` in
     its definition); each gets ``{"event": type, "payload": payload}`` as input."""
-    return EventStarted(executions=service.emit(tenant.name, body.type, body.payload))
+    return EventStarted(
+        executions=service.emit(
+            tenant.name, body.type, body.payload, run_at=body.run_at, delay=body.delay
+        )
+    )

@@ -4,6 +4,7 @@ are :mod:`conveyor.views`, shared with the CLI)."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +37,21 @@ class TriggerBody(BaseModel):
         max_length=200,
         description="While an execution with this key is pending or running, return it.",
     )
+    run_at: datetime | None = Field(
+        default=None,
+        description="Start then (ISO 8601 with a UTC offset); the execution waits, pending.",
+    )
+    delay: float | None = Field(
+        default=None, description="Start this many seconds from now (not with run_at)."
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        description="Tries of each node job (1-100), overriding the definition's for this run.",
+    )
+    timeout: float | None = Field(
+        default=None,
+        description="Seconds each try may run (at most 86400), overriding the definition's.",
+    )
 
 
 class Started(BaseModel):
@@ -53,6 +69,13 @@ class EventBody(BaseModel):
 
     type: str = Field(min_length=1, max_length=200, pattern=EVENT_TYPE)
     payload: dict[str, Any] = Field(default_factory=dict)
+    run_at: datetime | None = Field(
+        default=None,
+        description="Start its executions then (ISO 8601 with a UTC offset); they wait, pending.",
+    )
+    delay: float | None = Field(
+        default=None, description="Start them this many seconds from now (not with run_at)."
+    )
 
 
 class EventStarted(BaseModel):
@@ -73,6 +96,16 @@ class JobIds(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     job_ids: list[uuid.UUID] = Field(min_length=1, max_length=1000)
+
+
+class RequeueBody(JobIds):
+    run_at: datetime | None = Field(
+        default=None,
+        description="Resume then (ISO 8601 with a UTC offset); the jobs wait until then.",
+    )
+    delay: float | None = Field(
+        default=None, description="Resume this many seconds from now (not with run_at)."
+    )
 
 
 class Outcomes(BaseModel):

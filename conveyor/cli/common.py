@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -57,6 +58,17 @@ def parse_input(raw: str) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         usage_error(f"--input is not valid JSON ({exc.msg} at column {exc.colno}): {raw}")
+
+
+def parse_time(raw: str | None, option: str = "--at") -> datetime | None:
+    """The value of an ``--at`` option (ISO 8601), or a usage error saying what to give. A
+    time without an offset is left naive: the trigger refuses it, naming the fix."""
+    if raw is None:
+        return None
+    try:
+        return datetime.fromisoformat(raw)
+    except ValueError:
+        usage_error(f"{option} is not an ISO 8601 time: {raw!r}; give e.g. 2030-01-01T09:00Z")
 
 
 def load_imports() -> None:

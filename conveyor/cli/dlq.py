@@ -22,6 +22,7 @@ from conveyor.cli.common import (
     embedded_schema,
     fail,
     group,
+    parse_time,
     parse_uuid,
     usage_error,
     wait_for,
@@ -174,17 +175,26 @@ def dlq_requeue(
     error: ErrorOpt = None,
     older_than: OlderOpt = None,
     limit: Limit = 1000,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="Resume at this time (ISO 8601 with its offset)."),
+    ] = None,
+    delay: Annotated[
+        float | None, typer.Option("--delay", help="Resume this many seconds from now.")
+    ] = None,
 ) -> None:
-    """Resume each dead letter's execution from it, with a fresh set of tries.
+    """Resume each dead letter's execution from it, with a fresh set of tries (with --at
+    or --delay, its jobs wait in the database until then).
 
     Exit status: 0 requeued (and completed), 1 otherwise, 2 usage error.
     With no broker configured the workers run in this process until the resumed
     executions finished.
     """
+    run_at = parse_time(at)
     with embedded_schema(), workers_if_embedded() as embedded:
         chosen = _chosen(ids, every, _filter(tenant, workflow, node, error, older_than), limit)
         executions = _executions_of(chosen) if embedded else {}
-        outcomes = wiring.service().requeue_dead_letters(chosen)
+        outcomes = wiring.service().requeue_dead_letters(chosen, run_at=run_at, delay=delay)
         _report(outcomes, "requeued")
         resumed = [executions[j] for j, refused in outcomes.items() if refused is None and embedded]
         completed = _follow(resumed)

@@ -24,6 +24,7 @@ from conveyor.cli.common import (
     fail,
     group,
     parse_input,
+    parse_time,
     parse_uuid,
     wait_for,
     workers_if_embedded,
@@ -61,6 +62,25 @@ def run(
     timeout: Annotated[
         float | None, typer.Option(min=0, help="Stop waiting after this many seconds.")
     ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at", help="Start at this time (ISO 8601 with its offset, e.g. 2030-01-01T09:00Z)."
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None, typer.Option("--delay", help="Start this many seconds from now.")
+    ] = None,
+    max_attempts: Annotated[
+        int | None,
+        typer.Option("--max-attempts", help="Tries of each node, overriding the definition's."),
+    ] = None,
+    try_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--try-timeout", help="Seconds each try may run, overriding the definition's."
+        ),
+    ] = None,
 ) -> None:
     """Start an execution (applying NAME_OR_FILE first if it is a file).
 
@@ -68,14 +88,16 @@ def run(
     With no broker configured the workers run in this process, so --wait is implied.
     """
     payload = parse_input(input)
+    run_at = parse_time(at)
     path = Path(target)
     known_file = path.is_file() and path.suffix.lower() in SUFFIXES
     with workers_if_embedded() as embedded:
         # stdout carries only the id (or the JSON): the apply notice goes to stderr
         name = apply_files([path], tenant, render.err)[0] if known_file else target
         execution_id = wiring.service().trigger(
-            name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI
-        )
+            name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI,
+            run_at=run_at, delay=delay, max_attempts=max_attempts, timeout=try_timeout,
+        )  # fmt: skip
         if not (wait or embedded):
             _print_started(execution_id, as_json)
             return

@@ -193,6 +193,13 @@ def attempts_table(view: ExecutionJson) -> Table:
 def print_execution(view: ExecutionJson) -> None:
     out.print(execution_header(view))
     out.print(f"created {fmt_time(view['created_at'])}   input {short(view['input'])}")
+    if (scheduled := view.get("scheduled_for")) is not None:
+        out.print(f"scheduled for {fmt_time(scheduled)}")
+    attempts, timeout = view.get("max_attempts"), view.get("timeout")
+    if attempts is not None or timeout is not None:
+        given = [f"max attempts {attempts}" if attempts is not None else "",
+                 f"timeout {timeout:g} s" if timeout is not None else ""]  # fmt: skip
+        out.print("trigger's limits: " + ", ".join(g for g in given if g))
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
     out.print()

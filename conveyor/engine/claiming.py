@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from conveyor.engine import trigger_limits
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import context_of
@@ -38,7 +39,7 @@ class NodeRun:
 
     @property
     def timeout(self) -> float | None:
-        return self.workflow.timeout_for(self.node)
+        return trigger_limits.timeout(self.workflow, self.node, self.execution.limits)
 
 
 def claim_node(

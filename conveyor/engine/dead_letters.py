@@ -9,6 +9,10 @@ was never counted). Completed nodes keep their outputs; a node the failure cance
 again, even if it had run to its end (it may have stopped early on ``ctx.cancelled``), which
 is why node authors key side effects with ``ctx.idempotency_key``.
 
+A requeue for later (``run_at``, a time :func:`conveyor.engine.later.start_time` made) holds
+the jobs it would queue in the database, ``scheduled`` until then, as a delay node's job
+waits; the execution runs meanwhile and can be cancelled.
+
 Discard moves the dead letter to the archive (status ``discarded``): nothing is ever deleted.
 """
 
@@ -27,9 +31,14 @@ from conveyor.exceptions import InvalidTransition, NotFound
 
 
 def requeue(
-    store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime
+    store: Store,
+    job_id: uuid.UUID,
+    tenant_id: uuid.UUID | None,
+    now: datetime,
+    run_at: datetime | None = None,
 ) -> list[Dispatch]:
-    """Resume the dead letter's execution from it; the jobs to publish."""
+    """Resume the dead letter's execution from it (at ``run_at`` when given); the jobs to
+    publish."""
     job = _dead(store, job_id, tenant_id)
     workflow, _ = load_workflow(store, job.workflow_id)
     assert job.node_id is not None
@@ -68,9 +77,16 @@ def requeue(
     execution = store.execution(job.execution_id)
     started = [enqueue_ready(store, execution, workflow, workflow.node(n), now)
                for n in resumed.enqueue]  # fmt: skip
-    return [dispatch_of(j, workflow.name) for j in revived if j.status is JobStatus.QUEUED] + [
-        d for d in started if d is not None
-    ]
+    dispatches = [
+        dispatch_of(j, workflow.name) for j in revived if j.status is JobStatus.QUEUED
+    ] + [d for d in started if d is not None]
+    if run_at is None or run_at <= now:
+        return dispatches
+    for dispatch in dispatches:  # queued just now, unpublished: they wait for run_at instead
+        store.transition_job(
+            dispatch.job_id, JobStatus.QUEUED, JobStatus.SCHEDULED, next_run_at=run_at
+        )
+    return []
 
 
 def discard(store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:

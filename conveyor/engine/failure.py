@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.engine import retry
+from conveyor.engine import retry, trigger_limits
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
@@ -100,7 +100,10 @@ def fail_node(
         retry.decide_stopped(job.attempt)
         if isinstance(error, NodeCancelled)
         else retry.decide_failure(
-            run.workflow.retry_for(run.node), attempt=job.attempt, retryable=retryable, rng=rng
+            trigger_limits.retry_policy(run.workflow, run.node, run.execution.limits),
+            attempt=job.attempt,
+            retryable=retryable,
+            rng=rng,
         )
     )
     if decision.retry_in is not None:

@@ -83,7 +83,8 @@ def template_context(
     scheduled_for: datetime | None = None,
 ) -> dict[str, Any]:
     """The names node templates can use; ``execution.scheduled_for`` is the slot (ISO 8601,
-    UTC) of a run a schedule started, else None."""
+    UTC) of a run a schedule started, or the start time of one triggered for later, else
+    None."""
     slot = scheduled_for.isoformat() if scheduled_for is not None else None
     return {
         "input": workflow_input,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.engine import node_types, planning
+from conveyor.engine import node_types, planning, trigger_limits
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.queues import NODE_QUEUE
@@ -14,6 +14,7 @@ from conveyor.engine.records import (
     Dispatch,
     ExecutionRecord,
     JobRecord,
+    Limits,
     NewJob,
     NodeHints,
 )
@@ -59,7 +60,7 @@ def enqueue_nodes(
     messages to publish (a delay node's job waits in the database for the promoter)."""
     if not ready:
         return []
-    jobs = new_jobs(workflow, ready, now)
+    jobs = new_jobs(workflow, ready, now, limits=execution.limits)
     store.add_node_jobs(execution, jobs, now)
     if not state_queued:
         store.queue_nodes(execution.id, [j.node_id for j in jobs])
@@ -72,6 +73,7 @@ def new_jobs(
     now: datetime,
     *,
     refuse: bool = False,
+    limits: Limits | None = None,
 ) -> list[NewJob]:
     """A job per node ready to run; a delay node's is held until its time. With ``refuse``,
     a delay template over its budget is raised (a trigger's 422, nothing stored)."""
@@ -90,7 +92,7 @@ def new_jobs(
             NewJob(
                 id=new_id(),
                 node_id=node.id,
-                max_retries=workflow.retry_for(node).max_attempts - 1,
+                max_retries=trigger_limits.retry_policy(workflow, node, limits).max_attempts - 1,
                 next_run_at=next_run_at,
             )
         )

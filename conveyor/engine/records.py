@@ -86,8 +86,27 @@ class ExecutionRecord:
     priority: Priority
     input: Any
     created_at: datetime
-    scheduled_for: datetime | None = None  # the slot, when a schedule started it
+    # when it was to start: a schedule's slot, or a trigger's run_at (it waits until then)
+    scheduled_for: datetime | None = None
     trace: TraceContext | None = None  # None: its tries' trace is made from its id
+    limits: Limits | None = None  # its trigger's, overriding the definition's
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """Limits a trigger gives its execution, overriding its definition's for every node:
+    ``max_attempts`` of each node job, ``timeout`` seconds of each try (None: the
+    definition's)."""
+
+    max_attempts: int | None = None
+    timeout: float | None = None
+
+    @classmethod
+    def of(cls, max_attempts: int | None, timeout: float | None) -> Limits | None:
+        """The limits, or None when neither is given."""
+        if max_attempts is None and timeout is None:
+            return None
+        return cls(max_attempts=max_attempts, timeout=timeout)
 
 
 @dataclass(frozen=True, kw_only=True)

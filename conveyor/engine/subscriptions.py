@@ -55,9 +55,10 @@ def emit_event(
     payload: Any,
     now: datetime,
     trace: TraceContext | None = None,
+    run_at: datetime | None = None,
 ) -> list[triggering.Triggered]:
     """Start every workflow of the tenant that subscribes to the event type (their tries
-    join ``trace``)."""
+    join ``trace``); at ``run_at`` when given (see :mod:`conveyor.engine.later`)."""
     rows = store.subscribers(store.tenant_id(tenant), SubscriptionKind.EVENT, event_type)
     # once a workflow, even if two applies racing left its subscription twice
     return [
@@ -69,6 +70,7 @@ def emit_event(
             now=now,
             source=TriggerSource.EVENT,
             trace=trace,
+            run_at=run_at,
         )
         for name in sorted({name for name, _ in rows})
     ]

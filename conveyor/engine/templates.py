@@ -5,7 +5,8 @@ comparisons — never Python's ``eval``. A string that is exactly one ``{{ expre
 the expression's native value (a number stays a number, a dict a dict); any other string with
 ``{{ }}`` renders to text. The names in scope are ``input`` (the execution's input), ``nodes``
 (``nodes.<id>`` is that predecessor's output) and ``execution`` (``execution.id``, and
-``execution.scheduled_for``: the slot of a run a schedule started).
+``execution.scheduled_for``: the slot of a run a schedule started, or the start time of one
+triggered to start later).
 
 Every render runs under a budget of operations, time and size (:mod:`conveyor.engine.sandbox`);
 going over it is a :class:`TemplateBudgetExceeded` naming the budget and the template.

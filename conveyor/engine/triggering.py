@@ -21,6 +21,7 @@ from conveyor.engine.records import (
     Created,
     Dispatch,
     ExecutionRecord,
+    Limits,
     TraceContext,
 )
 from conveyor.engine.states import (
@@ -95,6 +96,8 @@ def trigger(
     idempotency_key: str | None = None,
     dedupe_key: str | None = None,
     trace: TraceContext | None = None,
+    run_at: datetime | None = None,
+    limits: Limits | None = None,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
@@ -102,7 +105,11 @@ def trigger(
     idempotency key the tenant used before, the execution that key made is returned instead
     (for the same workflow; another workflow is an :class:`IdempotencyConflict`). With a
     deduplication key, a pending or running execution with that key is returned instead.
-    ``trace``: the trace context its tries join (stored with it)."""
+    ``trace``: the trace context its tries join (stored with it). ``run_at`` (checked by
+    :func:`conveyor.engine.later.start_time`, after ``now``): the execution waits, pending,
+    its start job held in the database until then (see :mod:`conveyor.engine.later`).
+    ``limits`` (checked by :func:`conveyor.engine.trigger_limits.checked`): stored with the
+    execution, overriding its definition's maximum attempts and timeout."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -123,6 +130,7 @@ def trigger(
             status=ExecutionStatus.PENDING,
             priority=choose_priority(priority, workflow.priority, source),
             input=input if input is not None else {}, created_at=now, trace=trace,
+            scheduled_for=run_at, limits=limits,
         )  # fmt: skip
         try:
             created, dispatches = _create(
@@ -163,11 +171,12 @@ def _create(
 ) -> tuple[Created, list[Dispatch]]:
     """Insert the execution: planned at once (``running``, node states, root jobs) when
     small, else ``pending`` with a start job; and the messages to publish."""
-    if len(workflow.nodes) <= INLINE_PLAN_NODES:
+    later = execution.scheduled_for is not None and execution.scheduled_for > now
+    if len(workflow.nodes) <= INLINE_PLAN_NODES and not later:
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = context_of(execution, {})
         roots = [(workflow.node(root), context) for root in shape.roots]
-        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS)
+        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS, limits=execution.limits)
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
@@ -183,7 +192,7 @@ def _create(
         job_id=start_job, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE,
         priority=execution.priority, label=f"execution={execution.id}", workflow=workflow.name,
     )  # fmt: skip
-    return created, [dispatch]
+    return created, [] if later else [dispatch]  # a later one's is published when promoted
 
 
 def _earlier(

@@ -258,6 +258,10 @@ class Execution(Base):
         ForeignKey("schedules.id", ondelete="SET NULL"), nullable=True
     )
     scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Limits its trigger gave, overriding the definition's for every node (None: the
+    # definition's): maximum attempts of each node job, and each try's timeout in seconds.
+    max_attempts: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     # The W3C trace context where it was triggered, which its tries' spans join

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from conveyor import tracing
 from conveyor.engine import (
     cancellation,
     credentials,
+    later,
     subscriptions,
+    trigger_limits,
     triggering,
     workflows,
 )
@@ -55,9 +58,19 @@ class Clients(ServiceBase):
         tenant: str = DEFAULT_TENANT,
         priority: Priority | None = None,
         source: TriggerSource = TriggerSource.API,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
     ) -> uuid.UUID:
-        """Start an execution; its start job is published once the row is committed."""
-        return self.start(workflow, input, tenant=tenant, priority=priority, source=source)[0]
+        """Start an execution; its start job is published once the row is committed. With
+        ``run_at`` (aware) or ``delay`` (seconds), it waits, pending, until then.
+        ``max_attempts`` and ``timeout`` (seconds a try) override the definition's for every
+        node of this execution."""
+        return self.start(
+            workflow, input, tenant=tenant, priority=priority, source=source, run_at=run_at,
+            delay=delay, max_attempts=max_attempts, timeout=timeout,
+        )[0]  # fmt: skip
 
     def start(
         self,
@@ -69,9 +82,16 @@ class Clients(ServiceBase):
         source: TriggerSource = TriggerSource.API,
         idempotency_key: str | None = None,
         dedupe_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
+        now = utcnow()
+        begins = later.start_time(now, run_at=run_at, delay=delay)
+        limits = trigger_limits.checked(max_attempts, timeout)
         with tracing.trigger_span(workflow, source.value) as trace:
             # Its writes are one statement each (PostgreSQL): no transaction round trips.
             result = self.db.autocommit(
@@ -82,10 +102,12 @@ class Clients(ServiceBase):
                     input=input,
                     priority=priority,
                     source=source,
-                    now=utcnow(),
+                    now=now,
                     idempotency_key=idempotency_key,
                     dedupe_key=dedupe_key,
                     trace=trace,
+                    run_at=begins,
+                    limits=limits,
                 )
             )
             tracing.annotate(
@@ -94,11 +116,24 @@ class Clients(ServiceBase):
             self._publish_now(result.dispatches, f"execution {result.execution_id}")
         return result.execution_id, result.replayed
 
-    def emit(self, tenant: str, event_type: str, payload: Any) -> list[uuid.UUID]:
-        """Start every workflow of the tenant that subscribes to the event type."""
+    def emit(
+        self,
+        tenant: str,
+        event_type: str,
+        payload: Any,
+        *,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+    ) -> list[uuid.UUID]:
+        """Start every workflow of the tenant that subscribes to the event type (at ``run_at``
+        or after ``delay`` seconds when given: they wait, pending, until then)."""
+        now = utcnow()
+        begins = later.start_time(now, run_at=run_at, delay=delay)
         with tracing.trigger_span(event_type, TriggerSource.EVENT.value) as trace:
             started = self.db.run(
-                lambda s: subscriptions.emit_event(s, tenant, event_type, payload, utcnow(), trace)
+                lambda s: subscriptions.emit_event(
+                    s, tenant, event_type, payload, now, trace, run_at=begins
+                )
             )
             self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
         return [t.execution_id for t in started]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from conveyor.engine import (
     dead_letters,
+    later,
 )
 from conveyor.engine.records import Dispatch
 from conveyor.exceptions import (
@@ -20,12 +22,21 @@ class Operators(ServiceBase):
     """Repairs, one transaction a job."""
 
     def requeue_dead_letters(
-        self, job_ids: Sequence[uuid.UUID], tenant_id: uuid.UUID | None = None
+        self,
+        job_ids: Sequence[uuid.UUID],
+        tenant_id: uuid.UUID | None = None,
+        *,
+        run_at: datetime | None = None,
+        delay: float | None = None,
     ) -> dict[uuid.UUID, str | None]:
         """Resume each dead letter's execution from it (see :mod:`engine.dead_letters`), each
-        in its own transaction; for each id, None when done or why it was refused."""
+        in its own transaction; for each id, None when done or why it was refused. With
+        ``run_at`` (aware) or ``delay`` (seconds) the resumed jobs wait until then
+        (:class:`~conveyor.exceptions.StartTimeError`, raised before any, for a bad time)."""
+        begins = later.start_time(utcnow(), run_at=run_at, delay=delay)
         return self._each(
-            job_ids, lambda s, job_id: dead_letters.requeue(s, job_id, tenant_id, utcnow())
+            job_ids,
+            lambda s, job_id: dead_letters.requeue(s, job_id, tenant_id, utcnow(), begins),
         )
 
     def discard_dead_letters(

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from conveyor.engine.records import ExecutionRecord, Finish, NodeRow, TraceContext
+from conveyor.engine.records import ExecutionRecord, Finish, Limits, NodeRow, TraceContext
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
     RUNNABLE_JOB,
@@ -64,6 +64,8 @@ class ExecutionQueries(StoreCore):
         planned_nodes: int | None = None,
         execution_id: uuid.UUID | None = None,
         trace: TraceContext | None = None,
+        scheduled_for: datetime | None = None,
+        limits: Limits | None = None,
     ) -> uuid.UUID:
         """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
         planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
@@ -84,6 +86,9 @@ class ExecutionQueries(StoreCore):
             dedupe_key=dedupe_key,
             traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,
+            scheduled_for=scheduled_for,
+            max_attempts=limits.max_attempts if limits else None,
+            timeout=limits.timeout if limits else None,
         )
         if idempotency_key is None and dedupe_key is None:
             self._core(statement)

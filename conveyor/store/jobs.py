@@ -256,13 +256,21 @@ def node_job_row(execution: ExecutionRecord, job: NewJob, now: datetime) -> dict
 
 
 def start_job_row(execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> dict[str, Any]:
+    """Queued, or held until the execution's ``scheduled_for`` (a trigger's ``run_at``)."""
+    later = execution.scheduled_for if starts_later(execution, now) else None
     return {
         "id": job_id, "kind": JobKind.EXECUTION, "queue": EXECUTION_QUEUE, "data": {},
-        "status": JobStatus.QUEUED, "priority": execution.priority, "max_retries": 0,
+        "status": JobStatus.SCHEDULED if later else JobStatus.QUEUED,
+        "priority": execution.priority, "max_retries": 0,
         "retry_count": 0, "tries_before": 0, "tenant_id": execution.tenant_id,
-        "workflow_id": execution.workflow_id, "node_id": None, "next_run_at": None,
+        "workflow_id": execution.workflow_id, "node_id": None, "next_run_at": later,
         "created_at": now, "enqueued_at": now,
     }  # fmt: skip
+
+
+def starts_later(execution: ExecutionRecord, now: datetime) -> bool:
+    """A trigger's execution whose start job waits for its ``run_at``."""
+    return execution.scheduled_for is not None and execution.scheduled_for > now
 
 
 # Built once (their construction cost more than their execution).

@@ -39,7 +39,7 @@ from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
-from conveyor.engine.records import ExecutionRecord, JobRecord
+from conveyor.engine.records import ExecutionRecord, JobRecord, Limits
 from conveyor.engine.states import RUNNABLE_JOB, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.models.base import JsonType, UTCDateTime
 from conveyor.store.rows import trace_context
@@ -150,7 +150,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
         id=job.execution_id, tenant_id=job.tenant_id, workflow_id=job.workflow_id,
         status=ExecutionStatus(row[13]), priority=Priority(row[14]), input=row[15],
         created_at=row[16].astimezone(UTC), scheduled_for=_utc(row[17]),
-        trace=trace_context(row[18], row[19]),
+        trace=trace_context(row[18], row[19]), limits=Limits.of(row[21], row[22]),
     )  # fmt: skip
     return job, execution, row[20] or {}
 
@@ -194,7 +194,8 @@ WITH job AS (
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
-       ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs}
+       ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
+       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout
 FROM job, ex
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
@@ -358,12 +359,14 @@ WITH target AS (
 ), made AS (
     INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
                             remaining_nodes, started_at, created_at, idempotency_key,
-                            dedupe_key, traceparent, tracestate)
+                            dedupe_key, traceparent, tracestate, scheduled_for,
+                            max_attempts, timeout)
     SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
            CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
            CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
            CAST(:dedupe_key AS varchar), CAST(:traceparent AS varchar),
-           CAST(:tracestate AS varchar)
+           CAST(:tracestate AS varchar), CAST(:scheduled_for AS timestamptz),
+           CAST(:max_attempts AS integer), CAST(:timeout AS double precision)
     FROM target WHERE target.latest
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -391,6 +394,7 @@ SELECT coalesce((SELECT latest FROM target), false) AS latest,
         bindparam("input", type_=JsonType),
         bindparam("now", type_=UTCDateTime()),
         bindparam("started_at", type_=UTCDateTime()),
+        bindparam("scheduled_for", type_=UTCDateTime()),
     )
 )
 

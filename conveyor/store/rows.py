@@ -10,6 +10,7 @@ from conveyor.engine.records import (
     EndpointRecord,
     ExecutionRecord,
     JobRecord,
+    Limits,
     ScheduleRecord,
     TraceContext,
     WorkflowRecord,
@@ -48,6 +49,7 @@ def execution_record(row: Execution | Row[Any]) -> ExecutionRecord:
         created_at=row.created_at,
         scheduled_for=row.scheduled_for,
         trace=trace_context(row.traceparent, row.tracestate),
+        limits=Limits.of(row.max_attempts, row.timeout),
     )
 
 

@@ -59,6 +59,7 @@ class SqliteStore(SqlStore):
                 now=now, idempotency_key=idempotency_key, dedupe_key=dedupe_key,
                 planned_nodes=len(waiting_on) if waiting_on is not None else None,
                 execution_id=execution.id, trace=execution.trace,
+                scheduled_for=execution.scheduled_for, limits=execution.limits,
             )  # fmt: skip
         except DuplicateExecution:
             return Created.KEY_TAKEN

@@ -82,9 +82,11 @@ class MemoryCore:
         )  # fmt: skip
 
     def _add_start_job(self, execution: ExecutionRecord, job_id: uuid.UUID, now: datetime) -> None:
+        later = execution.scheduled_for is not None and execution.scheduled_for > now
         self._add_job(
             execution, job_id, now, kind=JobKind.EXECUTION, queue=EXECUTION_QUEUE,
-            status=JobStatus.QUEUED, max_retries=0, node_id=None,
+            status=JobStatus.SCHEDULED if later else JobStatus.QUEUED, max_retries=0,
+            node_id=None, next_run_at=execution.scheduled_for if later else None,
         )  # fmt: skip
 
 
@@ -188,6 +190,9 @@ class MemoryExecutions(MemoryCatalog):
             created_at=now, idempotency_key=idempotency_key, dedupe_key=dedupe_key,
             traceparent=execution.trace.traceparent if execution.trace else None,
             tracestate=execution.trace.tracestate if execution.trace else None,
+            scheduled_for=execution.scheduled_for,
+            max_attempts=execution.limits.max_attempts if execution.limits else None,
+            timeout=execution.limits.timeout if execution.limits else None,
         )  # fmt: skip
         if waiting_on is not None:
             self.add_node_states(execution.id, waiting_on, queued)

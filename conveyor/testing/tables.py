@@ -16,6 +16,7 @@ from conveyor.engine.records import (
     EndpointRecord,
     ExecutionRecord,
     JobRecord,
+    Limits,
     NodeRow,
     ScheduleRecord,
     TraceContext,
@@ -68,6 +69,8 @@ class ExecutionRow:
     remaining_nodes: int = 0
     schedule_id: uuid.UUID | None = None
     scheduled_for: datetime | None = None
+    max_attempts: int | None = None
+    timeout: float | None = None
     idempotency_key: str | None = None
     dedupe_key: str | None = None
     traceparent: str | None = None
@@ -82,6 +85,7 @@ class ExecutionRow:
             status=self.status, priority=self.priority, input=self.input,
             created_at=self.created_at, scheduled_for=self.scheduled_for,
             trace=trace_of(self.traceparent, self.tracestate),
+            limits=Limits.of(self.max_attempts, self.timeout),
         )  # fmt: skip
 
 

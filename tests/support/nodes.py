@@ -74,6 +74,21 @@ def fail_permanently(ctx: NodeContext) -> None:
     raise conveyor.NonRetryableError("the input can never work")
 
 
+@conveyor.node("test.fails_first_run")
+def fails_first_run(ctx: NodeContext) -> dict[str, int]:
+    """Fail (not retryable) on the first try the node ever makes in its execution, as counted
+    in ``test_effects`` (so across processes and a requeue); succeed on any later one."""
+    record(ctx, "try")
+    with _engine().begin() as conn:
+        tries = conn.execute(
+            text("SELECT count(*) FROM test_effects WHERE idempotency_key = :k"),
+            {"k": ctx.idempotency_key},
+        ).scalar_one()
+    if tries == 1:
+        raise conveyor.NonRetryableError("its first run fails")
+    return {"tries": tries}
+
+
 @conveyor.node("test.barrier")
 def barrier(name: str, value: int, ctx: NodeContext) -> dict[str, int]:
     """Wait until every parallel sibling reaches the barrier, so they all finish together."""
