@@ -160,6 +160,17 @@ class Created(Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FollowUp:
+    """The run a finished execution leaves (dedupe policy follow_up): its tenant's and
+    workflow's names, its deduplication key and the latest input a trigger gave."""
+
+    tenant: str
+    workflow: str
+    dedupe_key: str
+    input: Any
+
+
+@dataclass(frozen=True, kw_only=True)
 class Finish:
     """How an execution completes should a settle prove its last: decided before the settle
     (from outputs in hand), so the settle and the completion are one statement."""
