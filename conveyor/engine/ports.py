@@ -168,8 +168,9 @@ class Executions(Protocol):
         ...
 
     def replace_unstarted_input(self, execution_id: uuid.UUID, input: Any) -> bool:
-        """Replace the input of a pending execution whose start job has not been claimed
-        (no node has run); False, changing nothing, when it has started or finished."""
+        """Replace the input of a pending execution whose start job is not claimed yet (no
+        node has run), a claim racing it waiting for it; False, changing nothing, when it has
+        started or finished."""
         ...
 
     def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:

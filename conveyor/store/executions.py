@@ -126,13 +126,17 @@ class ExecutionQueries(StoreCore):
         return cast(ExecutionStatus | None, found)
 
     def replace_unstarted_input(self, execution_id: uuid.UUID, input: Any) -> bool:
-        started = (
+        """One statement, which locks the unclaimed start job (PostgreSQL): a claim racing it
+        either went first (the job is claimed: nothing replaced) or waits for it, and then
+        plans with the new input."""
+        unclaimed = (
             select(Job.id)
             .where(
                 Job.execution_id == execution_id,
                 Job.kind == JobKind.EXECUTION,
-                Job.status.not_in([*RUNNABLE_JOB, *WAITING_JOB]),
+                Job.status.in_([*RUNNABLE_JOB, *WAITING_JOB]),
             )
+            .with_for_update()
             .exists()
         )
         result = self._core(
@@ -140,7 +144,7 @@ class ExecutionQueries(StoreCore):
             .where(
                 EXECUTIONS.c.id == execution_id,
                 EXECUTIONS.c.status == ExecutionStatus.PENDING,
-                ~started,
+                unclaimed,
             )
             .values(input=input)
         )

@@ -247,9 +247,9 @@ class MemoryExecutions(MemoryCatalog):
         if row is None or row.status is not ExecutionStatus.PENDING:
             return False
         unstarted = {*RUNNABLE_JOB, *WAITING_JOB}
-        if any(
+        if not any(
             j.execution_id == execution_id and j.kind is JobKind.EXECUTION
-            and j.status not in unstarted
+            and j.status in unstarted
             for j in self.tables.jobs.values()
         ):  # fmt: skip
             return False
