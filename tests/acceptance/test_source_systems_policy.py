@@ -2,10 +2,11 @@
 key receiving ten updates while its execution is active, under each dedupe policy. keep_first:
 the first input wins (the documented behaviour); replace: the run not started yet runs with the
 tenth input; follow_up: one follow-up, started when the active run finished, runs with the
-tenth. One worker set for the three."""
+tenth; and the CLI's answer. One worker set for all."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor, utcnow
 from conveyor.store.listing import ExecutionFilter
 from tests.acceptance.conftest import await_ready
+from tests.acceptance.test_cli import conveyor
 from tests.support.services import wait_for
 
 
@@ -55,7 +57,7 @@ def settled(client: Conveyor, key: str, count: int) -> list[tuple[uuid.UUID, Exe
 
 
 def test_ten_updates_for_an_active_key_under_each_dedupe_policy(
-    client: Conveyor, start_worker: Callable[..., Popen[str]]
+    client: Conveyor, start_worker: Callable[..., Popen[str]], acceptance_env: dict[str, str]
 ) -> None:
     await_ready(
         start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
@@ -90,3 +92,14 @@ def test_ten_updates_for_an_active_key_under_each_dedupe_policy(
     runs = settled(client, "doc-f", 2)
     assert [run[2] for run in runs] == [{"v": 1}, {"v": 10}]
     assert [sum_of(client, run[0]) for run in runs] == [1, 10]
+
+    # The CLI's answer: the id of the active execution, and on stderr what became of the input
+    cli = ("run", "latest", "--dedupe-key", "doc-c", "--json")
+    first = conveyor(*cli, "-i", '{"v": 1}', "--delay", "600", env=acceptance_env)
+    again = conveyor(*cli[:-1], "-i", '{"v": 2}', env=acceptance_env)
+    assert first.returncode == 0, first.stderr
+    execution_id = json.loads(first.stdout)["execution_id"]
+    assert (again.returncode, again.stdout.strip()) == (0, execution_id), again.stderr
+    assert "replaced" in again.stderr
+    assert runs_of(client, "doc-c")[0][2] == {"v": 2}
+    client.cancel(uuid.UUID(execution_id))
