@@ -18,6 +18,7 @@ from conveyor.engine.states import (
     Priority,
     ScheduleOrigin,
     SignatureScheme,
+    TriggerSource,
 )
 
 
@@ -162,12 +163,15 @@ class Created(Enum):
 @dataclass(frozen=True, kw_only=True)
 class FollowUp:
     """The run a finished execution leaves (dedupe policy follow_up): its tenant's and
-    workflow's names, its deduplication key and the latest input a trigger gave."""
+    workflow's names, its deduplication key, the latest input a trigger gave, and the
+    finished one's priority and trigger source, which it keeps."""
 
     tenant: str
     workflow: str
     dedupe_key: str
     input: Any
+    priority: Priority
+    source: TriggerSource
 
 
 @dataclass(frozen=True, kw_only=True)

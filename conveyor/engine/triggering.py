@@ -109,6 +109,7 @@ def trigger(
     trace: TraceContext | None = None,
     run_at: datetime | None = None,
     limits: Limits | None = None,
+    followed: bool = False,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
@@ -120,7 +121,9 @@ def trigger(
     :func:`conveyor.engine.later.start_time`, after ``now``): the execution waits, pending,
     its start job held in the database until then (see :mod:`conveyor.engine.later`).
     ``limits`` (checked by :func:`conveyor.engine.trigger_limits.checked`): stored with the
-    execution, overriding its definition's maximum attempts and timeout."""
+    execution, overriding its definition's maximum attempts and timeout. ``followed``: a
+    follow-up started by the transaction finishing the execution before it, which a root
+    template over its budget must not roll back (its node fails, recorded)."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -148,7 +151,16 @@ def trigger(
         )  # fmt: skip
         try:
             created, dispatches = _create(
-                store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
+                store,
+                execution,
+                workflow,
+                shape,
+                names,
+                source,
+                now,
+                idempotency_key,
+                dedupe_key,
+                followed,
             )
         except TemplateBudgetExceeded:
             if not known:
@@ -185,6 +197,7 @@ def _create(
     now: datetime,
     idempotency_key: str | None,
     dedupe_key: str | None,
+    followed: bool = False,
 ) -> tuple[Created, list[Dispatch]]:
     """Insert the execution: planned at once (``running``, node states, root jobs) when
     small, else ``pending`` with a start job; and the messages to publish."""
@@ -193,7 +206,8 @@ def _create(
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = context_of(execution, {})
         roots = [(workflow.node(root), context) for root in shape.roots]
-        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS, limits=execution.limits)
+        refuse = source in _CALLERS and not followed
+        jobs = new_jobs(workflow, roots, now, refuse=refuse, limits=execution.limits)
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
@@ -274,7 +288,7 @@ def follow_up(
         return []
     made = trigger(
         store, workflow_name=left.workflow, tenant=left.tenant, input=left.input, now=now,
-        dedupe_key=left.dedupe_key,
+        dedupe_key=left.dedupe_key, priority=left.priority, source=left.source, followed=True,
     )  # fmt: skip
     return made.dispatches
 

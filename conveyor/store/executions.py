@@ -42,6 +42,7 @@ from conveyor.engine.states import (
     JobStatus,
     NodeStatus,
     Priority,
+    TriggerSource,
 )
 from conveyor.exceptions import DuplicateExecution, ExecutionNotFound, StoreError
 from conveyor.ids import new_id
@@ -162,7 +163,14 @@ class ExecutionQueries(StoreCore):
         """Read under the row lock (the finishing transaction holds it already), then
         cleared: a trigger leaving a newer input waits for this transaction's end."""
         left = self.session.execute(
-            select(Execution.follow_up, Execution.dedupe_key, Tenant.name, WorkflowVersion.name)
+            select(
+                Execution.follow_up,
+                Execution.dedupe_key,
+                Tenant.name,
+                WorkflowVersion.name,
+                Execution.priority,
+                Execution.trigger,
+            )
             .join(Tenant, Tenant.id == Execution.tenant_id)
             .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
             .where(Execution.id == execution_id, Execution.follow_up.is_not(None))
@@ -176,8 +184,9 @@ class ExecutionQueries(StoreCore):
         if left[1] is None:
             return None
         return FollowUp(
-            tenant=left[2], workflow=left[3], dedupe_key=left[1], input=left[0]["input"]
-        )
+            tenant=left[2], workflow=left[3], dedupe_key=left[1], input=left[0]["input"],
+            priority=Priority(left[4]), source=TriggerSource(left[5]),
+        )  # fmt: skip
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
         result = self._core(

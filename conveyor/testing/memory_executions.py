@@ -29,6 +29,7 @@ from conveyor.engine.states import (
     JobKind,
     JobStatus,
     NodeStatus,
+    TriggerSource,
 )
 from conveyor.exceptions import ExecutionNotFound, StoreError, TenantNotFound, WorkflowNotFound
 from conveyor.ids import new_id
@@ -273,7 +274,8 @@ class MemoryExecutions(MemoryCatalog):
         return FollowUp(
             tenant=self.tables.tenants[row.tenant_id].name,
             workflow=self.workflow(row.workflow_id).name,
-            dedupe_key=row.dedupe_key, input=row.follow_up["input"],
+            dedupe_key=row.dedupe_key, input=row.follow_up["input"], priority=row.priority,
+            source=TriggerSource(row.trigger),
         )  # fmt: skip
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from conveyor.engine import cancellation, triggering
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.records import Dispatch
-from conveyor.engine.states import ExecutionStatus, JobKind
+from conveyor.engine.states import ExecutionStatus, JobKind, Priority
 from conveyor.engine.triggering import DedupeOutcome
 from conveyor.exceptions import NonRetryableError
 from conveyor.testing.tables import ExecutionRow
@@ -136,6 +136,20 @@ def test_a_trigger_after_the_follow_up_started_is_deduplicated_onto_it(bench: Be
 
     assert (again.execution_id, again.dedupe) == (follow.id, DedupeOutcome.FOLLOW_UP)
     assert bench.probe.execution(follow.id).follow_up == {"input": {"v": 3}}
+
+
+def test_the_follow_up_keeps_the_priority_and_trigger_source_of_the_run_before_it(
+    bench: Bench,
+) -> None:
+    bench.apply("chain", *CHAIN, **policy("follow_up"))
+    first = bench.trigger("chain", {"v": 1}, dedupe_key="k", priority=Priority.LOW)
+    bench.trigger("chain", {"v": 2}, dedupe_key="k", priority=Priority.HIGH)
+
+    finish_chain(bench, first.execution_id)
+
+    follow = active(bench, first.execution_id)
+    assert follow is not None and follow.id != first.execution_id
+    assert (follow.priority, follow.trigger) == (Priority.LOW, "api")
 
 
 def test_follow_up_starts_when_the_active_execution_fails(bench: Bench) -> None:
