@@ -132,7 +132,7 @@ def trigger(
             target = store.trigger_target(tenant, workflow_name)
         tenant_id, workflow_id = target
         if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
-            deduped = _deduped(store, earlier, workflow_id, input)
+            deduped = _deduped(store, earlier, input)
             if deduped is None:  # it finished since: look again, then make a new one
                 continue
             return deduped
@@ -176,7 +176,7 @@ def trigger(
             raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
             if raced is None:
                 raise DuplicateExecution("its idempotency or deduplication key is taken")
-            deduped = _deduped(store, raced, workflow_id, input)
+            deduped = _deduped(store, raced, input)
             if deduped is None:
                 continue
             return deduped
@@ -252,17 +252,17 @@ def _earlier(
     return None
 
 
-def _deduped(
-    store: Store, earlier: Triggered, workflow_id: uuid.UUID | None, input: Any
-) -> Triggered | None:
+def _deduped(store: Store, earlier: Triggered, input: Any) -> Triggered | None:
     """The answer to a trigger whose deduplication key is active on ``earlier``: under the
-    workflow's dedupe policy (its latest version's), the newer input replaces the active
-    execution's while that has not started (replace), else is left as its follow-up
-    (follow_up, and replace once started); keep_first drops it. None: the active execution
-    finished meanwhile (a new one is to be made)."""
-    if earlier.dedupe is None or workflow_id is None:
+    workflow's dedupe policy, the newer input replaces the active execution's while that has
+    not started (replace), else is left as its follow-up (follow_up, and replace once
+    started); keep_first drops it. The policy of the active execution's version applies.
+    None: the active execution finished meanwhile (a new one is to be made)."""
+    if earlier.dedupe is None:
         return earlier  # an idempotency key's replay
-    policy = load_workflow(store, workflow_id)[0].dedupe.policy
+    # the active execution's version decides: the one its finish reads for a follow-up
+    active = store.execution(earlier.execution_id)
+    policy = load_workflow(store, active.workflow_id)[0].dedupe.policy
     if policy is DedupePolicy.KEEP_FIRST:
         return earlier
     input = input if input is not None else {}

@@ -185,6 +185,22 @@ def test_keep_first_completes_without_looking_for_a_follow_up(bench: Bench) -> N
     assert active(bench, first.execution_id) is None
 
 
+def test_a_follow_up_policy_applied_while_a_keep_first_run_is_active_leaves_no_follow_up(
+    bench: Bench,
+) -> None:
+    # Given a run of a keep_first version, then a follow_up version applied
+    bench.apply("chain", *CHAIN)
+    first = bench.trigger("chain", {"v": 1}, dedupe_key="k")
+    bench.apply("chain", *CHAIN, description="v2", **policy("follow_up"))
+    bench.trigger("chain", {"v": 0}, dedupe_key="other")  # v2 is now the latest known here
+
+    again = bench.trigger("chain", {"v": 2}, dedupe_key="k")
+
+    # Then the active run's version decides (its finish would never start a follow-up)
+    assert again.dedupe is DedupeOutcome.DEDUPLICATED
+    assert bench.probe.execution(first.execution_id).follow_up is None
+
+
 def test_an_unknown_dedupe_policy_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValidationError, match=r"keep_first.*replace.*follow_up"):
         Workflow.model_validate({"name": "w", "nodes": [node("a")], **policy("latest")})
