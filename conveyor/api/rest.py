@@ -141,7 +141,7 @@ def trigger(
 ) -> Started:
     """Start an execution (201); a retry with the same Idempotency-Key returns it (200)."""
     body = body or TriggerBody()
-    execution_id, replayed = service.start(
+    made = service.submit(
         name,
         body.input,
         tenant=tenant.name,
@@ -154,10 +154,10 @@ def trigger(
         max_attempts=body.max_attempts,
         timeout=body.timeout,
     )
-    if replayed:
+    if made.replayed:
         response.status_code = status.HTTP_200_OK
-    response.headers["Location"] = f"/v1/executions/{execution_id}"
-    return Started(id=execution_id, replayed=replayed)
+    response.headers["Location"] = f"/v1/executions/{made.execution_id}"
+    return Started(id=made.execution_id, replayed=made.replayed, dedupe=made.dedupe)
 
 
 # -- executions --------------------------------------------------------------------------------

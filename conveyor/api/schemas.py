@@ -56,7 +56,14 @@ class TriggerBody(BaseModel):
 
 class Started(BaseModel):
     id: uuid.UUID
-    replayed: bool  # an earlier call with the same Idempotency-Key made it
+    replayed: bool  # an earlier call with the same Idempotency-Key (or dedupe key) made it
+    dedupe: str | None = Field(
+        default=None,
+        description="With a dedupe_key active on another execution, what the workflow's "
+        "dedupe policy did with this input: deduplicated (dropped), replaced (the active "
+        "execution, not started yet, runs with it) or follow_up (it runs once the active "
+        "one finishes); null when the key was not active.",
+    )
 
 
 class Cancelled(BaseModel):

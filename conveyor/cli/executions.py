@@ -81,6 +81,14 @@ def run(
             "--try-timeout", help="Seconds each try may run, overriding the definition's."
         ),
     ] = None,
+    dedupe_key: Annotated[
+        str | None,
+        typer.Option(
+            "--dedupe-key",
+            help="Deduplication key: while an execution with it is active, the workflow's "
+            "dedupe policy decides what this input does.",
+        ),
+    ] = None,
 ) -> None:
     """Start an execution (applying NAME_OR_FILE first if it is a file).
 
@@ -94,12 +102,16 @@ def run(
     with workers_if_embedded() as embedded:
         # stdout carries only the id (or the JSON): the apply notice goes to stderr
         name = apply_files([path], tenant, render.err)[0] if known_file else target
-        execution_id = wiring.service().trigger(
+        made = wiring.service().submit(
             name, payload, tenant=tenant, priority=priority, source=TriggerSource.CLI,
             run_at=run_at, delay=delay, max_attempts=max_attempts, timeout=try_timeout,
+            dedupe_key=dedupe_key,
         )  # fmt: skip
+        execution_id = made.execution_id
+        if made.dedupe is not None and not as_json:  # stdout keeps only the id
+            render.err.print(f"{_DEDUPED[made.dedupe]} (dedupe key {dedupe_key!r})")
         if not (wait or embedded):
-            _print_started(execution_id, as_json)
+            _print_started(execution_id, as_json, made.dedupe)
             return
         try:
             view = wait_for(execution_id, timeout, live=not as_json)
@@ -109,9 +121,20 @@ def run(
     _finish(view, as_json)
 
 
-def _print_started(execution_id: uuid.UUID, as_json: bool) -> None:
+# What a dedupe key active on another execution did, said on stderr
+_DEDUPED = {
+    "deduplicated": "deduplicated: the active execution is returned, this input dropped",
+    "replaced": "replaced: the active execution, not started yet, runs with this input",
+    "follow_up": "follow-up queued: this input runs once the active execution finishes",
+}
+
+
+def _print_started(execution_id: uuid.UUID, as_json: bool, dedupe: str | None = None) -> None:
     if as_json:
-        render.print_json({"execution_id": str(execution_id)})
+        shown = {"execution_id": str(execution_id)}
+        if dedupe is not None:
+            shown["dedupe"] = dedupe
+        render.print_json(shown)
     else:
         render.out.print(str(execution_id))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any
 
@@ -142,6 +143,27 @@ class WebhookTrigger(BaseModel):
     )
 
 
+class DedupePolicy(StrEnum):
+    """What a trigger does with its input when an execution with its deduplication key is
+    still active (pending or running)."""
+
+    KEEP_FIRST = "keep_first"  # the active execution is returned; the newer input is dropped
+    REPLACE = "replace"  # the active one's input is replaced if it has not started, else FOLLOW_UP
+    FOLLOW_UP = "follow_up"  # one run with the latest input starts when the active one finishes
+
+
+class Dedupe(BaseModel):
+    """How triggers with the same deduplication key meet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: DedupePolicy = Field(
+        default=DedupePolicy.KEEP_FIRST,
+        description="keep_first (default), replace or follow_up: what a newer input for an "
+        "active execution with the same deduplication key does.",
+    )
+
+
 class Workflow(BaseModel):
     """A named DAG of nodes; applying a changed one stores a new version."""
 
@@ -165,6 +187,7 @@ class Workflow(BaseModel):
         description="Application event types (POST /v1/events) that start the workflow.",
     )
     webhooks: list[WebhookTrigger] = Field(default_factory=list)
+    dedupe: Dedupe = Field(default_factory=Dedupe)
 
     def schedule_names(self) -> list[str]:
         """Each declared schedule's name; an unnamed one takes the workflow's."""

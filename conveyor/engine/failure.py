@@ -24,6 +24,7 @@ from conveyor.engine.states import (
     NodeStatus,
 )
 from conveyor.engine.success import complete_node
+from conveyor.engine.triggering import follow_up
 from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import (
     ConveyorError,
@@ -131,7 +132,8 @@ def fail_node(
         now,
         error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
     )
-    return Failed(dispatches=[], outcome=JobStatus.DEAD_LETTER)
+    followed = follow_up(store, execution_id, run.workflow, now)
+    return Failed(dispatches=followed, outcome=JobStatus.DEAD_LETTER)
 
 
 def reclaim(

@@ -21,6 +21,7 @@ from conveyor.engine.records import (
     ExecutionRecord,
     Finish,
     Fire,
+    FollowUp,
     JobRecord,
     NewJob,
     NodeRow,
@@ -164,6 +165,21 @@ class Executions(Protocol):
 
     def active_by_dedupe(self, tenant_id: uuid.UUID, key: str) -> tuple[uuid.UUID, str] | None:
         """The pending or running execution with this deduplication key, and its workflow."""
+        ...
+
+    def replace_unstarted_input(self, execution_id: uuid.UUID, input: Any) -> bool:
+        """Replace the input of a pending execution whose start job is not claimed yet (no
+        node has run), a claim racing it waiting for it; False, changing nothing, when it has
+        started or finished."""
+        ...
+
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
+        """Store ``input`` as the follow-up of a pending or running execution (replacing a
+        follow-up left before); False, changing nothing, when it has finished."""
+        ...
+
+    def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
+        """The follow-up left on the execution, cleared (taken once); None: none."""
         ...
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:

@@ -18,6 +18,7 @@ from conveyor.engine.states import (
     Priority,
     ScheduleOrigin,
     SignatureScheme,
+    TriggerSource,
 )
 
 
@@ -157,6 +158,20 @@ class Created(Enum):
     CREATED = "created"
     KEY_TAKEN = "key taken"  # its idempotency or deduplication key: nothing inserted
     STALE = "stale"  # its workflow version is not the latest any more: nothing inserted
+
+
+@dataclass(frozen=True, kw_only=True)
+class FollowUp:
+    """The run a finished execution leaves (dedupe policy follow_up): its tenant's and
+    workflow's names, its deduplication key, the latest input a trigger gave, and the
+    finished one's priority and trigger source, which it keeps."""
+
+    tenant: str
+    workflow: str
+    dedupe_key: str
+    input: Any
+    priority: Priority
+    source: TriggerSource
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from conveyor.engine.states import (
     ExecutionStatus,
     NodeStatus,
 )
+from conveyor.engine.triggering import follow_up
 from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import (
     ConveyorError,
@@ -78,6 +79,8 @@ def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> lis
     remaining = store.settle_nodes(execution.id, settled, finish)  # last: it locks the row
     if remaining == 0 and finish is None:
         _finish(store, run, shape, now, known)
+    if remaining == 0:  # it finished: a follow-up left on it starts
+        dispatches += follow_up(store, execution.id, workflow, now)
     return dispatches
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from conveyor.engine import node_types
 from conveyor.engine.claiming import NodeRun
+from conveyor.engine.definitions import DedupePolicy
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
     Dispatch,
@@ -34,6 +35,8 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
         finish = known_finish(run, shape, now, {run.node.id: output})
         if finish is None:
             return False  # it may be the last: the execution's output must be read
+        if run.workflow.dedupe.policy is not DedupePolicy.KEEP_FIRST:
+            return False  # it may be the last: a follow-up left on it is to start
     branch = output.get("branch") if node_types.branches(run.node) else None
     return store.complete_running(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,

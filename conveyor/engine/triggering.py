@@ -9,10 +9,11 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from conveyor.engine import planning
-from conveyor.engine.definitions import Workflow
+from conveyor.engine.definitions import DedupePolicy, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.priority import choose as choose_priority
 from conveyor.engine.queues import EXECUTION_QUEUE
@@ -48,6 +49,16 @@ class Triggered:
     execution_id: uuid.UUID
     dispatches: list[Dispatch]
     replayed: bool = False  # an earlier trigger with the same idempotency key made it
+    # What a deduplication key active on another execution did (None: not deduplicated)
+    dedupe: DedupeOutcome | None = None
+
+
+class DedupeOutcome(StrEnum):
+    """What a trigger did with its input, its deduplication key being active elsewhere."""
+
+    DEDUPLICATED = "deduplicated"  # keep_first: the active execution; the input dropped
+    REPLACED = "replaced"  # replace: the active execution, not started, runs with this input
+    FOLLOW_UP = "follow_up"  # a follow-up with this input starts when the active one ends
 
 
 class _Targets:
@@ -98,6 +109,7 @@ def trigger(
     trace: TraceContext | None = None,
     run_at: datetime | None = None,
     limits: Limits | None = None,
+    followed: bool = False,
 ) -> Triggered:
     """Create the execution in the caller's transaction. A small one (at most
     ``INLINE_PLAN_NODES`` nodes) is planned at once, its root jobs queued: one hop less for
@@ -109,7 +121,9 @@ def trigger(
     :func:`conveyor.engine.later.start_time`, after ``now``): the execution waits, pending,
     its start job held in the database until then (see :mod:`conveyor.engine.later`).
     ``limits`` (checked by :func:`conveyor.engine.trigger_limits.checked`): stored with the
-    execution, overriding its definition's maximum attempts and timeout."""
+    execution, overriding its definition's maximum attempts and timeout. ``followed``: a
+    follow-up started by the transaction finishing the execution before it, which a root
+    template over its budget must not roll back (its node fails, recorded)."""
     names = (tenant, workflow_name)
     target = _targets.get(names)
     for _ in range(3):
@@ -118,7 +132,10 @@ def trigger(
             target = store.trigger_target(tenant, workflow_name)
         tenant_id, workflow_id = target
         if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
-            return earlier
+            deduped = _deduped(store, earlier, input)
+            if deduped is None:  # it finished since: look again, then make a new one
+                continue
+            return deduped
         if workflow_id is None:
             raise WorkflowNotFound(
                 f"tenant {tenant!r} has no workflow named {workflow_name!r}; "
@@ -134,7 +151,16 @@ def trigger(
         )  # fmt: skip
         try:
             created, dispatches = _create(
-                store, execution, workflow, shape, names, source, now, idempotency_key, dedupe_key
+                store,
+                execution,
+                workflow,
+                shape,
+                names,
+                source,
+                now,
+                idempotency_key,
+                dedupe_key,
+                followed,
             )
         except TemplateBudgetExceeded:
             if not known:
@@ -150,7 +176,10 @@ def trigger(
             raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
             if raced is None:
                 raise DuplicateExecution("its idempotency or deduplication key is taken")
-            return raced
+            deduped = _deduped(store, raced, input)
+            if deduped is None:
+                continue
+            return deduped
         return Triggered(execution_id=execution.id, dispatches=dispatches)
     raise StoreError(
         f"workflow {workflow_name!r} of tenant {tenant!r} got new versions while it was "
@@ -168,6 +197,7 @@ def _create(
     now: datetime,
     idempotency_key: str | None,
     dedupe_key: str | None,
+    followed: bool = False,
 ) -> tuple[Created, list[Dispatch]]:
     """Insert the execution: planned at once (``running``, node states, root jobs) when
     small, else ``pending`` with a start job; and the messages to publish."""
@@ -176,7 +206,8 @@ def _create(
         execution = replace(execution, status=ExecutionStatus.RUNNING)
         context = context_of(execution, {})
         roots = [(workflow.node(root), context) for root in shape.roots]
-        jobs = new_jobs(workflow, roots, now, refuse=source in _CALLERS, limits=execution.limits)
+        refuse = source in _CALLERS and not followed
+        jobs = new_jobs(workflow, roots, now, refuse=refuse, limits=execution.limits)
         created = store.create_execution(
             execution, names=names, trigger=source.value, now=now,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key,
@@ -216,8 +247,50 @@ def _earlier(
                 f"key {key!r} already started workflow {made_for!r} (execution "
                 f"{execution_id}); use another key for {workflow_name!r}"
             )
-        return Triggered(execution_id=execution_id, dispatches=[], replayed=True)
+        deduped = DedupeOutcome.DEDUPLICATED if key is dedupe_key else None
+        return Triggered(execution_id=execution_id, dispatches=[], replayed=True, dedupe=deduped)
     return None
+
+
+def _deduped(store: Store, earlier: Triggered, input: Any) -> Triggered | None:
+    """The answer to a trigger whose deduplication key is active on ``earlier``: under the
+    workflow's dedupe policy, the newer input replaces the active execution's while that has
+    not started (replace), else is left as its follow-up (follow_up, and replace once
+    started); keep_first drops it. The policy of the active execution's version applies.
+    None: the active execution finished meanwhile (a new one is to be made)."""
+    if earlier.dedupe is None:
+        return earlier  # an idempotency key's replay
+    # the active execution's version decides: the one its finish reads for a follow-up
+    active = store.execution(earlier.execution_id)
+    policy = load_workflow(store, active.workflow_id)[0].dedupe.policy
+    if policy is DedupePolicy.KEEP_FIRST:
+        return earlier
+    input = input if input is not None else {}
+    if policy is DedupePolicy.REPLACE and store.replace_unstarted_input(
+        earlier.execution_id, input
+    ):
+        return replace(earlier, dedupe=DedupeOutcome.REPLACED)
+    if store.leave_follow_up(earlier.execution_id, input):
+        return replace(earlier, dedupe=DedupeOutcome.FOLLOW_UP)
+    return None  # it finished since it was found
+
+
+def follow_up(
+    store: Store, execution_id: uuid.UUID, workflow: Workflow, now: datetime
+) -> list[Dispatch]:
+    """In the transaction that finished the execution (completed or failed): the follow-up a
+    newer trigger left on it, started (its messages to publish after commit). Nothing to
+    read for a workflow whose dedupe policy is keep_first."""
+    if workflow.dedupe.policy is DedupePolicy.KEEP_FIRST:
+        return []
+    left = store.take_follow_up(execution_id)
+    if left is None:
+        return []
+    made = trigger(
+        store, workflow_name=left.workflow, tenant=left.tenant, input=left.input, now=now,
+        dedupe_key=left.dedupe_key, priority=left.priority, source=left.source, followed=True,
+    )  # fmt: skip
+    return made.dispatches
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -264,6 +264,9 @@ class Execution(Base):
     timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The follow-up a newer trigger with its deduplication key left while it was active
+    # (policy follow_up): {"input": the latest input}, started when it finishes. None: none.
+    follow_up: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
     # The W3C trace context where it was triggered, which its tries' spans join
     # (conveyor.tracing); None: their trace is made from its id.
     traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)

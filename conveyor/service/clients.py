@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +32,16 @@ from conveyor.exceptions import (
 from conveyor.scheduler import schedules
 from conveyor.service.base import ServiceBase, log, utcnow
 from conveyor.store import DEFAULT_TENANT, SqlStore
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    """A trigger's answer: the execution, whether an earlier trigger made it, and what a
+    deduplication key active on it did with the input (None: the key was not active)."""
+
+    execution_id: uuid.UUID
+    replayed: bool
+    dedupe: str | None = None
 
 
 class Clients(ServiceBase):
@@ -89,6 +100,32 @@ class Clients(ServiceBase):
     ) -> tuple[uuid.UUID, bool]:
         """Like :meth:`trigger`; with an idempotency key the tenant used before, the
         execution it made is returned instead. (execution id, whether it was made before)."""
+        made = self.submit(
+            workflow, input, tenant=tenant, priority=priority, source=source,
+            idempotency_key=idempotency_key, dedupe_key=dedupe_key, run_at=run_at, delay=delay,
+            max_attempts=max_attempts, timeout=timeout,
+        )  # fmt: skip
+        return made.execution_id, made.replayed
+
+    def submit(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        tenant: str = DEFAULT_TENANT,
+        priority: Priority | None = None,
+        source: TriggerSource = TriggerSource.API,
+        idempotency_key: str | None = None,
+        dedupe_key: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> Submitted:
+        """Like :meth:`start`, saying what a deduplication key active on another execution
+        did with the input (the workflow's dedupe policy): ``dedupe`` is
+        ``"deduplicated"`` (the input dropped), ``"replaced"`` (the active execution, not
+        started, runs with it) or ``"follow_up"`` (it runs once the active one finishes)."""
         now = utcnow()
         begins = later.start_time(now, run_at=run_at, delay=delay)
         limits = trigger_limits.checked(max_attempts, timeout)
@@ -114,7 +151,8 @@ class Clients(ServiceBase):
                 workflow=workflow, execution_id=str(result.execution_id), replayed=result.replayed
             )
             self._publish_now(result.dispatches, f"execution {result.execution_id}")
-        return result.execution_id, result.replayed
+        dedupe = result.dedupe.value if result.dedupe else None
+        return Submitted(execution_id=result.execution_id, replayed=result.replayed, dedupe=dedupe)
 
     def emit(
         self,

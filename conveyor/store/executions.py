@@ -19,12 +19,20 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    null,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
 
-from conveyor.engine.records import ExecutionRecord, Finish, Limits, NodeRow, TraceContext
+from conveyor.engine.records import (
+    ExecutionRecord,
+    Finish,
+    FollowUp,
+    Limits,
+    NodeRow,
+    TraceContext,
+)
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
     RUNNABLE_JOB,
@@ -34,10 +42,11 @@ from conveyor.engine.states import (
     JobStatus,
     NodeStatus,
     Priority,
+    TriggerSource,
 )
 from conveyor.exceptions import DuplicateExecution, ExecutionNotFound, StoreError
 from conveyor.ids import new_id
-from conveyor.models import Execution, Job, NodeState
+from conveyor.models import Execution, Job, NodeState, Tenant, WorkflowVersion
 from conveyor.models.base import UTCDateTime
 from conveyor.store.rows import execution_record
 from conveyor.store.session import EXECUTIONS, NODE_STATES, StoreCore
@@ -116,6 +125,68 @@ class ExecutionQueries(StoreCore):
         query = _STATUS_LOCKED if lock else _STATUS
         found = self._core(query, {"execution_id": execution_id}).scalar()
         return cast(ExecutionStatus | None, found)
+
+    def replace_unstarted_input(self, execution_id: uuid.UUID, input: Any) -> bool:
+        """One statement, which locks the unclaimed start job (PostgreSQL): a claim racing it
+        either went first (the job is claimed: nothing replaced) or waits for it, and then
+        plans with the new input."""
+        unclaimed = (
+            select(Job.id)
+            .where(
+                Job.execution_id == execution_id,
+                Job.kind == JobKind.EXECUTION,
+                Job.status.in_([*RUNNABLE_JOB, *WAITING_JOB]),
+            )
+            .with_for_update()
+            .exists()
+        )
+        result = self._core(
+            update(EXECUTIONS)
+            .where(
+                EXECUTIONS.c.id == execution_id,
+                EXECUTIONS.c.status == ExecutionStatus.PENDING,
+                unclaimed,
+            )
+            .values(input=input)
+        )
+        return bool(result.rowcount)
+
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
+        result = self._core(
+            update(EXECUTIONS)
+            .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status.in_(ACTIVE_EXECUTION))
+            .values(follow_up={"input": input})
+        )
+        return bool(result.rowcount)
+
+    def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
+        """Read under the row lock (the finishing transaction holds it already), then
+        cleared: a trigger leaving a newer input waits for this transaction's end."""
+        left = self.session.execute(
+            select(
+                Execution.follow_up,
+                Execution.dedupe_key,
+                Tenant.name,
+                WorkflowVersion.name,
+                Execution.priority,
+                Execution.trigger,
+            )
+            .join(Tenant, Tenant.id == Execution.tenant_id)
+            .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
+            .where(Execution.id == execution_id, Execution.follow_up.is_not(None))
+            .with_for_update(of=Execution)
+        ).one_or_none()
+        if left is None:
+            return None
+        self._core(
+            update(EXECUTIONS).where(EXECUTIONS.c.id == execution_id).values(follow_up=null())
+        )
+        if left[1] is None:
+            return None
+        return FollowUp(
+            tenant=left[2], workflow=left[3], dedupe_key=left[1], input=left[0]["input"],
+            priority=Priority(left[4]), source=TriggerSource(left[5]),
+        )  # fmt: skip
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
         result = self._core(

@@ -15,6 +15,7 @@ from conveyor.engine.records import (
     Created,
     ExecutionRecord,
     Finish,
+    FollowUp,
     NewJob,
     NodeRow,
     WorkflowRecord,
@@ -28,6 +29,7 @@ from conveyor.engine.states import (
     JobKind,
     JobStatus,
     NodeStatus,
+    TriggerSource,
 )
 from conveyor.exceptions import ExecutionNotFound, StoreError, TenantNotFound, WorkflowNotFound
 from conveyor.ids import new_id
@@ -240,6 +242,41 @@ class MemoryExecutions(MemoryCatalog):
     def _made_with(self, matches: Callable[[ExecutionRow], bool]) -> tuple[uuid.UUID, str] | None:
         found = next((e for e in self.tables.executions.values() if matches(e)), None)
         return (found.id, self.workflow(found.workflow_id).name) if found else None
+
+    def replace_unstarted_input(self, execution_id: uuid.UUID, input: Any) -> bool:
+        row = self._execution_row(execution_id)
+        if row is None or row.status is not ExecutionStatus.PENDING:
+            return False
+        unstarted = {*RUNNABLE_JOB, *WAITING_JOB}
+        if not any(
+            j.execution_id == execution_id and j.kind is JobKind.EXECUTION
+            and j.status in unstarted
+            for j in self.tables.jobs.values()
+        ):  # fmt: skip
+            return False
+        self._set_execution(row, input=stored(input))
+        return True
+
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
+        row = self._execution_row(execution_id)
+        if row is None or row.status not in ACTIVE_EXECUTION:
+            return False
+        self._set_execution(row, follow_up={"input": stored(input)})
+        return True
+
+    def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
+        row = self._execution_row(execution_id)
+        if row is None or row.follow_up is None:
+            return None
+        self._set_execution(row, follow_up=None)
+        if row.dedupe_key is None:
+            return None
+        return FollowUp(
+            tenant=self.tables.tenants[row.tenant_id].name,
+            workflow=self.workflow(row.workflow_id).name,
+            dedupe_key=row.dedupe_key, input=row.follow_up["input"], priority=row.priority,
+            source=TriggerSource(row.trigger),
+        )  # fmt: skip
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:
         row = self._execution_row(execution_id)

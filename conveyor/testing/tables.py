@@ -73,6 +73,7 @@ class ExecutionRow:
     timeout: float | None = None
     idempotency_key: str | None = None
     dedupe_key: str | None = None
+    follow_up: Any = None
     traceparent: str | None = None
     tracestate: str | None = None
     created_at: datetime
