@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,11 +25,19 @@ Start = Callable[..., subprocess.Popen[str]]
 
 @pytest.fixture
 def api(acceptance_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
+    with serving_api(
+        {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}, tmp_path
+    ) as url:
+        yield url
+
+
+@contextmanager
+def serving_api(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    """`conveyor api` in its own process on a free port, logging to tmp_path/api.log; its URL."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = tmp_path / "api.log"
-    env = {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
     with log.open("w") as out:
         process = subprocess.Popen(
             [*CONVEYOR, "api", "--port", str(port)], cwd=ROOT, env=env, text=True,

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.conftest import ROOT, _wait_until_ready
-from tests.acceptance.test_api import Start
-from tests.acceptance.test_cli import CONVEYOR, conveyor
+from tests.acceptance.test_api import Start, serving_api
+from tests.acceptance.test_cli import conveyor
 
 Event = tuple[str, str, dict[str, Any]]  # id, kind, data
 
@@ -35,22 +32,9 @@ EXPORT = {"name": "export", "nodes": [
 def api(acceptance_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
     """`conveyor api` in its own process; an idle stream sends a comment every half second
     (CONVEYOR_STREAMS_KEEPALIVE), so that a reader told to stop hangs up soon."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = tmp_path / "api.log"
     env = {**acceptance_env, **NODES, "CONVEYOR_STREAMS_KEEPALIVE": "0.5"}
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [*CONVEYOR, "api", "--port", str(port)], cwd=ROOT, env=env, text=True,
-            stdout=out, stderr=out, start_new_session=True,
-        )  # fmt: skip
-    try:
-        _wait_until_ready(process, log, "Application startup complete")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    with serving_api(env, tmp_path) as url:
+        yield url
 
 
 @contextmanager
