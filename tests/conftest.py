@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 PG_ADMIN_URL = os.environ.get(
     "CONVEYOR_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -29,3 +33,33 @@ os.environ["CONVEYOR_BROKER_URL"] = REDIS_URL
 os.environ["CONVEYOR_REDIS_URL"] = REDIS_URL
 os.environ["CONVEYOR_PROMOTE_INTERVAL"] = "0.05"
 os.environ["CONVEYOR_IMPORTS"] = '["tests.support.nodes"]'
+
+# What a failed test's report shows of each process log: the tail, and before it the last
+# lines that say something went wrong (a stall's cause is often minutes before its end).
+_TAIL_CHARS = 6000
+_NOTABLE = ("[error", "[warning", "[critical", "Traceback", "Connected to", "recovery:")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report carries every process log it left under its tmp_path (workers,
+    beat, Flower, the API): a worker's side of a failure is gone with the folder."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path):
+        for log in sorted(tmp_path.rglob("*.log")):
+            text = log.read_text(errors="replace")
+            notable = [
+                line
+                for line in text.splitlines()
+                if line.startswith(_NOTABLE) or any(mark in line[:60] for mark in _NOTABLE)
+            ]
+            name = log.relative_to(tmp_path)
+            report.sections.append(
+                (
+                    f"process log {name}: notable lines",
+                    "\n".join(dict.fromkeys(line[:300] for line in notable[-400:])).strip()[-8000:],
+                )
+            )
+            report.sections.append((f"process log {name}: tail", text[-_TAIL_CHARS:]))

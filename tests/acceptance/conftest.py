@@ -31,18 +31,6 @@ ACCEPTANCE_DB = f"conveyor_accept_{RUN_ID}"
 ACCEPTANCE_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + ACCEPTANCE_DB
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test's report carries the tail of every process log it left in its tmp_path
-    (workers, beat, Flower, the API): a worker's side of a failure is gone with the folder."""
-    outcome = yield
-    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
-    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
-    if report.failed and isinstance(tmp_path, Path):
-        for log in sorted(tmp_path.glob("*.log")):
-            report.sections.append((f"process log {log.name}", log.read_text()[-6000:]))
-
-
 @pytest.fixture(scope="session")
 def acceptance_env() -> Iterator[dict[str, str]]:
     services.create_database(PG_ADMIN_URL, ACCEPTANCE_DB)
