@@ -24,6 +24,8 @@ from conveyor.engine.queues import ALL_QUEUES, NODE_QUEUE
 from conveyor.scheduler.duty_thread import Duty, Maintenance
 
 log = logging.getLogger("conveyor.embedded")
+# How long a stopped embedded worker's consumer loop is given to end (see embedded_workers).
+_LOOP_GRACE = 0.1
 
 
 @contextmanager
@@ -52,8 +54,13 @@ def embedded_workers(concurrency: int | None = None) -> Iterator[Any]:
     try:
         yield worker
     finally:
+        # stop() returns once the pool's threads have finished what they ran (the threads
+        # pool shuts its executor down, waiting). The consumer's loop then notices only when
+        # its poll of the in-memory broker times out, up to 2 s later (Celery's synloop
+        # drains with timeout=2.0): waiting for that made every embedded command take 2 s
+        # longer to exit. The loop's thread is a daemon and runs nothing more.
         worker.stop(in_sighandler=False)
-        thread.join(timeout=10)
+        thread.join(timeout=_LOOP_GRACE)
 
 
 def _run(worker: Any, ready: threading.Event) -> None:
