@@ -23,6 +23,7 @@ from conveyor.engine.limits import KeyUsage
 from conveyor.views import (
     ExecutionJson,
     ExecutionSummaryJson,
+    FollowUpJson,
     JobJson,
     NodeJson,
     StatusCountJson,
@@ -192,7 +193,11 @@ def attempts_table(view: ExecutionJson) -> Table:
 
 def print_execution(view: ExecutionJson) -> None:
     out.print(execution_header(view))
-    out.print(f"created {fmt_time(view['created_at'])}   input {short(view['input'])}")
+    out.print(
+        f"created {fmt_time(view['created_at'])}   input {short(view['input'])}", markup=False
+    )
+    if (follow := view.get("follow_up")) is not None:
+        print_follow_up(follow)
     if (scheduled := view.get("scheduled_for")) is not None:
         out.print(f"scheduled for {fmt_time(scheduled)}")
     attempts, timeout = view.get("max_attempts"), view.get("timeout")
@@ -205,6 +210,18 @@ def print_execution(view: ExecutionJson) -> None:
     out.print()
     out.print(attempts_table(view))
     print_outcome(view)
+
+
+def print_follow_up(follow: FollowUpJson) -> None:
+    given = follow["input"]
+    shown = short(given) if given is not None else f"of {follow['input_bytes']:,} bytes"
+    left = f", left {fmt_time(follow['left_at'])}" if follow["left_at"] else ""
+    out.print(
+        f"follow-up {follow['status']}{left}: input {shown}; it runs once this execution "
+        "completes or fails",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def print_outcome(view: ExecutionJson) -> None:
