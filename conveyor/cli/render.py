@@ -224,6 +224,21 @@ def print_follow_up(follow: FollowUpJson) -> None:
     )
 
 
+def print_stream_event(event_id: str, kind: str, data: dict[str, Any], as_json: bool) -> None:
+    """One event of a tenant's stream, as it comes: a line of JSON, or a line for people."""
+    if as_json:
+        print(json.dumps({"id": event_id, "kind": kind, "data": data}), flush=True)
+        return
+    line = Text.assemble(
+        fmt_time(str(data["at"])), "  ", str(data["execution_id"]), "  ",
+        f"{data['workflow']} v{data['version']}", "  ", styled(str(data["status"])),
+    )  # fmt: skip
+    if data.get("dedupe_key") is not None:
+        line.append(f"  dedupe key {data['dedupe_key']}")
+    line.append(f"  (event {event_id})", style="dim")
+    out.print(line, soft_wrap=True)
+
+
 def print_outcome(view: ExecutionJson) -> None:
     status = view["status"]
     if status == "completed":
