@@ -4,6 +4,7 @@ their string values (see docs/cli.md)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -11,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import TypedDict  # pydantic (the API) needs it before Python 3.12
 
-from conveyor.engine.records import WorkflowRecord
-from conveyor.engine.states import AttemptStatus, JobStatus
+from conveyor.engine.records import FollowUp, WorkflowRecord
+from conveyor.engine.states import ACTIVE_EXECUTION, AttemptStatus, JobStatus
 from conveyor.models import Execution, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
@@ -79,12 +80,26 @@ class ExecutionSummaryJson(TypedDict):
     duration: float | None
 
 
+class FollowUpJson(TypedDict):
+    status: str  # "pending": it starts when the execution completes or fails
+    input: Any  # the latest input left; None when over FOLLOW_UP_SHOWN_BYTES (see input_bytes)
+    input_bytes: int  # the input's size as JSON
+    left_at: str | None  # when the latest input was left (None: not recorded)
+
+
+# A follow-up's input larger than this, as JSON, is shown by its size alone
+FOLLOW_UP_SHOWN_BYTES = 65_536
+
+
 class ExecutionJson(ExecutionSummaryJson):
     # limits its trigger gave, overriding the definition's (None: the definition's)
     max_attempts: int | None
     timeout: float | None
     input: Any
     output: Any
+    # the run a newer trigger with its dedupe key left on it while active (dedupe policy
+    # follow_up, or replace once started); None: none
+    follow_up: FollowUpJson | None
     nodes: list[NodeJson]
     jobs: list[JobJson]
 
@@ -171,8 +186,25 @@ def execution_json(
         "timeout": row.timeout,
         "input": row.input,
         "output": row.output,
+        "follow_up": _follow_up_json(row),
         "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
+    }
+
+
+def _follow_up_json(row: Execution) -> FollowUpJson | None:
+    """The follow-up left on an active execution; one left on a cancelled execution never
+    runs, and a finished one's was taken (started) as it finished."""
+    if row.follow_up is None or row.status not in ACTIVE_EXECUTION:
+        return None
+    value = row.follow_up.get("input")
+    # ASCII (json.dumps escapes the rest): its length is its size in bytes
+    size = len(json.dumps(value, separators=(",", ":")))
+    return {
+        "status": "pending",
+        "input": value if size <= FOLLOW_UP_SHOWN_BYTES else None,
+        "input_bytes": size,
+        "left_at": iso(FollowUp.left_at_of(row.follow_up)),
     }
 
 

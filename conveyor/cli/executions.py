@@ -26,6 +26,7 @@ from conveyor.cli.common import (
     parse_input,
     parse_time,
     parse_uuid,
+    usage_error,
     wait_for,
     workers_if_embedded,
 )
@@ -33,13 +34,14 @@ from conveyor.cli.definitions import apply_files
 from conveyor.config import get_settings
 from conveyor.definition_files import SUFFIXES
 from conveyor.engine.states import ExecutionStatus, NodeStatus, Priority, TriggerSource
-from conveyor.exceptions import InvalidTransition
+from conveyor.exceptions import InvalidQuery, InvalidTransition
+from conveyor.service.reads import cursor_of
 from conveyor.store import DEFAULT_TENANT
 from conveyor.store.listing import ExecutionFilter
 
 EXAMPLES = migrations.ROOT / "examples"
 
-executions_app = group("Executions: list, count, show, cancel.")
+executions_app = group("Executions: list, count, show, watch, cancel.")
 
 
 def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
@@ -261,6 +263,36 @@ def executions_show(
         render.print_json(view)
     else:
         render.print_execution(view)
+
+
+@executions_app.command("watch")
+def executions_watch(
+    tenant: Tenant = DEFAULT_TENANT,
+    workflow: Workflow = None,
+    dedupe_key: Annotated[
+        str | None, typer.Option(help="Only executions with this deduplication key.")
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(metavar="EVENT_ID", help="Resume after this event: every one since first."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print each change of the status of the tenant's executions as it happens, those
+    triggered later included (the events of GET /v1/stream), until Ctrl-C."""
+    if after is not None:
+        try:
+            cursor_of(after, "--after")
+        except InvalidQuery as exc:
+            usage_error(str(exc))
+    with embedded_schema():
+        events = wiring.service().stream(
+            tenant, workflow=workflow, dedupe_key=dedupe_key, after=after
+        )
+        render.err.print("watching; Ctrl-C stops", style="dim")  # stderr: stdout is events
+        with suppress(KeyboardInterrupt):
+            for event in events:
+                render.print_stream_event(event.id, event.kind, event.data, as_json)
 
 
 @executions_app.command("cancel")

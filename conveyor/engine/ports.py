@@ -173,9 +173,10 @@ class Executions(Protocol):
         started or finished."""
         ...
 
-    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
-        """Store ``input`` as the follow-up of a pending or running execution (replacing a
-        follow-up left before); False, changing nothing, when it has finished."""
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any, now: datetime) -> bool:
+        """Store ``input`` as the follow-up of a pending or running execution, left at
+        ``now`` (:meth:`FollowUp.stored`, replacing a follow-up left before); False, changing
+        nothing, when it has finished."""
         ...
 
     def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:

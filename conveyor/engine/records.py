@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -172,6 +172,19 @@ class FollowUp:
     input: Any
     priority: Priority
     source: TriggerSource
+    left_at: datetime | None = None  # when the latest input was left (None: not recorded)
+
+    @staticmethod
+    def stored(input: Any, now: datetime) -> dict[str, Any]:
+        """The value of an execution's ``follow_up`` column: the latest input, and when it
+        was left (ISO 8601 in UTC, a JSON column holding no datetime)."""
+        return {"input": input, "left_at": now.astimezone(UTC).isoformat()}
+
+    @staticmethod
+    def left_at_of(stored: dict[str, Any]) -> datetime | None:
+        """When a stored follow-up was left (None: left by a version that did not say)."""
+        left = stored.get("left_at")
+        return datetime.fromisoformat(left) if isinstance(left, str) else None
 
 
 @dataclass(frozen=True, kw_only=True)
