@@ -113,3 +113,46 @@ def test_the_skip_locked_page_with_workers_runs_newer_input_as_a_follow_up(
     rows = json.loads(listed.stdout)
     assert [r["status"] for r in rows] == ["completed", "completed"]
     assert [str(run[0]) for run in reversed(runs)] == [r["id"] for r in rows]
+
+
+@pytest.mark.timeout(300)
+def test_the_async_operations_page_runs_on_the_embedded_default(tmp_path: Path) -> None:
+    clone = clone_of("async-operations", tmp_path)
+    commands = block_under(DOCS / "coming-from-async-operations.md", "## Run it")
+
+    ran = run_block(commands, clone=clone)
+
+    apply, a1, a2, a3, down, a4, dead, up, requeue, failed, stats = ran
+    here = clone / "examples" / "coming-from" / "async-operations"
+    for step in (apply, a1, down, dead, up, requeue, failed, stats):
+        assert step.returncode == 0, said(step)
+    # A-1 completed on its third try of five
+    assert '"try": 3' in a1.stdout
+    # A-2 had two tries, not the type's five: a dead letter
+    assert a2.returncode == 1 and "failed after 2 attempt(s)" in a2.stdout
+    # A-3 was cancelled by its node
+    assert a3.returncode == 1 and "cancelled by node 'send': account A-3 is closed" in a3.stdout
+    # A-4 was a dead letter after the type's two tries, listed with A-2's
+    assert a4.returncode == 1 and "failed after 2 attempt(s)" in a4.stdout
+    assert "refresh-balance" in dead.stdout and "send-statement" in dead.stdout
+    letters = {row["workflow"]: row["tries"] for row in as_json(here, "dlq", "list")}
+    assert letters == {"send-statement": 2}  # A-4's is no dead letter once requeued
+    # The requeue resumed A-4, which completed on its first new try
+    assert "requeued" in requeue.stdout and '"refreshed": "A-4"' in requeue.stdout
+    (a4_row,) = as_json(here, "executions", "list", "--workflow", "refresh-balance")
+    (job,) = as_json(here, "executions", "show", a4_row["id"])["jobs"][-1:]
+    assert [a["status"] for a in job["attempts"]] == ["failed", "failed", "succeeded"]
+    # The failed statements are A-2 alone
+    (a2_row,) = as_json(here, "executions", "list", "--workflow", "send-statement", "--status",
+                        "failed")  # fmt: skip
+    assert a2_row["id"] in failed.stdout
+    # The status view, by type and status
+    view = {(r["workflow"], r["status"]): (r["count"], r["average_attempts"])
+            for r in as_json(here, "executions", "stats")}  # fmt: skip
+    assert view == {
+        ("refresh-balance", "completed"): (1, 3.0),
+        ("send-statement", "cancelled"): (1, 1.0),
+        ("send-statement", "completed"): (1, 3.0),
+        ("send-statement", "failed"): (1, 2.0),
+    }
+    assert "refresh-balance" in stats.stdout and "3.00" in stats.stdout
