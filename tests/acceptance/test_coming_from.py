@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -93,7 +94,8 @@ def test_the_skip_locked_page_with_workers_runs_newer_input_as_a_follow_up(
     env = {"CONVEYOR_IMPORTS": "accounting", "PYTHONPATH": f"{here}:{ROOT}"}
     start_worker("workflow-execution,workflow-node", concurrency=1, name="ledger", env=env)
     services = {k: acceptance_env[k] for k in ("CONVEYOR_DATABASE_URL", "CONVEYOR_BROKER_URL")}
-    commands = block_under(DOCS / "coming-from-skip-locked.md", "## Newer input while one is active")
+    page = DOCS / "coming-from-skip-locked.md"
+    commands = block_under(page, "## Newer input while one is active")
 
     # When the page's commands run, the page's placeholder URLs replaced by the test's services
     upgrade, apply, first, second, third = run_block(commands, clone=clone, overrides=services)
@@ -156,3 +158,46 @@ def test_the_async_operations_page_runs_on_the_embedded_default(tmp_path: Path) 
         ("send-statement", "failed"): (1, 2.0),
     }
     assert "refresh-balance" in stats.stdout and "3.00" in stats.stdout
+
+
+def records(ran: Ran) -> list[dict[str, Any]]:
+    """The JSON log lines a command wrote to stderr."""
+    return [json.loads(line) for line in ran.stderr.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.timeout(300)
+def test_the_queue_consumer_page_runs_on_the_embedded_default(tmp_path: Path) -> None:
+    clone = clone_of("queue-consumer", tmp_path)
+    commands = block_under(DOCS / "coming-from-a-queue-consumer.md", "## Run it")
+
+    ran = run_block(commands, clone=clone)
+
+    apply, paid, again, poison, dead, discard, archived = ran
+    here = clone / "examples" / "coming-from" / "queue-consumer"
+    for step in (apply, paid, again, dead, discard, archived):
+        assert step.returncode == 0, said(step)
+    # S-1 was paid on its second try, and the JSON logs said so, by level
+    assert '"try": 2' in paid.stdout
+    logged = [(r["event"], r["level"]) for r in records(paid) if r.get("node_id") == "pay"
+              or r.get("logger") == "settlement"]  # fmt: skip
+    assert logged == [
+        ("job received", "info"), ("retry scheduled", "warning"), ("job received", "info"),
+        ("paid out", "info"), ("job completed", "info"),
+    ]  # fmt: skip
+    assert next(r for r in records(paid) if r["event"] == "paid out")["settlement"] == "S-1"
+    # S-1 again: skipped, the execution completed, one payout in all
+    rows = as_json(here, "executions", "list", "--workflow", "settle")
+    second = as_json(here, "executions", "show", rows[1]["id"])
+    assert (second["status"], second["nodes"][0]["status"]) == ("completed", "skipped")
+    assert "skipped" in again.stdout
+    with sqlite3.connect(here / "payouts.db") as db:
+        assert db.execute("SELECT settlement, amount FROM payouts").fetchall() == [("S-1", 120.5)]
+    # S-2: a dead letter at once, logged as an error without -v
+    assert poison.returncode == 1 and "failed after 1 attempt(s)" in poison.stdout
+    assert [(r["event"], r["level"]) for r in records(poison)] == [("dead-lettered", "error")]
+    assert "S-2" in dead.stdout and "not > 0" in dead.stdout
+    # Discarded: gone from the dead letters, kept in the archive
+    assert as_json(here, "dlq", "list") == []
+    (kept,) = as_json(here, "dlq", "list", "--archived")
+    assert (kept["status"], kept["tries"]) == ("discarded", 1)
+    assert kept["job_id"] in archived.stdout
