@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor.engine.states import ExecutionStatus, JobStatus
+from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import InvalidTransition, RerunError
 from conveyor.service import Conveyor
@@ -72,6 +73,21 @@ def attempts(service: Conveyor, execution_id: uuid.UUID) -> dict[str, list[tuple
             job.node_id or "": [(a.attempt_number, a.status.value) for a in tries]
             for job, tries in store.execution_jobs(execution_id)
         }
+
+
+def cancel(service: Conveyor, execution_id: uuid.UUID) -> None:
+    """Cancel, then wait until no node of it runs any more: a node told to stop records its
+    effect as it ends, which must not land in the next test's table."""
+    service.cancel(execution_id)
+    deadline = time.monotonic() + 30
+    while True:
+        with service.db.transaction() as store:
+            busy = [n.node_id for n in store.execution_nodes(execution_id)
+                    if n.status is NodeStatus.RUNNING]  # fmt: skip
+        if not busy:
+            return
+        assert time.monotonic() < deadline, f"nodes {busy} still run after the cancel"
+        time.sleep(0.05)
 
 
 def failed_diamond(service: Conveyor, tmp_path: Path, tenant: str = "default") -> uuid.UUID:
@@ -161,7 +177,7 @@ def test_a_running_execution_and_an_unknown_node_are_refused(
     with pytest.raises(RerunError, match=r"has no node 'nope'; .*: start, broken, side, join"):
         conveyor_service.rerun(failed, "nope", requested_by="cli:ops")
 
-    conveyor_service.cancel(running)
+    cancel(conveyor_service, running)
     assert wait_for(conveyor_service, failed).status is ExecutionStatus.FAILED
     assert runs(failed) == {"start": 1, "broken": 1, "side": 1}
 
@@ -180,8 +196,7 @@ def test_a_rerun_is_refused_while_another_execution_of_its_dedupe_key_runs(
 
     with pytest.raises(InvalidTransition, match=f"while execution {second}"):
         conveyor_service.rerun(first, "broken", requested_by="cli:ops")
-    conveyor_service.cancel(second)
-    wait_for(conveyor_service, second)
+    cancel(conveyor_service, second)
     (tmp_path / "fixed").touch()
     conveyor_service.rerun(first, "broken", requested_by="cli:ops")
     assert wait_for(conveyor_service, first).status is ExecutionStatus.COMPLETED
@@ -246,7 +261,7 @@ def test_over_the_api_a_tenant_reruns_only_its_own_executions(
         assert wait_for(conveyor_service, theirs).status is ExecutionStatus.COMPLETED
         shown = http.get(f"/v1/executions/{theirs}", headers=b).json()
         hidden = http.get(f"/v1/executions/{theirs}", headers=a)
-    conveyor_service.cancel(running)
+    cancel(conveyor_service, running)
 
     # Then another tenant's is not found, the refusals say why, and the rerun is recorded
     # with the API key's name
