@@ -92,6 +92,18 @@ def rerun(
     store.add_rerun(execution_id, node.id, input, requested_by, now)
     store.hold_jobs(execution_id, nodes)
     store.reset_nodes(execution_id, nodes)
+    queued, dispatches = _go_on(store, execution_id, workflow, node, now)
+    return Rerun(
+        execution_id=execution_id, from_node=node.id, nodes=nodes, queued=queued,
+        dispatches=dispatches,
+    )  # fmt: skip
+
+
+def _go_on(
+    store: Store, execution_id: uuid.UUID, workflow: Workflow, node: Node, now: datetime
+) -> tuple[list[str], list[Dispatch]]:
+    """Its counters recounted from its nodes' states as the rerun left them, the skips
+    decided, the ready nodes enqueued: those, and their messages."""
     rows = store.node_rows(execution_id, [n.id for n in workflow.nodes], outputs=False)
     resumed = planning.resume(
         workflow, {i: planning.NeedState(status=r.status, branch=r.branch) for i, r in rows.items()}
@@ -107,10 +119,7 @@ def rerun(
     execution = store.execution(execution_id)  # running, counting this rerun
     started = [enqueue_ready(store, execution, workflow, workflow.node(n), now)
                for n in resumed.enqueue]  # fmt: skip
-    return Rerun(
-        execution_id=execution_id, from_node=node.id, nodes=nodes, queued=resumed.enqueue,
-        dispatches=[d for d in started if d is not None],
-    )  # fmt: skip
+    return resumed.enqueue, [d for d in started if d is not None]
 
 
 def _owned(
