@@ -268,3 +268,8 @@ class TriggerLimitError(ConveyorError):
 class InvalidQuery(ConveyorError, ValueError):
     """A read's arguments are invalid (a status, a page's size or id, an event id); the
     message names which, and what to give."""
+
+
+class RerunError(ConveyorError):
+    """The rerun cannot be made as asked: name a node of the execution's workflow, and give
+    an input only as a JSON object, to a node that reads inputs."""

@@ -14,7 +14,7 @@ from typing_extensions import TypedDict  # pydantic (the API) needs it before Py
 
 from conveyor.engine.records import FollowUp, WorkflowRecord
 from conveyor.engine.states import ACTIVE_EXECUTION, AttemptStatus, JobStatus
-from conveyor.models import Execution, Job, JobAttempt, NodeState
+from conveyor.models import Execution, ExecutionRerun, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
     from conveyor.store.listing import StatusCount
@@ -91,6 +91,13 @@ class FollowUpJson(TypedDict):
 FOLLOW_UP_SHOWN_BYTES = 65_536
 
 
+class RerunJson(TypedDict):
+    from_node: str
+    input: Any  # given to that node in place of its rendered inputs; None: its templates
+    requested_by: str  # the API key's name, or "cli:<os user>"
+    requested_at: str
+
+
 class ExecutionJson(ExecutionSummaryJson):
     # limits its trigger gave, overriding the definition's (None: the definition's)
     max_attempts: int | None
@@ -102,6 +109,7 @@ class ExecutionJson(ExecutionSummaryJson):
     follow_up: FollowUpJson | None
     nodes: list[NodeJson]
     jobs: list[JobJson]
+    reruns: list[RerunJson]  # who re-ran it from which node, oldest first
 
 
 class StatusCountJson(TypedDict):
@@ -169,6 +177,7 @@ def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
         store.workflow(row.workflow_id),
         store.execution_nodes(execution_id),
         store.execution_jobs(execution_id),
+        store.execution_reruns(execution_id) if row.reruns else [],
     )
 
 
@@ -177,6 +186,7 @@ def execution_json(
     workflow: WorkflowRecord,
     nodes: Sequence[NodeState],
     jobs: Sequence[tuple[Job, list[JobAttempt]]],
+    reruns: Sequence[ExecutionRerun] = (),
 ) -> ExecutionJson:
     by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
     now = datetime.now(UTC)
@@ -189,6 +199,16 @@ def execution_json(
         "follow_up": _follow_up_json(row),
         "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
+        "reruns": [_rerun_json(r) for r in reruns],
+    }
+
+
+def _rerun_json(row: ExecutionRerun) -> RerunJson:
+    return {
+        "from_node": row.from_node,
+        "input": row.input,
+        "requested_by": row.requested_by,
+        "requested_at": iso(row.requested_at) or "",
     }
 
 

@@ -49,6 +49,7 @@ STATUS_STYLE = {
     "succeeded": "green",
     "retry_wait": "magenta",
     "scheduled": "blue",
+    "held": "dim",
     "processing": "yellow",
     "dead_letter": "red",
 }
@@ -205,6 +206,13 @@ def print_execution(view: ExecutionJson) -> None:
         given = [f"max attempts {attempts}" if attempts is not None else "",
                  f"timeout {timeout:g} s" if timeout is not None else ""]  # fmt: skip
         out.print("trigger's limits: " + ", ".join(g for g in given if g))
+    for rerun in view.get("reruns", []):
+        given_input = f", input {short(rerun['input'])}" if rerun["input"] is not None else ""
+        out.print(
+            f"re-run from {rerun['from_node']} by {rerun['requested_by']} at "
+            f"{fmt_time(rerun['requested_at'])}{given_input}",
+            markup=False,
+        )
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
     out.print()

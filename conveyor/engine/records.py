@@ -91,6 +91,9 @@ class ExecutionRecord:
     scheduled_for: datetime | None = None
     trace: TraceContext | None = None  # None: its tries' trace is made from its id
     limits: Limits | None = None  # its trigger's, overriding the definition's
+    # how many times an operator re-ran it from a node: its nodes' jobs may be held
+    # (JobStatus.HELD), and a node may have an input a rerun gave it
+    reruns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -268,6 +271,7 @@ class TenantRef:
 
     id: uuid.UUID
     name: str
+    key: str | None = None  # the name of the API key the call came with
 
 
 @dataclass(frozen=True, kw_only=True)
