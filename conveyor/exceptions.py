@@ -263,3 +263,13 @@ class StartTimeError(ConveyorError):
 class TriggerLimitError(ConveyorError):
     """A trigger's limits are out of bounds: max_attempts 1 to 100, timeout over 0 and at
     most 86400 seconds (the bounds a definition's retry policy and timeout have)."""
+
+
+class InvalidQuery(ConveyorError, ValueError):
+    """A read's arguments are invalid (a status, a page's size or id, an event id); the
+    message names which, and what to give."""
+
+
+class RerunError(ConveyorError):
+    """The rerun cannot be made as asked: name a node of the execution's workflow, and give
+    an input only as a JSON object, to a node that reads inputs."""

@@ -122,12 +122,17 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 
 def execute(
-    node_def: Node, context: dict[str, Any], ctx: NodeContext, timeout: float | None
+    node_def: Node,
+    context: dict[str, Any],
+    ctx: NodeContext,
+    timeout: float | None,
+    inputs: dict[str, Any] | None = None,
 ) -> Any:
     """Run one node by its type's executor and return its JSON-serializable output; raise
     NodeError on failure. Its timeout covers rendering its templates too: a render past it is
-    a TemplateBudgetExceeded (not retried), never a try left running."""
-    step = Step.begin(node_def, context, ctx, timeout)
+    a TemplateBudgetExceeded (not retried), never a try left running. ``inputs``: a rerun's,
+    taken in place of the node's rendered inputs."""
+    step = Step.begin(node_def, context, ctx, timeout, inputs)
     kind = node_types.of(node_def)
     # Validation refuses unknown types; a stored definition may predate a type's removal.
     if kind is None or kind.execute is None:

@@ -4,6 +4,7 @@ their string values (see docs/cli.md)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import TypedDict  # pydantic (the API) needs it before Python 3.12
 
-from conveyor.engine.records import WorkflowRecord
-from conveyor.engine.states import AttemptStatus, JobStatus
-from conveyor.models import Execution, Job, JobAttempt, NodeState
+from conveyor.engine.records import FollowUp, WorkflowRecord
+from conveyor.engine.states import ACTIVE_EXECUTION, AttemptStatus, JobStatus
+from conveyor.models import Execution, ExecutionRerun, Job, JobAttempt, NodeState
 
 if TYPE_CHECKING:
     from conveyor.store.listing import StatusCount
@@ -79,14 +80,36 @@ class ExecutionSummaryJson(TypedDict):
     duration: float | None
 
 
+class FollowUpJson(TypedDict):
+    status: str  # "pending": it starts when the execution completes or fails
+    input: Any  # the latest input left; None when over FOLLOW_UP_SHOWN_BYTES (see input_bytes)
+    input_bytes: int  # the input's size as JSON
+    left_at: str | None  # when the latest input was left (None: not recorded)
+
+
+# A follow-up's input larger than this, as JSON, is shown by its size alone
+FOLLOW_UP_SHOWN_BYTES = 65_536
+
+
+class RerunJson(TypedDict):
+    from_node: str
+    input: Any  # given to that node in place of its rendered inputs; None: its templates
+    requested_by: str  # the API key's name, or "cli:<os user>"
+    requested_at: str
+
+
 class ExecutionJson(ExecutionSummaryJson):
     # limits its trigger gave, overriding the definition's (None: the definition's)
     max_attempts: int | None
     timeout: float | None
     input: Any
     output: Any
+    # the run a newer trigger with its dedupe key left on it while active (dedupe policy
+    # follow_up, or replace once started); None: none
+    follow_up: FollowUpJson | None
     nodes: list[NodeJson]
     jobs: list[JobJson]
+    reruns: list[RerunJson]  # who re-ran it from which node, oldest first
 
 
 class StatusCountJson(TypedDict):
@@ -154,6 +177,7 @@ def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
         store.workflow(row.workflow_id),
         store.execution_nodes(execution_id),
         store.execution_jobs(execution_id),
+        store.execution_reruns(execution_id) if row.reruns else [],
     )
 
 
@@ -162,6 +186,7 @@ def execution_json(
     workflow: WorkflowRecord,
     nodes: Sequence[NodeState],
     jobs: Sequence[tuple[Job, list[JobAttempt]]],
+    reruns: Sequence[ExecutionRerun] = (),
 ) -> ExecutionJson:
     by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
     now = datetime.now(UTC)
@@ -171,8 +196,35 @@ def execution_json(
         "timeout": row.timeout,
         "input": row.input,
         "output": row.output,
+        "follow_up": _follow_up_json(row),
         "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
+        "reruns": [_rerun_json(r) for r in reruns],
+    }
+
+
+def _rerun_json(row: ExecutionRerun) -> RerunJson:
+    return {
+        "from_node": row.from_node,
+        "input": row.input,
+        "requested_by": row.requested_by,
+        "requested_at": iso(row.requested_at) or "",
+    }
+
+
+def _follow_up_json(row: Execution) -> FollowUpJson | None:
+    """The follow-up left on an active execution; one left on a cancelled execution never
+    runs, and a finished one's was taken (started) as it finished."""
+    if row.follow_up is None or row.status not in ACTIVE_EXECUTION:
+        return None
+    value = row.follow_up.get("input")
+    # ASCII (json.dumps escapes the rest): its length is its size in bytes
+    size = len(json.dumps(value, separators=(",", ":")))
+    return {
+        "status": "pending",
+        "input": value if size <= FOLLOW_UP_SHOWN_BYTES else None,
+        "input_bytes": size,
+        "left_at": iso(FollowUp.left_at_of(row.follow_up)),
     }
 
 

@@ -34,6 +34,11 @@ _ROUTES: dict[str, tuple[str, str, str]] = {
         "CONVEYOR_MAX_INPUT_BYTES",
     ),
     "/v1/events": ("the event's body", "event_bytes", "CONVEYOR_MAX_EVENT_BYTES"),
+    "/v1/executions/{execution_id}/rerun": (
+        "the rerun's body",
+        "input_bytes",
+        "CONVEYOR_MAX_INPUT_BYTES",
+    ),
 }
 OTHER_BODY_BYTES = 65_536
 # A GET's body is never read as one (a stream's wait for the client's disconnect calls

@@ -12,6 +12,7 @@ Operation = tuple[str, str]  # path, method
 _EXECUTION = {
     "ShowExecution": (("/v1/executions/{execution_id}", "get"), "execution_id"),
     "CancelExecution": (("/v1/executions/{execution_id}/cancel", "post"), "execution_id"),
+    "RerunExecution": (("/v1/executions/{execution_id}/rerun", "post"), "execution_id"),
     "ExecutionEvents": (("/v1/executions/{execution_id}/events", "get"), "execution_id"),
 }
 _WORKFLOW = {

@@ -25,6 +25,8 @@ from conveyor.api.schemas import (
     EventBody,
     EventStarted,
     Problem,
+    Rerun,
+    RerunBody,
     Started,
     TriggerBody,
 )
@@ -248,6 +250,27 @@ def cancel_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: Tenan
     _owned(service, tenant, execution_id)
     service.cancel(execution_id)
     return Cancelled(id=execution_id, status=ExecutionStatus.CANCELLED.value)
+
+
+@router.post("/executions/{execution_id}/rerun", tags=["executions"])
+def rerun_execution(
+    execution_id: uuid.UUID, body: RerunBody, service: ServiceDep, tenant: TenantDep
+) -> Rerun:
+    """Run a finished (failed, cancelled or completed) execution again from a node: it and
+    every node downstream of it run again (so do the nodes that did not end well), the
+    others keep their outputs; `input` is given to that node in place of its rendered
+    inputs. 409 while it is pending or running, or while another execution with its dedupe
+    key is active; 422 for a node its workflow does not have (the answer lists them). The
+    rerun is recorded with the API key's name (`reruns` in the execution's view)."""
+    _owned(service, tenant, execution_id)
+    done = service.rerun(
+        execution_id, body.from_node, requested_by=tenant.key or f"tenant:{tenant.name}",
+        input=body.input, tenant_id=tenant.id,
+    )  # fmt: skip
+    return Rerun(
+        id=execution_id, status=ExecutionStatus.RUNNING.value, from_node=done.from_node,
+        nodes=done.nodes, queued=done.queued,
+    )  # fmt: skip
 
 
 @router.get(

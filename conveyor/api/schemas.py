@@ -71,6 +71,29 @@ class Cancelled(BaseModel):
     status: str
 
 
+class RerunBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    from_node: str = Field(
+        min_length=1,
+        max_length=100,
+        description="The node to run again, with every node downstream of it.",
+    )
+    input: dict[str, Any] | None = Field(
+        default=None,
+        description="Given to that node in place of its rendered inputs (its inputs by name); "
+        "null: its templates, rendered as before.",
+    )
+
+
+class Rerun(BaseModel):
+    id: uuid.UUID
+    status: str  # running
+    from_node: str
+    nodes: list[str] = Field(description="Every node that runs again, in definition order.")
+    queued: list[str] = Field(description="Those of them queued now (the others wait).")
+
+
 class EventBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

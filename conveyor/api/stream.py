@@ -42,6 +42,7 @@ from conveyor.engine.records import TenantRef
 from conveyor.engine.states import ExecutionStatus
 from conveyor.exceptions import NotFound, StreamsUnavailable, TooManyStreams
 from conveyor.service import Conveyor
+from conveyor.service.reads import cursor_of
 from conveyor.store.listeners import channel as channel
 
 log = logging.getLogger("conveyor.api.streams")
@@ -229,7 +230,7 @@ class Streams:
         same caps (raises :class:`TooManyStreams`, :class:`StreamsUnavailable`, or
         ValueError for a Last-Event-ID that is none of its ids)."""
         if last_event_id is not None:
-            tenant_stream.cursor_of(last_event_id)  # a bad one is refused before admission
+            cursor_of(last_event_id)  # a bad one is refused before admission
         if self.poller is None:
             raise StreamsUnavailable()
         poller = self.poller

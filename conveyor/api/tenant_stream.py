@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from conveyor.exceptions import StreamsUnavailable
 from conveyor.service import Conveyor
+from conveyor.service.reads import Cursor, Found, cursor_of, event_id
 
 log = logging.getLogger("conveyor.api.streams")
 
@@ -43,26 +44,6 @@ READ_MOST = 1000  # events one read takes
 REPLAY_MOST = 1000  # events a resume replays before it gives up and sends ``reset``
 BACKLOG = 100  # spans a slow stream keeps before it reads for itself
 REREAD_AFTER = 1.0
-
-Cursor = tuple[int, int]
-Found = tuple[Cursor, uuid.UUID, dict[str, Any]]
-
-
-def cursor_of(event_id: str) -> Cursor:
-    """The cursor an event id names (raises :class:`ValueError` naming the problem)."""
-    txid, _, row = event_id.strip().partition("-")
-    numbers = txid.isascii() and txid.isdigit() and row.isascii() and row.isdigit()
-    if not (numbers and max(int(txid), int(row)) < 2**63):
-        raise ValueError(
-            f"Last-Event-ID {event_id[:80]!r} is not an event id of this stream (two numbers "
-            f"joined by '-', as each event's id: line gives); send the id of the last event "
-            f"received, or none to start from now"
-        )
-    return (int(txid), int(row))
-
-
-def event_id(cursor: Cursor) -> str:
-    return f"{cursor[0]}-{cursor[1]}"
 
 
 @dataclass(frozen=True)
@@ -192,19 +173,14 @@ def reset(cursor: Cursor) -> bytes:
 def read_events(
     service: Conveyor, after: Cursor | None, filters: Filters | None, limit: int
 ) -> tuple[list[Found], Cursor]:
-    """Events after ``after`` (None: none, only where now is)."""
-    with service.db.transaction() as store:
-        if after is None:
-            return [], store.stream_horizon()
-        if filters is None:
-            return store.stream_events(after, limit=limit)
-        return store.stream_events(
-            after,
-            limit=limit,
-            tenant_id=filters.tenant_id,
-            workflow=filters.workflow,
-            dedupe_key=filters.dedupe_key,
-        )
+    """Events after ``after`` (None: none, only where now is): every tenant's for the poller,
+    one stream's with its filters."""
+    if filters is None:
+        return service.events_after(after, limit)
+    return service.events_after(
+        after, limit, tenant_id=filters.tenant_id, workflow=filters.workflow,
+        dedupe_key=filters.dedupe_key,
+    )  # fmt: skip
 
 
 async def opening(

@@ -1,11 +1,13 @@
 """``conveyor run``, ``conveyor executions`` and ``conveyor demo``: start executions, follow
-them to their end, inspect and cancel them. With no broker configured (the embedded default)
+them to their end, inspect, cancel and re-run them. With no broker configured (the embedded default)
 ``run`` and ``demo`` migrate the SQLite database and run Celery worker threads in this
 process."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import uuid
 from contextlib import suppress
 from datetime import UTC, datetime
@@ -26,20 +28,23 @@ from conveyor.cli.common import (
     parse_input,
     parse_time,
     parse_uuid,
+    usage_error,
     wait_for,
     workers_if_embedded,
 )
 from conveyor.cli.definitions import apply_files
 from conveyor.config import get_settings
 from conveyor.definition_files import SUFFIXES
+from conveyor.engine.reruns import Rerun
 from conveyor.engine.states import ExecutionStatus, NodeStatus, Priority, TriggerSource
-from conveyor.exceptions import InvalidTransition
+from conveyor.exceptions import InvalidQuery, InvalidTransition
+from conveyor.service.reads import cursor_of
 from conveyor.store import DEFAULT_TENANT
 from conveyor.store.listing import ExecutionFilter
 
 EXAMPLES = migrations.ROOT / "examples"
 
-executions_app = group("Executions: list, count, show, cancel.")
+executions_app = group("Executions: list, count, show, watch, cancel, rerun.")
 
 
 def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
@@ -263,6 +268,36 @@ def executions_show(
         render.print_execution(view)
 
 
+@executions_app.command("watch")
+def executions_watch(
+    tenant: Tenant = DEFAULT_TENANT,
+    workflow: Workflow = None,
+    dedupe_key: Annotated[
+        str | None, typer.Option(help="Only executions with this deduplication key.")
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(metavar="EVENT_ID", help="Resume after this event: every one since first."),
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Print each change of the status of the tenant's executions as it happens, those
+    triggered later included (the events of GET /v1/stream), until Ctrl-C."""
+    if after is not None:
+        try:
+            cursor_of(after, "--after")
+        except InvalidQuery as exc:
+            usage_error(str(exc))
+    with embedded_schema():
+        events = wiring.service().stream(
+            tenant, workflow=workflow, dedupe_key=dedupe_key, after=after
+        )
+        render.err.print("watching; Ctrl-C stops", style="dim")  # stderr: stdout is events
+        with suppress(KeyboardInterrupt):
+            for event in events:
+                render.print_stream_event(event.id, event.kind, event.data, as_json)
+
+
 @executions_app.command("cancel")
 def executions_cancel(
     execution_id: Annotated[str, typer.Argument(metavar="ID", help="Execution id.")],
@@ -272,6 +307,77 @@ def executions_cancel(
     with embedded_schema():
         wiring.service().cancel(parsed)
     render.out.print(f"execution {parsed} cancelled", markup=False)
+
+
+@executions_app.command("rerun")
+def executions_rerun(
+    execution_id: Annotated[str, typer.Argument(metavar="ID", help="Execution id.")],
+    from_node: Annotated[
+        str, typer.Option("--from", metavar="NODE", help="The node to run again, and downstream.")
+    ],
+    input: Annotated[
+        str | None,
+        typer.Option(
+            "--input", "-i", help="JSON object given to that node in place of its inputs."
+        ),
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the execution to its end.")] = False,
+    as_json: JsonFlag = False,
+    timeout: Annotated[
+        float | None, typer.Option(min=0, help="Stop waiting after this many seconds.")
+    ] = None,
+) -> None:
+    """Run a finished (failed, cancelled or completed) execution again from a node: it and
+    every node downstream of it run again (so do the nodes that did not end well), the
+    others keep their outputs; their earlier tries stay in the history. Recorded as asked by
+    cli:<your user name>.
+
+    Exit status: 0 re-run (or completed, with --wait), 1 refused, failed or cancelled, 2 usage
+    error. With no broker configured the workers run in this process, so --wait is implied.
+    """
+    parsed = parse_uuid(execution_id)
+    given = parse_input(input) if input is not None else None
+    if given is not None and not isinstance(given, dict):
+        usage_error(f"--input must be a JSON object (the node's inputs by name): {input}")
+    with workers_if_embedded() as embedded:
+        done = wiring.service().rerun(
+            parsed, from_node, requested_by=f"cli:{_os_user()}", input=given
+        )
+        if not (wait or embedded):
+            _print_rerun(done, as_json)
+            return
+        if not as_json:
+            render.err.print(_rerun_line(done), markup=False, soft_wrap=True)
+        try:
+            view = wait_for(parsed, timeout, live=not as_json)
+        finally:
+            if embedded:
+                view = _abandon(parsed)
+    _finish(view, as_json)
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's, often)
+        return f"uid {os.getuid()}"
+
+
+def _rerun_line(done: Rerun) -> str:
+    return (
+        f"execution {done.execution_id} runs again from {done.from_node}: "
+        f"{', '.join(done.nodes)} (queued now: {', '.join(done.queued) or 'none'})"
+    )
+
+
+def _print_rerun(done: Rerun, as_json: bool) -> None:
+    if as_json:
+        render.print_json(
+            {"execution_id": str(done.execution_id), "from_node": done.from_node,
+             "nodes": done.nodes, "queued": done.queued}
+        )  # fmt: skip
+    else:
+        render.out.print(_rerun_line(done), markup=False, soft_wrap=True)
 
 
 def demo() -> None:

@@ -23,6 +23,7 @@ from conveyor.engine.limits import KeyUsage
 from conveyor.views import (
     ExecutionJson,
     ExecutionSummaryJson,
+    FollowUpJson,
     JobJson,
     NodeJson,
     StatusCountJson,
@@ -48,6 +49,7 @@ STATUS_STYLE = {
     "succeeded": "green",
     "retry_wait": "magenta",
     "scheduled": "blue",
+    "held": "dim",
     "processing": "yellow",
     "dead_letter": "red",
 }
@@ -192,7 +194,11 @@ def attempts_table(view: ExecutionJson) -> Table:
 
 def print_execution(view: ExecutionJson) -> None:
     out.print(execution_header(view))
-    out.print(f"created {fmt_time(view['created_at'])}   input {short(view['input'])}")
+    out.print(
+        f"created {fmt_time(view['created_at'])}   input {short(view['input'])}", markup=False
+    )
+    if (follow := view.get("follow_up")) is not None:
+        print_follow_up(follow)
     if (scheduled := view.get("scheduled_for")) is not None:
         out.print(f"scheduled for {fmt_time(scheduled)}")
     attempts, timeout = view.get("max_attempts"), view.get("timeout")
@@ -200,11 +206,45 @@ def print_execution(view: ExecutionJson) -> None:
         given = [f"max attempts {attempts}" if attempts is not None else "",
                  f"timeout {timeout:g} s" if timeout is not None else ""]  # fmt: skip
         out.print("trigger's limits: " + ", ".join(g for g in given if g))
+    for rerun in view.get("reruns", []):
+        given_input = f", input {short(rerun['input'])}" if rerun["input"] is not None else ""
+        out.print(
+            f"re-run from {rerun['from_node']} by {rerun['requested_by']} at "
+            f"{fmt_time(rerun['requested_at'])}{given_input}",
+            markup=False,
+        )
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
     out.print()
     out.print(attempts_table(view))
     print_outcome(view)
+
+
+def print_follow_up(follow: FollowUpJson) -> None:
+    given = follow["input"]
+    shown = short(given) if given is not None else f"of {follow['input_bytes']:,} bytes"
+    left = f", left {fmt_time(follow['left_at'])}" if follow["left_at"] else ""
+    out.print(
+        f"follow-up {follow['status']}{left}: input {shown}; it runs once this execution "
+        "completes or fails",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def print_stream_event(event_id: str, kind: str, data: dict[str, Any], as_json: bool) -> None:
+    """One event of a tenant's stream, as it comes: a line of JSON, or a line for people."""
+    if as_json:
+        print(json.dumps({"id": event_id, "kind": kind, "data": data}), flush=True)
+        return
+    line = Text.assemble(
+        fmt_time(str(data["at"])), "  ", str(data["execution_id"]), "  ",
+        f"{data['workflow']} v{data['version']}", "  ", styled(str(data["status"])),
+    )  # fmt: skip
+    if data.get("dedupe_key") is not None:
+        line.append(f"  dedupe key {data['dedupe_key']}")
+    line.append(f"  (event {event_id})", style="dim")
+    out.print(line, soft_wrap=True)
 
 
 def print_outcome(view: ExecutionJson) -> None:

@@ -32,6 +32,8 @@ class NodeRun:
     workflow: Workflow
     node: Node
     context: dict[str, Any]
+    # The input a rerun gave the node, taken in place of its rendered inputs (None: theirs).
+    inputs: dict[str, Any] | None = None
 
     @property
     def attempt(self) -> int:
@@ -68,7 +70,12 @@ def claim_node(
         rows = store.node_rows(execution.id, node.needs)
         outputs = {need: row.output for need, row in rows.items()}
     context = context_of(execution, outputs)
-    return NodeRun(job=job, execution=execution, workflow=workflow, node=node, context=context)
+    # Only an execution that was re-run may have one: no other claim pays for the read.
+    inputs = store.rerun_input(execution.id, node.id) if execution.reruns else None
+    return NodeRun(
+        job=job, execution=execution, workflow=workflow, node=node, context=context,
+        inputs=inputs,
+    )  # fmt: skip
 
 
 def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:

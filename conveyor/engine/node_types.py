@@ -79,12 +79,19 @@ class Step:
 
     @classmethod
     def begin(
-        cls, node: Node, context: Mapping[str, Any], ctx: NodeContext, timeout: float | None
+        cls,
+        node: Node,
+        context: Mapping[str, Any],
+        ctx: NodeContext,
+        timeout: float | None,
+        inputs: dict[str, Any] | None = None,
     ) -> Step:
-        """A try that starts now, its inputs rendered within its timeout."""
+        """A try that starts now, its inputs rendered within its timeout; ``inputs`` given (a
+        rerun's) are taken as they are, in place of the rendered ones."""
         started = time.monotonic()
         deadline = _deadline(started, timeout)
-        inputs = templates.render_value(node.inputs, context, deadline=deadline)
+        if inputs is None:
+            inputs = templates.render_value(node.inputs, context, deadline=deadline)
         return cls(node=node, context=context, inputs=inputs, ctx=ctx, timeout=timeout,
                    started=started)  # fmt: skip
 
@@ -148,6 +155,9 @@ class NodeType:
     # The config keys that list its successors on each branch: its output's ``branch`` names
     # the one taken, and the nodes listed under the others are skipped. Empty: no branches.
     branches: tuple[str, ...] = ()
+    # Whether its tries read the node's ``inputs`` (a rerun may give it others); False for a
+    # type whose templates are all in its config.
+    reads_inputs: bool = True
 
 
 _TYPES: dict[str, NodeType] = {}
@@ -191,6 +201,12 @@ def waits(node: Node) -> bool:
     """Whether ``node``'s job is held until a time its config gives."""
     kind = of(node)
     return kind is not None and kind.wait is not None
+
+
+def reads_inputs(node: Node) -> bool:
+    """Whether ``node``'s tries read its ``inputs`` (what a rerun's input stands in for)."""
+    kind = of(node)
+    return kind is not None and kind.reads_inputs
 
 
 def branches(node: Node) -> tuple[str, ...]:
@@ -341,6 +357,7 @@ register(
         name="http",
         config_keys=frozenset({"url", "method", "headers", "params", "json", "body"}),
         check=_http_problems,
+        reads_inputs=False,
     )
 )
 register(
@@ -350,6 +367,7 @@ register(
         check=_delay_problems,
         execute=_delayed,
         wait=_delay_seconds,
+        reads_inputs=False,
     )
 )
 register(

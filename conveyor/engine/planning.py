@@ -163,3 +163,35 @@ def resume(workflow: Workflow, states: Mapping[str, NeedState]) -> Resumed:
         for n in unsettled
     }  # fmt: skip
     return Resumed(skip=skip, enqueue=enqueue, waiting_on=waiting, remaining=len(unsettled))
+
+
+def downstream(shape: Plan, node_id: str) -> set[str]:
+    """``node_id`` and every node that depends on it, directly or not."""
+    reach, frontier = {node_id}, [node_id]
+    while frontier:
+        for successor in shape.successors[frontier.pop()]:
+            if successor not in reach:
+                reach.add(successor)
+                frontier.append(successor)
+    return reach
+
+
+def rerun_reach(
+    workflow: Workflow, shape: Plan, from_node: str, states: Mapping[str, NodeStatus]
+) -> list[str]:
+    """The nodes a rerun from ``from_node`` runs again, in definition order: it and every
+    node downstream of it, and every other node of the finished execution that did not end
+    well (cancelled, failed without ``continue_on_failure``, never started), without which
+    the execution could not complete. The others keep their outcome and output."""
+    reach = downstream(shape, from_node)
+    return [
+        n.id
+        for n in workflow.nodes
+        if n.id in reach or not _ended_well(n, states.get(n.id, NodeStatus.PENDING))
+    ]
+
+
+def _ended_well(node: Node, status: NodeStatus) -> bool:
+    if status is NodeStatus.FAILED:
+        return node.continue_on_failure
+    return status in (NodeStatus.COMPLETED, NodeStatus.SKIPPED)

@@ -173,9 +173,10 @@ class Executions(Protocol):
         started or finished."""
         ...
 
-    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
-        """Store ``input`` as the follow-up of a pending or running execution (replacing a
-        follow-up left before); False, changing nothing, when it has finished."""
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any, now: datetime) -> bool:
+        """Store ``input`` as the follow-up of a pending or running execution, left at
+        ``now`` (:meth:`FollowUp.stored`, replacing a follow-up left before); False, changing
+        nothing, when it has finished."""
         ...
 
     def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
@@ -353,8 +354,14 @@ class DeadLetters(Protocol):
 
     def has_discarded(self, execution_id: uuid.UUID) -> bool: ...
 
-    def revive_execution(self, execution_id: uuid.UUID) -> bool:
-        """failed -> running; False when it is not failed."""
+    def revive_execution(
+        self,
+        execution_id: uuid.UUID,
+        finished: Collection[ExecutionStatus] = (ExecutionStatus.FAILED,),
+    ) -> bool:
+        """One of the ``finished`` statuses (a requeue's: failed) -> running, its output,
+        error and end cleared; False when it has none of them. :class:`DuplicateExecution`
+        when its deduplication key is active on another execution now (nothing changed)."""
         ...
 
     def revive_jobs(
@@ -372,6 +379,53 @@ class DeadLetters(Protocol):
         ...
 
     def discard_dead_letter(self, job_id: uuid.UUID, now: datetime) -> bool: ...
+
+
+class Reruns(Protocol):
+    """An operator's rerun of a finished execution from a node (:mod:`conveyor.engine.reruns`):
+    recorded, its nodes' jobs held until they are ready, the input it gave read at claim."""
+
+    def dedupe_holder(self, execution_id: uuid.UUID) -> uuid.UUID | None:
+        """Another pending or running execution of its tenant with its deduplication key
+        (None: none, or it has no key)."""
+        ...
+
+    def add_rerun(
+        self,
+        execution_id: uuid.UUID,
+        from_node: str,
+        input: dict[str, Any] | None,
+        requested_by: str,
+        now: datetime,
+    ) -> None:
+        """Record the rerun (who asked, when, the input given to ``from_node``) and count it
+        on the execution (``ExecutionRecord.reruns``)."""
+        ...
+
+    def rerun_input(self, execution_id: uuid.UUID, node_id: str) -> dict[str, Any] | None:
+        """The input the execution's latest rerun gave ``node_id`` in place of its rendered
+        inputs; None when that rerun was from another node, or gave none."""
+        ...
+
+    def hold_jobs(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> None:
+        """The node jobs of ``node_ids`` that are not in flight (completed, dead-lettered,
+        discarded, cancelled or held) -> held, with a fresh set of tries numbered on after
+        the ones they made (their attempt rows stay) and their last error cleared."""
+        ...
+
+    def reset_nodes(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> None:
+        """Nodes that run again -> pending, their output, branch, error and times cleared
+        (the caller recounts what they wait on)."""
+        ...
+
+    def take_held_jobs(
+        self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime
+    ) -> dict[str, uuid.UUID]:
+        """For each new job whose node has a held job: that job instead, held -> queued (or
+        scheduled at the new one's ``next_run_at``) with its ``max_retries`` and the
+        execution's priority. The ids of the jobs taken, by node; the other new jobs are for
+        :meth:`Jobs.add_node_jobs`."""
+        ...
 
 
 class Deliveries(Protocol):
@@ -461,5 +515,7 @@ class Schedules(Protocol):
     def advance_schedules(self, advances: Sequence[Advance], now: datetime) -> None: ...
 
 
-class Store(Catalog, Executions, NodeStates, Jobs, DeadLetters, Deliveries, Schedules, Protocol):
+class Store(
+    Catalog, Executions, NodeStates, Jobs, DeadLetters, Reruns, Deliveries, Schedules, Protocol
+):
     """Everything the engine and the scheduler ask of the database, one unit of work."""

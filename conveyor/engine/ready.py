@@ -3,6 +3,7 @@ queued, the context their templates see, and the messages that publish them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,11 +58,19 @@ def enqueue_nodes(
     state_queued: bool = False,
 ) -> list[Dispatch]:
     """Jobs for nodes ready to run (one INSERT), their states queued (one UPDATE); the
-    messages to publish (a delay node's job waits in the database for the promoter)."""
+    messages to publish (a delay node's job waits in the database for the promoter). In an
+    execution that was re-run, a node whose job a rerun held takes that job instead (one job
+    a node: its tries numbered on)."""
     if not ready:
         return []
     jobs = new_jobs(workflow, ready, now, limits=execution.limits)
-    store.add_node_jobs(execution, jobs, now)
+    fresh = jobs
+    if execution.reruns:
+        held = store.take_held_jobs(execution, jobs, now)
+        fresh = [j for j in jobs if j.node_id not in held]
+        jobs = [replace(j, id=held[j.node_id]) if j.node_id in held else j for j in jobs]
+    if fresh:
+        store.add_node_jobs(execution, fresh, now)
     if not state_queued:
         store.queue_nodes(execution.id, [j.node_id for j in jobs])
     return node_dispatches(execution, workflow.name, jobs, now)

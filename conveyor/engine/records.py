@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
@@ -91,6 +91,9 @@ class ExecutionRecord:
     scheduled_for: datetime | None = None
     trace: TraceContext | None = None  # None: its tries' trace is made from its id
     limits: Limits | None = None  # its trigger's, overriding the definition's
+    # how many times an operator re-ran it from a node: its nodes' jobs may be held
+    # (JobStatus.HELD), and a node may have an input a rerun gave it
+    reruns: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -172,6 +175,19 @@ class FollowUp:
     input: Any
     priority: Priority
     source: TriggerSource
+    left_at: datetime | None = None  # when the latest input was left (None: not recorded)
+
+    @staticmethod
+    def stored(input: Any, now: datetime) -> dict[str, Any]:
+        """The value of an execution's ``follow_up`` column: the latest input, and when it
+        was left (ISO 8601 in UTC, a JSON column holding no datetime)."""
+        return {"input": input, "left_at": now.astimezone(UTC).isoformat()}
+
+    @staticmethod
+    def left_at_of(stored: dict[str, Any]) -> datetime | None:
+        """When a stored follow-up was left (None: left by a version that did not say)."""
+        left = stored.get("left_at")
+        return datetime.fromisoformat(left) if isinstance(left, str) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,6 +271,7 @@ class TenantRef:
 
     id: uuid.UUID
     name: str
+    key: str | None = None  # the name of the API key the call came with
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,9 @@ class JobStatus(StrEnum):
     DEAD_LETTER = "dead_letter"  # tries exhausted or not retryable; an operator may requeue
     DISCARDED = "discarded"  # an operator discarded the dead letter; kept for audit
     CANCELLED = "cancelled"  # its execution was cancelled before the job ran
+    # A rerun reset its node, which runs again once its needs settle: its next tries wait
+    # here (numbered on after the earlier ones), never published until then.
+    HELD = "held"
 
 
 WAITING_JOB = frozenset({JobStatus.RETRY_WAIT, JobStatus.SCHEDULED})

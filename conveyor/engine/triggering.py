@@ -132,7 +132,7 @@ def trigger(
             target = store.trigger_target(tenant, workflow_name)
         tenant_id, workflow_id = target
         if earlier := _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key):
-            deduped = _deduped(store, earlier, input)
+            deduped = _deduped(store, earlier, input, now)
             if deduped is None:  # it finished since: look again, then make a new one
                 continue
             return deduped
@@ -176,7 +176,7 @@ def trigger(
             raced = _earlier(store, tenant_id, workflow_name, idempotency_key, dedupe_key)
             if raced is None:
                 raise DuplicateExecution("its idempotency or deduplication key is taken")
-            deduped = _deduped(store, raced, input)
+            deduped = _deduped(store, raced, input, now)
             if deduped is None:
                 continue
             return deduped
@@ -252,7 +252,7 @@ def _earlier(
     return None
 
 
-def _deduped(store: Store, earlier: Triggered, input: Any) -> Triggered | None:
+def _deduped(store: Store, earlier: Triggered, input: Any, now: datetime) -> Triggered | None:
     """The answer to a trigger whose deduplication key is active on ``earlier``: under the
     workflow's dedupe policy, the newer input replaces the active execution's while that has
     not started (replace), else is left as its follow-up (follow_up, and replace once
@@ -270,7 +270,7 @@ def _deduped(store: Store, earlier: Triggered, input: Any) -> Triggered | None:
         earlier.execution_id, input
     ):
         return replace(earlier, dedupe=DedupeOutcome.REPLACED)
-    if store.leave_follow_up(earlier.execution_id, input):
+    if store.leave_follow_up(earlier.execution_id, input, now):
         return replace(earlier, dedupe=DedupeOutcome.FOLLOW_UP)
     return None  # it finished since it was found
 

@@ -267,6 +267,10 @@ class Execution(Base):
     # The follow-up a newer trigger with its deduplication key left while it was active
     # (policy follow_up): {"input": the latest input}, started when it finishes. None: none.
     follow_up: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    # How many times an operator re-ran it from a node (execution_reruns holds who and when):
+    # a node's claim reads the input a rerun gave it, and its ready nodes take their held
+    # jobs, only when it is not 0, so that no other execution pays for either.
+    reruns: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     # The W3C trace context where it was triggered, which its tries' spans join
     # (conveyor.tracing); None: their trace is made from its id.
     traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
@@ -312,6 +316,23 @@ class NodeState(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class ExecutionRerun(Base):
+    """An operator's rerun of a finished execution from a node: who asked, when, and the
+    input given to that node in place of its rendered inputs (None: its templates). The
+    latest rerun's input is the one the node's tries read (conveyor.engine.reruns)."""
+
+    __tablename__ = "execution_reruns"
+    __table_args__ = (Index("ix_execution_reruns_execution", "execution_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    execution_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("executions.id", ondelete="CASCADE"))
+    from_node: Mapped[str] = mapped_column(String(100))
+    input: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
+    # The API key's name, or "cli:<os user>" for the command line.
+    requested_by: Mapped[str] = mapped_column(String(200))
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class Job(Base):

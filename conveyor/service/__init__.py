@@ -6,12 +6,22 @@ from conveyor.service.base import utcnow
 from conveyor.service.clients import Clients
 from conveyor.service.duties import Duties
 from conveyor.service.operators import Operators
+from conveyor.service.reads import Reads, TenantEvent
 from conveyor.service.workers import Workers
 
 
-class Conveyor(Clients, Workers, Duties, Operators):
+class Conveyor(Clients, Reads, Workers, Duties, Operators):
     """Triggers, runs and steers executions over a database and a dispatcher: every
     audience's methods on one object, built once per process by the composition root."""
 
 
-__all__ = ["Clients", "Conveyor", "Duties", "Operators", "Workers", "utcnow"]
+__all__ = [
+    "Clients",
+    "Conveyor",
+    "Duties",
+    "Operators",
+    "Reads",
+    "TenantEvent",
+    "Workers",
+    "utcnow",
+]

@@ -1,14 +1,17 @@
-"""What operators call on dead letters: requeue (the execution resumes) or discard."""
+"""What operators call on dead letters (requeue: the execution resumes; or discard), and on
+finished executions (rerun from a node)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from conveyor.engine import (
     dead_letters,
     later,
+    reruns,
 )
 from conveyor.engine.records import Dispatch
 from conveyor.exceptions import (
@@ -49,6 +52,28 @@ class Operators(ServiceBase):
             return []
 
         return self._each(job_ids, discard)
+
+    def rerun(
+        self,
+        execution_id: uuid.UUID,
+        from_node: str,
+        *,
+        requested_by: str,
+        input: dict[str, Any] | None = None,
+        tenant_id: uuid.UUID | None = None,
+    ) -> reruns.Rerun:
+        """Run a finished execution again from ``from_node`` (see :mod:`engine.reruns`), in
+        one transaction; what became ready is published once it is committed. ``input``:
+        given to that node in place of its rendered inputs; ``requested_by``: who asked (an
+        API key's name, or ``cli:<os user>``), recorded with the rerun."""
+        done = self.db.run(
+            lambda s: reruns.rerun(
+                s, execution_id, from_node, requested_by=requested_by, now=utcnow(),
+                input=input, tenant_id=tenant_id,
+            )
+        )  # fmt: skip
+        self._publish_now(done.dispatches, f"the rerun of execution {execution_id}")
+        return done
 
     def _each(
         self,

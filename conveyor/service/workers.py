@@ -251,7 +251,7 @@ class Workers(ServiceBase):
         )
         started = time.monotonic()
         try:
-            output = nodes.execute(run.node, run.context, ctx, run.timeout)
+            output = nodes.execute(run.node, run.context, ctx, run.timeout, run.inputs)
         except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose
             duration = time.monotonic() - started
             failed = self._record_choice(run, exc, duration)

@@ -54,14 +54,14 @@ class AccessQueries:
         return key_id
 
     def api_key(self, prefix: str) -> tuple[str, TenantRef] | None:
-        """The digest of the live key with that prefix and its tenant; None if there is none
-        or it was revoked."""
+        """The digest of the live key with that prefix and its tenant (with the key's name);
+        None if there is none or it was revoked."""
         row = self.session.execute(
-            select(ApiKey.digest, Tenant.id, Tenant.name)
+            select(ApiKey.digest, ApiKey.name.label("key"), Tenant.id, Tenant.name)
             .join(Tenant, Tenant.id == ApiKey.tenant_id)
             .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
         ).one_or_none()
-        return (row.digest, TenantRef(id=row.id, name=row.name)) if row else None
+        return (row.digest, TenantRef(id=row.id, name=row.name, key=row.key)) if row else None
 
     def api_keys(self, tenant_id: uuid.UUID) -> list[ApiKey]:
         return list(

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import case, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import JobRecord
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, NodeStatus
+from conveyor.exceptions import DuplicateExecution
 from conveyor.models import Execution, Job, JobAttempt, Tenant, WorkflowVersion
 from conveyor.models.tables import NodeState
 from conveyor.store.rows import job_record
@@ -89,13 +91,24 @@ class DeadLetterQueries:
         row = self.session.scalar(query.with_for_update())
         return job_record(row) if row else None
 
-    def revive_execution(self, execution_id: uuid.UUID) -> bool:
-        """failed -> running, for a requeue; False if it is not failed."""
-        result = self.session.execute(
-            update(Execution)
-            .where(Execution.id == execution_id, Execution.status == ExecutionStatus.FAILED)
-            .values(status=ExecutionStatus.RUNNING, error=None, finished_at=None, output=None)
-        )
+    def revive_execution(
+        self,
+        execution_id: uuid.UUID,
+        finished: Collection[ExecutionStatus] = (ExecutionStatus.FAILED,),
+    ) -> bool:
+        """failed (or another of ``finished``: a rerun's) -> running, for a requeue; False if
+        it is none of them. Its deduplication key active on another execution now breaks
+        the index of active keys: :class:`DuplicateExecution`."""
+        try:
+            result = self.session.execute(
+                update(Execution)
+                .where(Execution.id == execution_id, Execution.status.in_(list(finished)))
+                .values(status=ExecutionStatus.RUNNING, error=None, finished_at=None, output=None)
+            )
+        except IntegrityError as exc:
+            raise DuplicateExecution(
+                f"execution {execution_id}: its deduplication key is active on another execution"
+            ) from exc
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
     def revive_jobs(

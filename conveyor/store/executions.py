@@ -151,11 +151,11 @@ class ExecutionQueries(StoreCore):
         )
         return bool(result.rowcount)
 
-    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any, now: datetime) -> bool:
         result = self._core(
             update(EXECUTIONS)
             .where(EXECUTIONS.c.id == execution_id, EXECUTIONS.c.status.in_(ACTIVE_EXECUTION))
-            .values(follow_up={"input": input})
+            .values(follow_up=FollowUp.stored(input, now))
         )
         return bool(result.rowcount)
 
@@ -186,6 +186,7 @@ class ExecutionQueries(StoreCore):
         return FollowUp(
             tenant=left[2], workflow=left[3], dedupe_key=left[1], input=left[0]["input"],
             priority=Priority(left[4]), source=TriggerSource(left[5]),
+            left_at=FollowUp.left_at_of(left[0]),
         )  # fmt: skip
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:

@@ -151,6 +151,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
         status=ExecutionStatus(row[13]), priority=Priority(row[14]), input=row[15],
         created_at=row[16].astimezone(UTC), scheduled_for=_utc(row[17]),
         trace=trace_context(row[18], row[19]), limits=Limits.of(row[21], row[22]),
+        reruns=row[23],
     )  # fmt: skip
     return job, execution, row[20] or {}
 
@@ -195,7 +196,7 @@ WITH job AS (
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
-       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout
+       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns
 FROM job, ex
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)

@@ -50,6 +50,7 @@ def execution_record(row: Execution | Row[Any]) -> ExecutionRecord:
         scheduled_for=row.scheduled_for,
         trace=trace_context(row.traceparent, row.tracestate),
         limits=Limits.of(row.max_attempts, row.timeout),
+        reruns=row.reruns,
     )
 
 

@@ -20,6 +20,7 @@ from conveyor.store.executions import ExecutionQueries
 from conveyor.store.jobs import JobQueries
 from conveyor.store.listing import ListingQueries
 from conveyor.store.recovery import RecoveryQueries
+from conveyor.store.reruns import RerunQueries
 from conveyor.store.schedules import ScheduleQueries
 from conveyor.store.stats import StatsQueries
 
@@ -31,6 +32,7 @@ class SqlStore(
     ScheduleQueries,
     AccessQueries,
     DeadLetterQueries,
+    RerunQueries,
     StatsQueries,
     RecoveryQueries,
     ListingQueries,

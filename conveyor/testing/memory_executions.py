@@ -257,11 +257,11 @@ class MemoryExecutions(MemoryCatalog):
         self._set_execution(row, input=stored(input))
         return True
 
-    def leave_follow_up(self, execution_id: uuid.UUID, input: Any) -> bool:
+    def leave_follow_up(self, execution_id: uuid.UUID, input: Any, now: datetime) -> bool:
         row = self._execution_row(execution_id)
         if row is None or row.status not in ACTIVE_EXECUTION:
             return False
-        self._set_execution(row, follow_up={"input": stored(input)})
+        self._set_execution(row, follow_up=stored(FollowUp.stored(input, now)))
         return True
 
     def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
@@ -275,7 +275,7 @@ class MemoryExecutions(MemoryCatalog):
             tenant=self.tables.tenants[row.tenant_id].name,
             workflow=self.workflow(row.workflow_id).name,
             dedupe_key=row.dedupe_key, input=row.follow_up["input"], priority=row.priority,
-            source=TriggerSource(row.trigger),
+            source=TriggerSource(row.trigger), left_at=FollowUp.left_at_of(row.follow_up),
         )  # fmt: skip
 
     def start_execution(self, execution_id: uuid.UUID, node_count: int, now: datetime) -> bool:

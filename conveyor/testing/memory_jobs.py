@@ -22,7 +22,7 @@ from conveyor.engine.states import (
     NodeStatus,
     Priority,
 )
-from conveyor.exceptions import StoreError
+from conveyor.exceptions import DuplicateExecution, StoreError
 from conveyor.testing.memory_executions import MemoryExecutions
 from conveyor.testing.tables import AttemptRow, JobRow
 
@@ -239,10 +239,18 @@ class MemoryDeadLetters(MemoryJobs):
             for j in self.tables.jobs.values()
         )
 
-    def revive_execution(self, execution_id: uuid.UUID) -> bool:
+    def revive_execution(
+        self,
+        execution_id: uuid.UUID,
+        finished: Collection[ExecutionStatus] = (ExecutionStatus.FAILED,),
+    ) -> bool:
         row = self._execution_row(execution_id)
-        if row is None or row.status is not ExecutionStatus.FAILED:
+        if row is None or row.status not in finished:
             return False
+        if row.dedupe_key is not None and self._key_taken(row.tenant_id, None, row.dedupe_key):
+            raise DuplicateExecution(
+                f"execution {execution_id}: its deduplication key is active on another execution"
+            )
         self._set_execution(
             row, status=ExecutionStatus.RUNNING, error=None, finished_at=None, output=None
         )

@@ -1,6 +1,6 @@
 """The in-memory adapter of the store port, assembled: webhook deliveries and cron schedules
-here, the rest in :mod:`conveyor.testing.memory_executions` and
-:mod:`conveyor.testing.memory_jobs`."""
+here, the rest in :mod:`conveyor.testing.memory_executions`,
+:mod:`conveyor.testing.memory_jobs` and :mod:`conveyor.testing.memory_reruns`."""
 
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ from conveyor.engine.states import (
 )
 from conveyor.exceptions import ConveyorError, ScheduleError
 from conveyor.ids import new_id
-from conveyor.testing.memory_jobs import MemoryDeadLetters
+from conveyor.testing.memory_reruns import MemoryReruns
 from conveyor.testing.tables import DeliveryRow, ExecutionRow, SubscriptionRow, stored
 
 _SCHEDULE_FIELDS = frozenset(f.name for f in fields(ScheduleRecord))
 
 
-class MemoryDeliveries(MemoryDeadLetters):
+class MemoryDeliveries(MemoryReruns):
     """Webhook endpoints, their verified deliveries, and the subscriptions they start."""
 
     def add_endpoint(

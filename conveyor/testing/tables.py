@@ -74,6 +74,7 @@ class ExecutionRow:
     idempotency_key: str | None = None
     dedupe_key: str | None = None
     follow_up: Any = None
+    reruns: int = 0
     traceparent: str | None = None
     tracestate: str | None = None
     created_at: datetime
@@ -86,7 +87,7 @@ class ExecutionRow:
             status=self.status, priority=self.priority, input=self.input,
             created_at=self.created_at, scheduled_for=self.scheduled_for,
             trace=trace_of(self.traceparent, self.tracestate),
-            limits=Limits.of(self.max_attempts, self.timeout),
+            limits=Limits.of(self.max_attempts, self.timeout), reruns=self.reruns,
         )  # fmt: skip
 
 
@@ -170,6 +171,18 @@ class AttemptRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RerunRow:
+    """A row of ``execution_reruns``."""
+
+    id: int
+    execution_id: uuid.UUID
+    from_node: str
+    input: Any
+    requested_by: str
+    requested_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeliveryRow:
     """A row of ``webhook_deliveries``."""
 
@@ -213,6 +226,7 @@ class Tables:
     node_states: dict[tuple[uuid.UUID, str], NodeStateRow] = field(default_factory=dict)
     jobs: dict[uuid.UUID, JobRow] = field(default_factory=dict)
     attempts: dict[tuple[uuid.UUID, int], AttemptRow] = field(default_factory=dict)
+    reruns: dict[int, RerunRow] = field(default_factory=dict)
     schedules: dict[uuid.UUID, ScheduleRecord] = field(default_factory=dict)
     endpoints: dict[uuid.UUID, EndpointRecord] = field(default_factory=dict)
     deliveries: dict[uuid.UUID, DeliveryRow] = field(default_factory=dict)

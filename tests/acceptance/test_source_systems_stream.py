@@ -1,7 +1,9 @@
 """Issue 27, item 8: a tenant's live stream (GET /v1/stream) through `conveyor api` in its own
 process and real `celery worker` processes: it sees an execution triggered after it opened,
 only its tenant's and only what its filters ask for, and a client that reconnects with
-Last-Event-ID after a dropped connection misses no event."""
+Last-Event-ID after a dropped connection misses no event. The same stream printed by
+`conveyor executions watch --json` in a process of its own, and read in Python
+(`Conveyor.stream`), while a trigger happens."""
 
 from __future__ import annotations
 
@@ -11,14 +13,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from conveyor.engine.validation import parse_workflow
+from conveyor.service import Conveyor
 from tests.acceptance.test_api import Start, serving_api
 from tests.acceptance.test_cli import conveyor
+from tests.support.watch import Watch
+from tests.support.watch import finished as printed
 
 Event = tuple[str, str, dict[str, Any]]  # id, kind, data
 
@@ -169,3 +176,40 @@ def test_a_tenant_stream_sees_later_executions_and_resumes_without_missing_one(
     refused = acme.get("/v1/stream", headers={"Last-Event-ID": "yesterday"})
     assert refused.status_code == 422
     assert "Last-Event-ID 'yesterday'" in refused.json()["detail"]
+
+
+def test_conveyor_executions_watch_and_the_python_stream_see_a_trigger_as_it_happens(
+    client: Conveyor,
+    start_worker: Start,
+    acceptance_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    # Given a worker, a tenant with the export workflow, and, before any export exists,
+    # `conveyor executions watch --json` on one document's exports and the same stream in Python
+    start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
+    assert conveyor("tenants", "create", "acme", env=acceptance_env).returncode == 0
+    client.apply(parse_workflow(EXPORT), "acme")
+    env = {**acceptance_env, **NODES}
+    args = ("--tenant", "acme", "--workflow", "export", "--dedupe-key", "doc-1")
+    watch = Watch(*args, env=env, cwd=tmp_path)
+    stream = client.stream("acme", workflow="export", dedupe_key="doc-1", poll=0.1)
+    try:
+        # When the document's export is triggered (by `conveyor run`), and another's
+        ran = conveyor("run", "export", "--tenant", "acme", "--dedupe-key", "doc-1",
+                       "--input", '{"n": 1}', env=env)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        export = ran.stdout.strip()
+        client.submit("export", {"n": 2}, tenant="acme", dedupe_key="doc-2")
+
+        # Then the watch prints its events as they happen, one JSON object a line
+        lines = watch.collect(printed(export))
+    finally:
+        code = watch.stop()
+    assert code == 0, watch.stderr  # Ctrl-C ends it
+    assert [(e["kind"], e["data"]["execution_id"], e["data"]["status"]) for e in lines] == [
+        ("execution", export, "running"), ("execution", export, "completed"),
+    ]  # fmt: skip
+    # ... and the Python stream yields the same events, ids and all
+    got = [{"id": e.id, "kind": e.kind, "data": e.data} for e in islice(stream, 2)]
+    stream.close()
+    assert got == lines

@@ -155,6 +155,29 @@ def switch(name: str, ctx: NodeContext) -> dict[str, bool]:
     return {"on": True}
 
 
+@conveyor.node("test.until_file")
+def until_file(path: str, ctx: NodeContext, after: str = "") -> dict[str, bool]:
+    """Fail while no file is at ``path`` (a broken third party), succeed once a test puts one
+    there: a switch every process sees, a real ``celery worker``'s too. With ``after``, it
+    first waits (up to 20 s) for that node of its execution to have run, so that a sibling
+    finishes before this one fails its execution, however the workers take them."""
+    deadline = time.monotonic() + 20
+    sibling = f"{ctx.execution_id}:{after}"
+    while after and time.monotonic() < deadline:
+        with _engine().connect() as conn:
+            ran = conn.execute(
+                text("SELECT count(*) FROM test_effects WHERE idempotency_key = :k"),
+                {"k": sibling},
+            ).scalar_one()
+        if ran:
+            break
+        time.sleep(0.02)
+    record(ctx, "try")
+    if not os.path.exists(path):
+        raise RuntimeError(f"no file at {path} yet")
+    return {"on": True}
+
+
 @conveyor.node("test.chaos_effect")
 def chaos_effect(seconds: float, ctx: NodeContext) -> dict[str, str]:
     """The side effect of a careful node author: keyed by ctx.idempotency_key, so that a node

@@ -8,10 +8,12 @@ from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.planning import (
     NeedState,
     Readiness,
+    downstream,
     execution_output,
     output_reads,
     plan,
     readiness,
+    rerun_reach,
     template_context,
 )
 from conveyor.engine.states import NodeStatus
@@ -233,3 +235,28 @@ def test_resume_enqueues_a_node_left_pending_whose_needs_all_settled() -> None:
 
     assert resumed.enqueue == ["j"] and resumed.remaining == 2
     assert resumed.waiting_on == {"j": 0, "k": 0}
+
+
+def test_downstream_is_the_node_and_everything_that_depends_on_it() -> None:
+    shape = plan(diamond())
+
+    assert downstream(shape, "b") == {"b", "d"}
+    assert downstream(shape, "a") == {"a", "b", "c", "d"}
+    assert downstream(shape, "d") == {"d"}
+
+
+def test_a_rerun_reaches_downstream_and_the_nodes_that_did_not_end_well_in_order() -> None:
+    # Given b ran again from, c cancelled by a failure, e failed but tolerated, f skipped
+    flow = workflow(
+        py("a"), py("b", "a"), py("c", "a"), py("d", "b", "c"),
+        py("e", continue_on_failure=True), py("f"), py("g"),
+    )  # fmt: skip
+    states = {
+        "a": NodeStatus.COMPLETED, "b": NodeStatus.FAILED, "c": NodeStatus.CANCELLED,
+        "d": NodeStatus.CANCELLED, "e": NodeStatus.FAILED, "f": NodeStatus.SKIPPED,
+        "g": NodeStatus.COMPLETED,
+    }  # fmt: skip
+
+    assert rerun_reach(flow, plan(flow), "b", states) == ["b", "c", "d"]
+    assert rerun_reach(flow, plan(flow), "g", states) == ["b", "c", "d", "g"]
+    assert rerun_reach(flow, plan(flow), "e", states) == ["b", "c", "d", "e"]

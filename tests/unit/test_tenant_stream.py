@@ -1,10 +1,10 @@
-"""The tenant stream's event ids (GET /v1/stream, Last-Event-ID)."""
+"""The tenant stream's event ids (GET /v1/stream, Last-Event-ID; Conveyor.stream(after=...))."""
 
 from __future__ import annotations
 
 import pytest
 
-from conveyor.api.tenant_stream import cursor_of, event_id
+from conveyor.service.reads import cursor_of, event_id
 
 
 def test_an_event_id_names_its_cursor_and_back() -> None:

@@ -6,7 +6,7 @@ finishes."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from pydantic import ValidationError
@@ -26,6 +26,11 @@ LARGE = (*(node(f"r{i}") for i in range(triggering.INLINE_PLAN_NODES)), node("si
 
 def policy(name: str) -> dict[str, object]:
     return {"dedupe": {"policy": name}}
+
+
+def left(bench: Bench, input: object) -> dict[str, object]:
+    """A follow-up's stored value: the input, left now (the test's clock)."""
+    return {"input": input, "left_at": bench.clock().astimezone(UTC).isoformat()}
 
 
 def finish_chain(bench: Bench, execution_id: uuid.UUID) -> list[Dispatch]:
@@ -82,7 +87,7 @@ def test_replace_leaves_a_follow_up_once_the_run_has_started(bench: Bench) -> No
 
     assert (again.execution_id, again.dedupe) == (first.execution_id, DedupeOutcome.FOLLOW_UP)
     execution = bench.probe.execution(first.execution_id)
-    assert (execution.input, execution.follow_up) == ({"v": 1}, {"input": {"v": 2}})
+    assert (execution.input, execution.follow_up) == ({"v": 1}, left(bench, {"v": 2}))
 
 
 def test_replace_does_not_touch_a_run_whose_start_job_was_claimed(bench: Bench) -> None:
@@ -97,7 +102,7 @@ def test_replace_does_not_touch_a_run_whose_start_job_was_claimed(bench: Bench) 
 
     assert again.dedupe is DedupeOutcome.FOLLOW_UP
     execution = bench.probe.execution(first.execution_id)
-    assert (execution.input, execution.follow_up) == ({"v": 2}, {"input": {"v": 3}})
+    assert (execution.input, execution.follow_up) == ({"v": 2}, left(bench, {"v": 3}))
 
 
 def test_follow_up_keeps_only_the_latest_input_and_starts_it_when_the_active_one_completes(
@@ -124,6 +129,23 @@ def test_follow_up_keeps_only_the_latest_input_and_starts_it_when_the_active_one
     assert bench.probe.execution(first.execution_id).follow_up is None
 
 
+def test_the_latest_follow_up_is_taken_once_with_the_time_it_was_left(bench: Bench) -> None:
+    bench.apply("chain", *CHAIN, **policy("follow_up"))
+    first = bench.trigger("chain", {"v": 1}, dedupe_key="k", priority=Priority.HIGH)
+    bench.trigger("chain", {"v": 2}, dedupe_key="k")
+    latest = bench.clock.advance(30)
+    bench.trigger("chain", {"v": 3}, dedupe_key="k")
+
+    taken = bench.units.run(lambda s: s.take_follow_up(first.execution_id))
+
+    assert taken is not None
+    assert (taken.input, taken.left_at, taken.dedupe_key, taken.priority) == (
+        {"v": 3}, latest, "k", Priority.HIGH,
+    )  # fmt: skip
+    assert bench.units.run(lambda s: s.take_follow_up(first.execution_id)) is None
+    assert bench.probe.execution(first.execution_id).follow_up is None
+
+
 def test_a_trigger_after_the_follow_up_started_is_deduplicated_onto_it(bench: Bench) -> None:
     bench.apply("chain", *CHAIN, **policy("follow_up"))
     first = bench.trigger("chain", {"v": 1}, dedupe_key="k")
@@ -135,7 +157,7 @@ def test_a_trigger_after_the_follow_up_started_is_deduplicated_onto_it(bench: Be
     again = bench.trigger("chain", {"v": 3}, dedupe_key="k")
 
     assert (again.execution_id, again.dedupe) == (follow.id, DedupeOutcome.FOLLOW_UP)
-    assert bench.probe.execution(follow.id).follow_up == {"input": {"v": 3}}
+    assert bench.probe.execution(follow.id).follow_up == left(bench, {"v": 3})
 
 
 def test_the_follow_up_keeps_the_priority_and_trigger_source_of_the_run_before_it(
