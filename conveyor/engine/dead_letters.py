@@ -47,6 +47,11 @@ def requeue(
             f"dead letter {job_id}: its execution went on without node {job.node_id!r} "
             f"(continue_on_failure), so it cannot resume from it; trigger a new execution"
         )
+    if job.item_index is not None:
+        raise InvalidTransition(
+            f"dead letter {job_id} is item {job.item_index} of map node {job.node_id!r}; a "
+            f"requeue does not resume a map: trigger a new execution (or discard it)"
+        )
     if store.has_discarded(job.execution_id):
         raise InvalidTransition(
             f"dead letter {job_id}: another dead letter of its execution was discarded, so "
@@ -60,6 +65,12 @@ def requeue(
         )
     node_ids = [n.id for n in workflow.nodes]
     before = store.node_rows(job.execution_id, node_ids)
+    stopped = [n for n, r in before.items() if r.items_total is not None and r.status in _STOPPED]
+    if stopped:  # (raising rolls the revival back)
+        raise InvalidTransition(
+            f"dead letter {job_id}: its execution stopped map node {stopped[0]!r} with items "
+            f"left to run, and a requeue does not resume a map: trigger a new execution"
+        )
     keep = {  # failed, tolerated, and settled long ago: they stay as they are
         n.id
         for n in workflow.nodes
@@ -87,6 +98,10 @@ def requeue(
             dispatch.job_id, JobStatus.QUEUED, JobStatus.SCHEDULED, next_run_at=run_at
         )
     return []
+
+
+# A map node in one of these has items it never ran: its counter would not match a revival.
+_STOPPED = (NodeStatus.FAILED, NodeStatus.CANCELLED)
 
 
 def discard(store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:

@@ -22,7 +22,10 @@ from conveyor.engine.records import (
     Finish,
     Fire,
     FollowUp,
+    ItemRow,
+    ItemsLeft,
     JobRecord,
+    NewItem,
     NewJob,
     NodeRow,
     ScheduleRecord,
@@ -206,8 +209,9 @@ class Executions(Protocol):
         ...
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-        """Cancel the jobs and nodes that have not started (jobs queued, parked or waiting for
-        their time); the node jobs among them (the limiter may know those queued or parked)."""
+        """Cancel the jobs and nodes that have not started (jobs queued, parked, held or
+        waiting for their time; nodes pending or queued, and the map nodes whose items run);
+        the node jobs among them that the limiter may know (not the held items)."""
         ...
 
 
@@ -344,6 +348,52 @@ class Jobs(Protocol):
         ...
 
 
+class MapItems(Protocol):
+    """A map node's items (conveyor.engine.mapping): item jobs, counted down on the node's
+    state under its row lock, each settle releasing the next held item."""
+
+    def add_item_jobs(
+        self,
+        execution: ExecutionRecord,
+        node_id: str,
+        items: Sequence[NewItem],
+        max_retries: int,
+        now: datetime,
+    ) -> None:
+        """Item jobs of the map node ``node_id``: queued, or held (no message) for those the
+        window has no room for yet. Callers insert a long list in chunks."""
+        ...
+
+    def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
+        """The map node's counter: ``total`` items, none settled, none failed."""
+        ...
+
+    def complete_item(self, job: JobRecord, output: Any, now: datetime, duration: float) -> bool:
+        """An item's success while its job is processing in this try and its execution runs:
+        job completed with ``output``, attempt succeeded. False, nothing changed, otherwise.
+        The map's counter is :meth:`settle_item`'s."""
+        ...
+
+    def settle_item(
+        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+    ) -> ItemsLeft | None:
+        """One more item of the map settled (``failed``: dead), under the node state's row
+        lock, while the node runs; and its held item of lowest index released (queued).
+        None, nothing changed, when the node does not run any more (it failed fast)."""
+        ...
+
+    def close_map(
+        self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str
+    ) -> list[uuid.UUID] | None:
+        """The map node running -> failed with ``error`` (once: None when it was not running),
+        its items not started cancelled; those the limiter may know (queued or parked)."""
+        ...
+
+    def item_outputs(self, execution_id: uuid.UUID, node_id: str) -> list[ItemRow]:
+        """Every item of the map, in index order, with its status, output and last error."""
+        ...
+
+
 class DeadLetters(Protocol):
     """Node jobs that exhausted their tries: requeued (the execution resumes) or discarded."""
 
@@ -461,5 +511,7 @@ class Schedules(Protocol):
     def advance_schedules(self, advances: Sequence[Advance], now: datetime) -> None: ...
 
 
-class Store(Catalog, Executions, NodeStates, Jobs, DeadLetters, Deliveries, Schedules, Protocol):
+class Store(
+    Catalog, Executions, NodeStates, Jobs, MapItems, DeadLetters, Deliveries, Schedules, Protocol
+):
     """Everything the engine and the scheduler ask of the database, one unit of work."""

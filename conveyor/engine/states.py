@@ -32,6 +32,7 @@ class JobStatus(StrEnum):
     DEAD_LETTER = "dead_letter"  # tries exhausted or not retryable; an operator may requeue
     DISCARDED = "discarded"  # an operator discarded the dead letter; kept for audit
     CANCELLED = "cancelled"  # its execution was cancelled before the job ran
+    HELD = "held"  # a map's item beyond its window: no message until an item before it settles
 
 
 WAITING_JOB = frozenset({JobStatus.RETRY_WAIT, JobStatus.SCHEDULED})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -146,6 +147,8 @@ def job_of(row: Sequence[Any]) -> JobRecord:
 def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, Any]]:
     """A row of :data:`CLAIM_NODE`: the job, its execution, the outputs of the needs read."""
     job = job_of(row)
+    if row[23] is not None:  # a map's item: its index and value
+        job = replace(job, item_index=row[23], item=row[24])
     execution = ExecutionRecord(
         id=job.execution_id, tenant_id=job.tenant_id, workflow_id=job.workflow_id,
         status=ExecutionStatus(row[13]), priority=Priority(row[14]), input=row[15],
@@ -170,6 +173,8 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 
 # The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
+# A map's item leaves its node's state alone: that row is the map's counter, which the items'
+# claims would otherwise all queue for (and its status is the map's, running until it ends).
 _CLAIM = """
 WITH job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
@@ -190,12 +195,13 @@ WITH job AS (
                            started_at = coalesce(node_states.started_at, :now)
     FROM job, ex
     WHERE ex.status IN ('pending', 'running') AND node_states.execution_id = job.execution_id
-      AND node_states.node_id = job.node_id
+      AND node_states.node_id = job.node_id AND job.item_index IS NULL
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
-       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout
+       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout,
+       job.item_index AS x_item_index, job.item AS x_item
 FROM job, ex
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
