@@ -261,7 +261,10 @@ def test_run_all_runs_every_item_then_fails_the_node_listing_the_failed_indices(
         "2 of 4 items failed (indices 0, 2); item 0: zero broke (the error is not retryable)"
     )
     execution = bench.probe.execution(execution_id)
-    assert (execution.status, execution.error) == (ExecutionStatus.FAILED, f"node 'm' failed: {m.error}")
+    assert (execution.status, execution.error) == (
+        ExecutionStatus.FAILED,
+        f"node 'm' failed: {m.error}",
+    )
 
 
 def test_continue_completes_the_node_with_each_failed_item_s_error_in_its_slot(
