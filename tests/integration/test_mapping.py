@@ -3,13 +3,17 @@ functions count their own runs (test_effects) and overlap (Redis), not only the 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
+from typer.testing import CliRunner
 
+from conveyor.cli import app
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution
@@ -216,3 +220,59 @@ def test_cancelling_mid_map_cancels_the_items_not_started(
         (m,) = store.execution_nodes(execution_id)
     assert m.status is NodeStatus.CANCELLED
     assert len(runs_of(database_url, "m")) <= 2  # the two that ran, stopped early
+
+
+def test_the_execution_s_view_sums_a_map_s_items_up_and_a_route_and_show_items_page_them(
+    conveyor_service: Conveyor, api_url: str, make_key: Callable[[str], str]
+) -> None:
+    # Given a map of 30 items, two of which failed (continue)
+    key = make_key("mapper")
+    conveyor_service.apply(parse_workflow({"name": "map_view", "defaults": NO_RETRY, "nodes": [
+        py("m", "item", map={"over": "{{ input.rows }}", "on_item_failure": "continue"},
+           inputs={"value": "{{ item }}", "fail_on": [4, 17]}),
+    ]}), tenant="mapper")  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=api_url, headers=headers, timeout=30) as api:
+        made = api.post(
+            "/v1/workflows/map_view/executions", json={"input": {"rows": list(range(30))}}
+        )
+        execution_id = made.json()["id"]
+        done = wait_for(conveyor_service, uuid.UUID(execution_id))
+        assert done.status is ExecutionStatus.COMPLETED, done.error
+
+        # When the execution is shown
+        view = api.get(f"/v1/executions/{execution_id}").json()
+
+        # Then its map's items are summed up, the failed ones listed; no item is a job of its
+        # own
+        (node,) = view["nodes"]
+        failed = {f["index"]: f for f in node["items"]["failures"]}
+        assert node["items"] | {"failures": sorted(failed)} == {
+            "total": 30, "left": 0, "failed": 2, "statuses": {"completed": 28, "dead_letter": 2},
+            "failures": [4, 17],
+        }  # fmt: skip
+        assert failed[4]["error"] == "item 4 refused (the error is not retryable)"
+        assert [j["node"] for j in view["jobs"]] == ["m"]  # the map node's own job only
+        # And its items come a page at a time, in order, from the route and from the CLI
+        page = api.get(
+            f"/v1/executions/{execution_id}/nodes/m/items", params={"after": 9, "limit": 5}
+        ).json()
+        assert [i["index"] for i in page] == [10, 11, 12, 13, 14]
+        assert page[0] | {"job_id": "", "started_at": "", "finished_at": ""} == {
+            "index": 10, "job_id": "", "status": "completed", "item": 10,
+            "output": {"value": 10, "index": 10, "item": 10}, "error": None, "attempts": 1,
+            "started_at": "", "finished_at": "",
+        }  # fmt: skip
+        dead = api.get(
+            f"/v1/executions/{execution_id}/nodes/m/items", params={"status": "dead_letter"}
+        ).json()
+        assert [i["index"] for i in dead] == [4, 17]
+    shown = CliRunner().invoke(
+        app, ["executions", "show", execution_id, "--items", "m", "--after", "27", "--json"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert [i["index"] for i in json.loads(shown.output)] == [28, 29]
+    table = CliRunner().invoke(app, ["executions", "show", execution_id])
+    assert table.exit_code == 0, table.output
+    assert "30 items" not in table.output  # completed: its output is shown, not its counts
+    assert "failed items" in table.output and "item 17 refused" in table.output
