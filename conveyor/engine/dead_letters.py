@@ -65,17 +65,20 @@ def requeue(
         )
     node_ids = [n.id for n in workflow.nodes]
     before = store.node_rows(job.execution_id, node_ids)
-    stopped = [n for n, r in before.items() if r.items_total is not None and r.status in _STOPPED]
-    if stopped:  # (raising rolls the revival back)
-        raise InvalidTransition(
-            f"dead letter {job_id}: its execution stopped map node {stopped[0]!r} with items "
-            f"left to run, and a requeue does not resume a map: trigger a new execution"
-        )
     keep = {  # failed, tolerated, and settled long ago: they stay as they are
         n.id
         for n in workflow.nodes
         if n.continue_on_failure and before[n.id].status is NodeStatus.FAILED
     }
+    stopped = [
+        n for n, r in before.items()
+        if r.items_total is not None and r.status in _STOPPED and n not in keep
+    ]  # fmt: skip
+    if stopped:  # (raising rolls the revival back)
+        raise InvalidTransition(
+            f"dead letter {job_id}: its execution stopped at map node {stopped[0]!r}, which "
+            f"had made its items, and a requeue does not resume a map: trigger a new execution"
+        )
     revived = store.revive_jobs(job.execution_id, now, keep)
     store.revive_nodes(job.execution_id, {j.node_id for j in revived if j.node_id}, keep)
     rows = store.node_rows(job.execution_id, node_ids)

@@ -260,6 +260,7 @@ class MemoryDeadLetters(MemoryJobs):
                 or job.kind is not JobKind.NODE
                 or job.status not in stopped
                 or job.node_id in keep
+                or job.item_index is not None  # a requeue does not resume a map
             ):
                 continue
             later = job.next_run_at is not None and job.next_run_at > now

@@ -368,6 +368,40 @@ def test_an_item_s_dead_letter_is_not_requeued(bench: Bench) -> None:
     assert bench.probe.execution(execution_id).status is ExecutionStatus.FAILED
 
 
+def test_a_requeue_does_not_resume_a_map_its_execution_s_failure_stopped(bench: Bench) -> None:
+    # Given a map stopped mid-way by another node's failure
+    execution_id, _ = start(bench, [1, 2, 3], node("beside"), window=1)
+    bench.fail(bench.claim_node(execution_id, "beside"), NonRetryableError("bad"))
+    assert bench.probe.nodes(execution_id)["m"].status is NodeStatus.CANCELLED
+
+    # Then that node's dead letter is not requeued: the map would not be resumed
+    dead = own_job(bench, execution_id, "beside")
+    with pytest.raises(InvalidTransition, match="stopped at map node 'm'"):
+        bench.units.run(lambda s: dead_letters.requeue(s, dead.id, None, bench.clock()))
+    assert bench.probe.execution(execution_id).status is ExecutionStatus.FAILED
+
+
+def test_a_requeue_leaves_a_finished_map_s_dead_items_dead(bench: Bench) -> None:
+    # Given a map that completed with a failed item (continue), then a node after it failed
+    name = bench.apply(
+        "mapping", mapped(on_item_failure="continue"), node("after", "m"), defaults=NO_RETRY,
+    ).name  # fmt: skip
+    made = bench.trigger(name, {"rows": [1, 2]})
+    expand(bench, made.execution_id)
+    bench.fail(item_run(bench, made.execution_id, 0), NonRetryableError("no"))
+    (after,) = bench.complete(item_run(bench, made.execution_id, 1), "two")
+    bench.fail(bench.claimed(after.job_id), NonRetryableError("after broke"))
+
+    # When the failed node's dead letter is requeued
+    dead = own_job(bench, made.execution_id, "after")
+    (again,) = bench.units.run(lambda s: dead_letters.requeue(s, dead.id, None, bench.clock()))
+
+    # Then it alone runs again: the map's dead item stays dead, its output as it was
+    assert again.job_id == dead.id
+    assert statuses(bench, made.execution_id) == ["dead_letter", "completed"]
+    assert bench.probe.nodes(made.execution_id)["m"].status is NodeStatus.COMPLETED
+
+
 # -- the port's item methods, each on its own ------------------------------------------------
 
 
