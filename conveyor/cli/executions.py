@@ -334,7 +334,9 @@ def demo() -> None:
         )
     from conveyor import demo as demo_nodes  # registers the examples' node functions
 
-    files = sorted(p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES)
+    files = sorted(  # (an example's input, <name>.input.json, is no definition)
+        p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES and not p.stem.endswith(".input")
+    )
     with workers_if_embedded():
         apply_files(files, DEFAULT_TENANT)
         ok = [_demo_run(name, payload) for name, payload in demo_nodes.RUNS]
