@@ -140,6 +140,18 @@ def open_map(
     return node_dispatches(execution, run.workflow.name, queued, now)
 
 
+def complete_alone(
+    store: Store, run: NodeRun, output: Any, now: datetime, duration: float
+) -> list[Dispatch] | None:
+    """An item's success in one statement, for the caller to run alone, when it is not its
+    map's last: the held item it released, to publish. None: nothing changed (it may be the
+    last, or it no longer runs): :func:`complete_item` does it in a transaction."""
+    counted = store.complete_item_alone(run.job, run.node.id, output, now, duration)
+    if counted is None:
+        return None
+    return [dispatch_of(counted.released, run.workflow.name)] if counted.released else []
+
+
 def complete_item(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
 ) -> list[Dispatch]:

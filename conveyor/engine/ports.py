@@ -374,6 +374,15 @@ class MapItems(Protocol):
         The map's counter is :meth:`settle_item`'s."""
         ...
 
+    def complete_item_alone(
+        self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float
+    ) -> ItemsLeft | None:
+        """An item's whole success when it is not its map's last: :meth:`complete_item`
+        and :meth:`settle_item` at once, the node state's row locked first. None, nothing
+        changed, when it may be the last (or its node or execution does not run, or its try
+        is not current): the caller takes the transaction. Needs no transaction around it."""
+        ...
+
     def settle_item(
         self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:

@@ -290,14 +290,17 @@ class Workers(ServiceBase):
         self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
     ) -> tuple[list[Dispatch], Ran]:
         try:
-            if self.db.autocommit(
-                lambda s: success.complete_alone(s, run, output, utcnow(), duration)
-            ):
-                dispatches = []  # done in one statement: it made no successor ready
-            else:
-                dispatches = self.db.run(
+            # in one statement where it can (it made no successor ready), else a transaction
+            done = self.db.autocommit(
+                lambda s: success.complete_fast(s, run, output, utcnow(), duration)
+            )
+            dispatches = (
+                done
+                if done is not None
+                else self.db.run(
                     lambda s: success.complete_node(s, run, output, utcnow(), duration)
                 )
+            )
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log, ran)
         job_log.info("job completed", duration=round(duration, 3))

@@ -71,6 +71,23 @@ class MapItemQueries(JobQueries):
         self.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
         return True
 
+    def complete_item_alone(
+        self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float
+    ) -> ItemsLeft | None:
+        """The counter read first, then :meth:`complete_item` and :meth:`settle_item`: on
+        SQLite one transaction, whose write lock is taken at its start (PostgreSQL: one
+        statement, :data:`~conveyor.store.postgres_statements.COMPLETE_ITEM`)."""
+        node = self._core(
+            select(NODE_STATES.c.items_left, NODE_STATES.c.status).where(
+                NODE_STATES.c.execution_id == job.execution_id, NODE_STATES.c.node_id == node_id
+            )
+        ).one_or_none()
+        if node is None or node.status is not NodeStatus.RUNNING or (node.items_left or 0) <= 1:
+            return None
+        if not self.complete_item(job, output, now, duration):
+            return None
+        return self.settle_item(job.execution_id, node_id, False, now)
+
     def settle_item(
         self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:

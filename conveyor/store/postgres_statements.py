@@ -422,3 +422,59 @@ FROM unnest(CAST(:job_ids AS uuid[]), CAST(:job_statuses AS varchar[]),
 """
     ).bindparams(bindparam("now", type_=UTCDateTime()))
 )
+
+
+# A map's item's whole success in one statement (PostgreSQL), when it is not the map's last:
+# its node state (the map's counter) locked first, then the job completed with its output, its
+# try, the counter one item fewer and the held item of lowest index released, its row as a
+# job's (skipping a held row another transaction holds: only a cancel, which cancels it).
+# When the counter says it may be the last (or the node or the execution does not run, or the
+# try is not current) nothing changes and no row comes back: the caller takes the transaction,
+# which reads the items' outputs and settles the node.
+_COMPLETE_ITEM = """
+WITH locked AS (
+    SELECT s.id, s.items_left, s.status FROM node_states s
+    WHERE s.execution_id = :execution_id AND s.node_id = :node_id
+    FOR UPDATE
+), alone AS (
+    SELECT EXISTS (SELECT 1 FROM locked WHERE items_left > 1 AND status = 'running') AS yes
+), job AS (
+    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL,
+                    output = :output
+    WHERE id = :id AND status || '' = 'processing'
+      AND tries_before + retry_count + 1 = :attempt AND (SELECT yes FROM alone)
+      AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
+    RETURNING id
+), attempt AS (
+    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
+                            error = NULL, timed_out = false
+    WHERE job_id = :id AND attempt_number = :attempt AND EXISTS (SELECT 1 FROM job)
+), counted AS (
+    UPDATE node_states SET items_left = items_left - 1
+    WHERE id = (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM job)
+    RETURNING items_left, items_failed
+), next AS (
+    SELECT h.id FROM jobs h
+    WHERE h.execution_id = :execution_id AND h.node_id = :node_id AND h.status = 'held'
+      AND EXISTS (SELECT 1 FROM counted)
+    ORDER BY h.item_index LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE jobs SET status = 'queued', enqueued_at = :now
+    WHERE id = (SELECT id FROM next) AND status || '' = 'held'
+    RETURNING {job_columns}
+)
+SELECT counted.items_left, counted.items_failed, released.*
+FROM counted LEFT JOIN released ON true
+"""
+COMPLETE_ITEM = Statement(
+    text(_COMPLETE_ITEM.format(job_columns=JOB_COLUMNS)).bindparams(
+        bindparam("id", type_=Uuid()),
+        bindparam("execution_id", type_=Uuid()),
+        bindparam("node_id", type_=String()),
+        bindparam("attempt", type_=Integer()),
+        bindparam("output", type_=JsonType),
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("duration", type_=Float()),
+    )
+)

@@ -56,6 +56,16 @@ class MemoryMapItems(MemoryJobs):
         self.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
         return True
 
+    def complete_item_alone(
+        self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float
+    ) -> ItemsLeft | None:
+        node = self.tables.node_states.get((job.execution_id, node_id))
+        if node is None or node.status is not NodeStatus.RUNNING or (node.items_left or 0) <= 1:
+            return None
+        if not self.complete_item(job, output, now, duration):
+            return None
+        return self.settle_item(job.execution_id, node_id, False, now)
+
     def settle_item(
         self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:

@@ -120,6 +120,48 @@ def test_each_settled_item_releases_the_held_item_of_lowest_index(bench: Bench) 
     assert bench.probe.nodes(execution_id)["m"].items_left == 3
 
 
+def fast(bench: Bench, run: NodeRun, output: Any) -> list[Dispatch] | None:
+    """As the service records a success first: in one step where it can."""
+    return bench.units.autocommit(
+        lambda s: success.complete_fast(s, run, output, bench.clock(), 0.01)
+    )  # fmt: skip
+
+
+def test_an_item_that_is_not_its_map_s_last_succeeds_in_one_step_releasing_the_next(
+    bench: Bench,
+) -> None:
+    execution_id, _ = start(bench, [0, 1, 2], node("after", "m"), window=1)
+    first = item_run(bench, execution_id, 0)
+
+    released = fast(bench, first, "zero")
+
+    jobs = items(bench, execution_id)
+    assert [d.job_id for d in released or []] == [jobs[1].id]
+    assert (released or [])[0].hints is not None  # published with its hints, as any job
+    assert statuses(bench, execution_id) == ["completed", "queued", "held"]
+    assert (jobs[0].output, bench.probe.nodes(execution_id)["m"].items_left) == ("zero", 2)
+    assert [a.status for a in bench.probe.attempts(jobs[0].id)] == [AttemptStatus.SUCCEEDED]
+    assert [d.job_id for d in fast(bench, item_run(bench, execution_id, 1), "one") or []] == [
+        jobs[2].id
+    ]
+    # The last is not done in one step (nothing changed): the transaction finishes the node
+    last = item_run(bench, execution_id, 2)
+    assert fast(bench, last, "two") is None
+    assert statuses(bench, execution_id) == ["completed", "completed", "processing"]
+    (after,) = bench.complete(last, "two")
+    assert after.job_id == own_job(bench, execution_id, "after").id
+    assert bench.probe.nodes(execution_id)["m"].output == ["zero", "one", "two"]
+
+
+def test_an_item_of_a_map_that_failed_is_not_done_in_one_step(bench: Bench) -> None:
+    execution_id, _ = start(bench, [0, 1, 2])
+    late = item_run(bench, execution_id, 1)
+    bench.fail(item_run(bench, execution_id, 0), NonRetryableError("bad"))
+
+    assert fast(bench, late, "late") is None
+    assert statuses(bench, execution_id)[1] == "processing"
+
+
 def test_the_last_item_finishes_the_node_with_the_outputs_in_item_order_and_its_successor_once(
     bench: Bench,
 ) -> None:
