@@ -25,8 +25,12 @@ CONVEYOR = str(Path(sys.executable).parent / "conveyor")  # the installed consol
 def test_a_map_of_1000_items_runs_each_once_and_its_successor_once_with_the_outputs_in_order(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: Conveyor
 ) -> None:
-    # Given two worker processes that keep at most 100 of a map's items queued or running
-    env = {"CONVEYOR_MAP_WINDOW": "100"}
+    # Given two worker processes that keep at most 100 of a map's items queued or running,
+    # and let a tenant and a workflow run 16 node jobs at once (all their slots)
+    env = {
+        "CONVEYOR_MAP_WINDOW": "100", "CONVEYOR_LIMIT_TENANT": "16",
+        "CONVEYOR_LIMIT_WORKFLOW": "16",
+    }  # fmt: skip
     await_ready(*(
         start_worker("workflow-execution,workflow-node", concurrency=4, name=name, env=env,
                      wait=False)
