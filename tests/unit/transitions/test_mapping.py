@@ -85,6 +85,17 @@ def test_a_map_makes_a_job_per_item_queued_up_to_its_window_and_the_rest_held(
     )  # fmt: skip
 
 
+def test_a_long_list_is_stored_in_chunks_and_only_its_window_is_queued(bench: Bench) -> None:
+    execution_id, published = start(bench, list(range(2500)), window=1200)
+
+    found = items(bench, execution_id)
+    assert [j.item_index for j in found] == list(range(2500))
+    assert [j.item for j in found[1199:1201]] == [1199, 1200]
+    assert [j.status for j in found].count(JobStatus.QUEUED) == len(published) == 1200
+    assert {j.status for j in found[1200:]} == {JobStatus.HELD}
+    assert bench.probe.nodes(execution_id)["m"].items_total == 2500
+
+
 def test_a_map_s_concurrency_below_the_window_queues_that_many(bench: Bench) -> None:
     execution_id, published = start(bench, list(range(6)), window=4, concurrency=3)
 
