@@ -280,6 +280,13 @@ class Settings(BaseSettings):
         "before the jobs it has not started are handed back, one a message, for other "
         "workers: slow siblings stay parallel.",
     )
+    map_window: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="A map's items queued or running at once (a map's concurrency, if lower, "
+        "wins); the others wait in the database, each released as an item settles.",
+    )
     task_events: bool = Field(
         default=True, description="Send Celery task events (Flower needs them)."
     )

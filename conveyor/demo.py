@@ -47,6 +47,13 @@ def multiply(value: float, by: float, ctx: NodeContext) -> dict[str, float]:
     return {"value": value * by}
 
 
+@conveyor.node("demo.price")
+def price(quantity: float, unit_price: float, ctx: NodeContext) -> dict[str, float]:
+    """One order of the map example: a try of its own (``ctx.index`` is its place in the list)."""
+    _pause(ctx)
+    return {"order": ctx.index or 0, "value": round(quantity * unit_price, 2)}
+
+
 @conveyor.node("demo.sum")
 def total(values: list[float]) -> dict[str, float]:
     return {"value": sum(values)}

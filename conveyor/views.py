@@ -45,6 +45,36 @@ class JobJson(TypedDict):
     attempts: list[AttemptJson]
 
 
+class FailedItemJson(TypedDict):
+    index: int
+    job_id: str
+    error: str | None
+
+
+class ItemsJson(TypedDict):
+    """A map node's items summed up (never listed here: ``executions show --items``)."""
+
+    total: int
+    left: int  # not settled yet
+    failed: int  # dead after their tries
+    statuses: dict[str, int]  # the items' jobs counted by status
+    failures: list[FailedItemJson]  # the first failed ones, by index (at most FAILURES_SHOWN)
+
+
+class ItemJson(TypedDict):
+    """One item of a map node (``executions show --items``, the API's items route)."""
+
+    index: int
+    job_id: str
+    status: str
+    item: Any
+    output: Any
+    error: str | None
+    attempts: int
+    started_at: str | None
+    finished_at: str | None
+
+
 class NodeJson(TypedDict):
     id: str
     status: str
@@ -61,6 +91,7 @@ class NodeJson(TypedDict):
     worker: str | None
     heartbeat_at: str | None
     heartbeat_age: float | None
+    items: ItemsJson | None  # a map node's, once it made its items; None otherwise
 
 
 class ExecutionSummaryJson(TypedDict):
@@ -169,15 +200,24 @@ def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionS
     }
 
 
+# The failed items of an execution's maps an execution's view lists (the counts say the rest).
+FAILURES_SHOWN = 20
+
+
 def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
-    """One execution as shown to people: its nodes, and its jobs with every attempt."""
+    """One execution as shown to people: its nodes (a map's items summed up), and its jobs
+    with every attempt (not its maps' items')."""
     row = store.execution_row(execution_id)
+    nodes = store.execution_nodes(execution_id)
+    mapped = any(n.items_total is not None for n in nodes)
     return execution_json(
         row,
         store.workflow(row.workflow_id),
-        store.execution_nodes(execution_id),
+        nodes,
         store.execution_jobs(execution_id),
         store.execution_reruns(execution_id) if row.reruns else [],
+        store.item_counts(execution_id) if mapped else {},
+        store.failed_items(execution_id, FAILURES_SHOWN) if mapped else [],
     )
 
 
@@ -187,9 +227,12 @@ def execution_json(
     nodes: Sequence[NodeState],
     jobs: Sequence[tuple[Job, list[JobAttempt]]],
     reruns: Sequence[ExecutionRerun] = (),
+    item_counts: dict[str, dict[JobStatus, int]] | None = None,
+    failed_items: Sequence[Job] = (),
 ) -> ExecutionJson:
     by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
     now = datetime.now(UTC)
+    counts = item_counts or {}
     return {
         **execution_summary(row, workflow.name, workflow.version),
         "max_attempts": row.max_attempts,
@@ -197,7 +240,10 @@ def execution_json(
         "input": row.input,
         "output": row.output,
         "follow_up": _follow_up_json(row),
-        "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],
+        "nodes": [
+            _node_json(n, by_node.get(n.node_id), now, _items_json(n, counts, failed_items))
+            for n in nodes
+        ],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
         "reruns": [_rerun_json(r) for r in reruns],
     }
@@ -228,7 +274,46 @@ def _follow_up_json(row: Execution) -> FollowUpJson | None:
     }
 
 
-def _node_json(row: NodeState, job: tuple[Job, list[JobAttempt]] | None, now: datetime) -> NodeJson:
+def _items_json(
+    row: NodeState, counts: dict[str, dict[JobStatus, int]], failed: Sequence[Job]
+) -> ItemsJson | None:
+    if row.items_total is None:
+        return None
+    statuses = counts.get(row.node_id, {})
+    return {
+        "total": row.items_total,
+        "left": row.items_left or 0,
+        "failed": row.items_failed or 0,
+        "statuses": {status.value: n for status, n in sorted(statuses.items())},
+        "failures": [
+            {"index": j.item_index or 0, "job_id": str(j.id), "error": j.last_error}
+            for j in failed
+            if j.node_id == row.node_id
+        ],
+    }
+
+
+def item_json(row: Job, attempts: list[JobAttempt]) -> ItemJson:
+    tries = [a for a in attempts if a.status is not AttemptStatus.SNOOZED]
+    return {
+        "index": row.item_index or 0,
+        "job_id": str(row.id),
+        "status": row.status.value,
+        "item": row.item,
+        "output": row.output,
+        "error": row.last_error,
+        "attempts": len(tries),
+        "started_at": iso(attempts[0].started_at) if attempts else None,
+        "finished_at": iso(row.completed_at),
+    }
+
+
+def _node_json(
+    row: NodeState,
+    job: tuple[Job, list[JobAttempt]] | None,
+    now: datetime,
+    items: ItemsJson | None = None,
+) -> NodeJson:
     attempts = job[1] if job is not None else []
     snoozes = sum(1 for a in attempts if a.status is AttemptStatus.SNOOZED)
     beat = (
@@ -249,6 +334,7 @@ def _node_json(row: NodeState, job: tuple[Job, list[JobAttempt]] | None, now: da
         "worker": running[-1] if beat is not None and running else None,
         "heartbeat_at": iso(beat),
         "heartbeat_age": seconds(beat, now) if beat is not None else None,
+        "items": items,
     }
 
 

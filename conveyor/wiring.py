@@ -67,6 +67,7 @@ def service() -> Conveyor:
         # a slot checked by the next regular check is never a misfire
         misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
         replay_window=timedelta(days=settings.webhook_replay_window_days),
+        map_window=settings.map_window,
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made

@@ -32,7 +32,7 @@ from conveyor.api.schemas import (
 )
 from conveyor.config import get_settings
 from conveyor.engine.records import TenantRef
-from conveyor.engine.states import ExecutionStatus, NodeStatus, TriggerSource
+from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, TriggerSource
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import (
     ExecutionNotFound,
@@ -230,6 +230,33 @@ def show_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: TenantD
     _owned(service, tenant, execution_id)
     with service.db.transaction() as store:
         return _stored(views.execution_view(store, execution_id))
+
+
+@router.get(
+    "/executions/{execution_id}/nodes/{node_id}/items",
+    tags=["executions"],
+    response_model=list[views.ItemJson],
+)
+def list_items(
+    execution_id: uuid.UUID,
+    node_id: str,
+    service: ServiceDep,
+    tenant: TenantDep,
+    after: Annotated[
+        int | None, Query(description="The last index of the previous page: the next page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+) -> Response:
+    """A page of a map node's items in index order (an execution's view sums them up):
+    each with its status, item, output, last error and tries; page on with ``after`` set
+    to the last index of a page."""
+    _owned(service, tenant, execution_id)
+    with service.db.transaction() as store:
+        rows = store.execution_items(
+            execution_id, node_id, after=after, limit=limit, status=status_
+        )
+        return _stored([views.item_json(job, attempts) for job, attempts in rows])
 
 
 def _stored(view: Any) -> Response:

@@ -36,7 +36,13 @@ from conveyor.cli.definitions import apply_files
 from conveyor.config import get_settings
 from conveyor.definition_files import SUFFIXES
 from conveyor.engine.reruns import Rerun
-from conveyor.engine.states import ExecutionStatus, NodeStatus, Priority, TriggerSource
+from conveyor.engine.states import (
+    ExecutionStatus,
+    JobStatus,
+    NodeStatus,
+    Priority,
+    TriggerSource,
+)
 from conveyor.exceptions import InvalidQuery, InvalidTransition
 from conveyor.service.reads import cursor_of
 from conveyor.store import DEFAULT_TENANT
@@ -256,10 +262,28 @@ def executions_stats(
 @executions_app.command("show")
 def executions_show(
     execution_id: Annotated[str, typer.Argument(metavar="ID", help="Execution id.")],
+    items: Annotated[
+        str | None,
+        typer.Option("--items", metavar="NODE", help="List the items of this map node instead."),
+    ] = None,
+    after: Annotated[
+        int | None,
+        typer.Option(metavar="INDEX", help="With --items: go on after this item's index."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=1000, help="With --items: at most this many.")
+    ] = 100,
+    status: Annotated[
+        JobStatus | None, typer.Option(help="With --items: only the items in this status.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """One execution: its nodes with outputs and errors, its jobs with every attempt."""
+    """One execution: its nodes with outputs and errors (a map's items summed up), its jobs
+    with every attempt; or, with --items NODE, a page of that map node's items."""
     parsed = parse_uuid(execution_id)
+    if items is not None:
+        _show_items(parsed, items, after, limit, status, as_json)
+        return
     with embedded_schema():
         view = execution_view(parsed)
     if as_json:
@@ -296,6 +320,32 @@ def executions_watch(
         with suppress(KeyboardInterrupt):
             for event in events:
                 render.print_stream_event(event.id, event.kind, event.data, as_json)
+
+
+def _show_items(
+    execution_id: uuid.UUID,
+    node_id: str,
+    after: int | None,
+    limit: int,
+    status: JobStatus | None,
+    as_json: bool,
+) -> None:
+    with embedded_schema(), wiring.database().transaction() as store:
+        store.execution_row(execution_id)  # (an unknown execution is said so)
+        rows = [
+            views.item_json(job, attempts)
+            for job, attempts in store.execution_items(
+                execution_id, node_id, after=after, limit=limit, status=status
+            )
+        ]
+    if as_json:
+        render.print_json(rows)
+    elif rows:
+        render.out.print(render.items_table(rows))
+        if len(rows) == limit:
+            render.err.print(f"more may follow: add --after {rows[-1]['index']}")
+    else:
+        render.out.print(f"no items of node {node_id!r} here", markup=False)
 
 
 @executions_app.command("cancel")
@@ -390,7 +440,9 @@ def demo() -> None:
         )
     from conveyor import demo as demo_nodes  # registers the examples' node functions
 
-    files = sorted(p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES)
+    files = sorted(  # (an example's input, <name>.input.json, is no definition)
+        p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES and not p.stem.endswith(".input")
+    )
     with workers_if_embedded():
         apply_files(files, DEFAULT_TENANT)
         ok = [_demo_run(name, payload) for name, payload in demo_nodes.RUNS]

@@ -24,6 +24,8 @@ from conveyor.views import (
     ExecutionJson,
     ExecutionSummaryJson,
     FollowUpJson,
+    ItemJson,
+    ItemsJson,
     JobJson,
     NodeJson,
     StatusCountJson,
@@ -159,6 +161,9 @@ def _running_for(node: NodeJson, now: datetime) -> float | None:
 
 
 def _detail(node: NodeJson) -> Text:
+    items = node.get("items")
+    if items is not None and node["status"] != "completed":
+        return Text(items_detail(items), style="dim")
     if node["heartbeat_age"] is not None:
         beat = f"heartbeat {fmt_seconds(node['heartbeat_age'])} ago"
         return Text(f"on {node['worker']}, {beat}" if node["worker"] else beat, style="dim")
@@ -167,6 +172,40 @@ def _detail(node: NodeJson) -> Text:
     if node["status"] == "completed":
         return Text(short(node["output"]), style="dim")
     return Text("")
+
+
+def items_detail(items: ItemsJson) -> str:
+    """A map's items in a line: how many, and how many in each status."""
+    counts = ", ".join(f"{n} {status}" for status, n in items["statuses"].items())
+    return f"{items['total']} items: {counts}"
+
+
+def failed_items_table(view: ExecutionJson) -> Table | None:
+    """The failed items of the execution's maps (the first of each), or None: none failed."""
+    table = Table("node", "item", "job", "error", box=None)
+    for node in view["nodes"]:
+        items = node.get("items")
+        for failed in items["failures"] if items is not None else []:
+            table.add_row(
+                node["id"], str(failed["index"]), failed["job_id"],
+                Text(short(failed["error"] or "", 80), style="red"),
+            )  # fmt: skip
+    return table if table.row_count else None
+
+
+def items_table(rows: Sequence[ItemJson]) -> Table:
+    table = Table("item", "status", "attempts", "job", "output or error", box=None)
+    for item in rows:
+        shown = (
+            Text(short(item["error"]), style="red")
+            if item["error"] and item["status"] != "completed"
+            else Text(short(item["output"]), style="dim")
+        )
+        table.add_row(
+            str(item["index"]), styled(item["status"]), str(item["attempts"]), item["job_id"],
+            shown,
+        )  # fmt: skip
+    return table
 
 
 def execution_header(view: ExecutionSummaryJson) -> Text:
@@ -215,6 +254,10 @@ def print_execution(view: ExecutionJson) -> None:
         )
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
+    if (failed := failed_items_table(view)) is not None:
+        out.print()
+        out.print(Text("failed items", style="bold"))
+        out.print(failed)
     out.print()
     out.print(attempts_table(view))
     print_outcome(view)

@@ -66,10 +66,15 @@ def claim_node(
         return None
     workflow, _ = load_workflow(store, execution.workflow_id)
     node = workflow.node(job.node_id)
-    if outputs is None or hinted is None or hinted[0] != job.node_id:
-        rows = store.node_rows(execution.id, node.needs)
+    item = job.item_index is not None
+    # A map node's own job reads every need (its ``over``); the hint named its items' reads.
+    makes_items = node.map is not None and not item
+    if outputs is None or hinted is None or hinted[0] != job.node_id or makes_items:
+        rows = store.node_rows(execution.id, node.item_reads if item else node.needs)
         outputs = {need: row.output for need, row in rows.items()}
     context = context_of(execution, outputs)
+    if item:
+        context |= {"item": job.item, "index": job.item_index}
     # Only an execution that was re-run may have one: no other claim pays for the read.
     inputs = store.rerun_input(execution.id, node.id) if execution.reruns else None
     return NodeRun(
@@ -79,7 +84,9 @@ def claim_node(
 
 
 def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
-    """The hinted node and its needs, when its definition is in this process's cache."""
+    """The hinted node and the needs its claim reads, when its definition is in this
+    process's cache: for a map, those its items read (a chained map's items never read the
+    list they came from; the map node's own job reads the rest)."""
     if hints is None or hints.node_id is None:
         return None
     cached = cached_workflow(hints.workflow_id)
@@ -89,4 +96,4 @@ def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
         node = cached[0].node(hints.node_id)
     except KeyError:  # a hint naming no node of that version: the claim reads the job's
         return None
-    return node.id, sorted(set(node.needs))
+    return node.id, sorted(set(node.item_reads if node.map is not None else node.needs))

@@ -47,6 +47,11 @@ def requeue(
             f"dead letter {job_id}: its execution went on without node {job.node_id!r} "
             f"(continue_on_failure), so it cannot resume from it; trigger a new execution"
         )
+    if job.item_index is not None:
+        raise InvalidTransition(
+            f"dead letter {job_id} is item {job.item_index} of map node {job.node_id!r}; a "
+            f"requeue does not resume a map: trigger a new execution (or discard it)"
+        )
     if store.has_discarded(job.execution_id):
         raise InvalidTransition(
             f"dead letter {job_id}: another dead letter of its execution was discarded, so "
@@ -65,6 +70,15 @@ def requeue(
         for n in workflow.nodes
         if n.continue_on_failure and before[n.id].status is NodeStatus.FAILED
     }
+    stopped = [
+        n for n, r in before.items()
+        if r.items_total is not None and r.status in _STOPPED and n not in keep
+    ]  # fmt: skip
+    if stopped:  # (raising rolls the revival back)
+        raise InvalidTransition(
+            f"dead letter {job_id}: its execution stopped at map node {stopped[0]!r}, which "
+            f"had made its items, and a requeue does not resume a map: trigger a new execution"
+        )
     revived = store.revive_jobs(job.execution_id, now, keep)
     store.revive_nodes(job.execution_id, {j.node_id for j in revived if j.node_id}, keep)
     rows = store.node_rows(job.execution_id, node_ids)
@@ -87,6 +101,10 @@ def requeue(
             dispatch.job_id, JobStatus.QUEUED, JobStatus.SCHEDULED, next_run_at=run_at
         )
     return []
+
+
+# A map node in one of these has items it never ran: its counter would not match a revival.
+_STOPPED = (NodeStatus.FAILED, NodeStatus.CANCELLED)
 
 
 def discard(store: Store, job_id: uuid.UUID, tenant_id: uuid.UUID | None, now: datetime) -> None:

@@ -29,6 +29,7 @@ from pydantic import (
     model_serializer,
 )
 
+from conveyor.engine import templates
 from conveyor.engine.cron import MisfirePolicy, expression_problem, timezone_problem
 from conveyor.engine.states import Priority
 
@@ -58,6 +59,29 @@ class Defaults(BaseModel):
     timeout: float | None = Field(default=300.0, gt=0, le=86_400)
 
 
+class ItemFailure(StrEnum):
+    """What a map does when one of its items fails (after its own tries)."""
+
+    FAIL_FAST = "fail_fast"  # the node fails at once, its items not started cancelled
+    RUN_ALL = "run_all"  # every item runs; the node then fails, listing the failed indices
+    CONTINUE = "continue"  # the node completes, a failed item's slot {"error": "..."}
+
+
+class MapSpec(BaseModel):
+    """A run-time fan-out: the node runs once per item of the list ``over`` gives, each item
+    a job of its own; its output is the list of the items' outputs, in item order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    over: str = Field(
+        min_length=1, description="A template giving the list, e.g. '{{ nodes.fetch.items }}'."
+    )
+    concurrency: int | None = Field(
+        default=None, ge=1, le=100_000, description="Items that may run at once (default: any)."
+    )
+    on_item_failure: ItemFailure = ItemFailure.FAIL_FAST
+
+
 class Node(BaseModel):
     """One unit of work in the DAG."""
 
@@ -73,14 +97,25 @@ class Node(BaseModel):
     continue_on_failure: bool = False
     # Snoozes in a row (conveyor.Snooze) before the node fails; None: DEFAULT_MAX_SNOOZES.
     max_snoozes: int | None = Field(default=None, ge=0, le=10_000)
+    # A run-time fan-out over a list (conveyor.engine.mapping); None: the node runs once.
+    map: MapSpec | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Left out when not set: definitions stored before it existed keep their digest.
+        # Left out when not set: definitions stored before they existed keep their digest.
         data = handler(self)
-        if isinstance(data, dict) and data.get("max_snoozes") is None:
-            data.pop("max_snoozes", None)
+        if isinstance(data, dict):
+            for key in ("max_snoozes", "map"):
+                if data.get(key) is None:
+                    data.pop(key, None)
         return data
+
+    @cached_property
+    def item_reads(self) -> tuple[str, ...]:
+        """The needs whose outputs an item of this map reads: those its inputs and config
+        name (``over`` is read once, by the node's own job). Not a field."""
+        named = templates.referenced_nodes([self.inputs, self.config])
+        return tuple(sorted(named & set(self.needs)))
 
     @property
     def snooze_bound(self) -> int:

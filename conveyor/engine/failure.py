@@ -9,22 +9,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.engine import retry, trigger_limits
+from conveyor.engine import mapping, retry, trigger_limits
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
     Dispatch,
     JobRecord,
 )
-from conveyor.engine.settling import outcome_status, settle
+from conveyor.engine.settling import node_failed, outcome_status
 from conveyor.engine.states import (
     AttemptStatus,
-    ExecutionStatus,
     JobStatus,
     NodeStatus,
 )
 from conveyor.engine.success import complete_node
-from conveyor.engine.triggering import follow_up
 from conveyor.engine.workflows import load_workflow
 from conveyor.exceptions import (
     ConveyorError,
@@ -76,6 +74,7 @@ def fail_node(
 ) -> Failed:
     """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
+    item = job.item_index is not None  # a map's item: its node is the map's counter
     message = describe(error)
     retryable = is_retryable(error)
     store.finish_attempt(
@@ -94,7 +93,10 @@ def fail_node(
             completed_at=now, last_error=message,
         ):  # fmt: skip
             return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
-        store.set_node(execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message)
+        if not item:  # (a map's node was cancelled with its execution: its items settle nothing)
+            store.set_node(
+                execution_id, node_id, NodeStatus.CANCELLED, finished_at=now, error=message
+            )
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
     # The execution runs: a NodeCancelled means a cancel that was undone since.
     decision = (
@@ -111,7 +113,8 @@ def fail_node(
         due = now + timedelta(seconds=decision.retry_in)
         if not store.schedule_retry(job.id, due, message, try_number=job.try_number):
             return Failed(dispatches=[], outcome=None)
-        store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
+        if not item:
+            store.set_node(execution_id, node_id, NodeStatus.QUEUED, error=message)
         return Failed(dispatches=[], outcome=JobStatus.RETRY_WAIT, retry_in=decision.retry_in)
     if not store.transition_job(
         job.id,
@@ -122,18 +125,13 @@ def fail_node(
         last_error=f"{message} ({decision.reason})",
     ):
         return Failed(dispatches=[], outcome=None)
+    if item:
+        return Failed(
+            dispatches=mapping.item_dead(store, run, now, message), outcome=JobStatus.DEAD_LETTER
+        )
     store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
-    if run.node.continue_on_failure:
-        return Failed(dispatches=settle(store, run, now), outcome=JobStatus.DEAD_LETTER)
-    store.cancel_unstarted(execution_id, now)
-    store.finish_execution(
-        execution_id,
-        ExecutionStatus.FAILED,
-        now,
-        error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
-    )
-    followed = follow_up(store, execution_id, run.workflow, now)
-    return Failed(dispatches=followed, outcome=JobStatus.DEAD_LETTER)
+    failed = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
+    return Failed(dispatches=node_failed(store, run, now, failed), outcome=JobStatus.DEAD_LETTER)
 
 
 def reclaim(

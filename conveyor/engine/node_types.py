@@ -35,6 +35,9 @@ class NodeContext:
     execution_id: str
     node_id: str
     attempt: int
+    # An item of a map (the node's ``map``): its value and its index in the list; None else.
+    item: Any = None
+    index: int | None = None
     cancel_event: threading.Event = field(default_factory=threading.Event, compare=False)
     # Set when the node read ``cancelled`` as True: it may have stopped early since.
     _told: threading.Event = field(
@@ -43,7 +46,10 @@ class NodeContext:
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across retries of this node in this execution: key side effects with it."""
+        """Stable across retries of this node (of this item of a map) in this execution: key
+        side effects with it."""
+        if self.index is not None:
+            return f"{self.execution_id}:{self.node_id}:{self.index}"
         return f"{self.execution_id}:{self.node_id}"
 
     @property
@@ -159,6 +165,10 @@ class NodeType:
     # type whose templates are all in its config.
     reads_inputs: bool = True
 
+    # Whether a node of this type may carry ``map`` (a try per item of a list): a type whose
+    # try runs a function or a request; not one that waits, nor one whose output picks a branch.
+    maps: bool = False
+
 
 _TYPES: dict[str, NodeType] = {}
 
@@ -207,6 +217,12 @@ def reads_inputs(node: Node) -> bool:
     """Whether ``node``'s tries read its ``inputs`` (what a rerun's input stands in for)."""
     kind = of(node)
     return kind is not None and kind.reads_inputs
+
+
+def maps(name: object) -> bool:
+    """Whether a node of the type registered under ``name`` may carry ``map``."""
+    kind = named(name)
+    return kind is not None and kind.maps
 
 
 def branches(node: Node) -> tuple[str, ...]:
@@ -351,13 +367,16 @@ def _evaluated(step: Step) -> dict[str, Any]:
 
 
 # The tries of these two are I/O: the worker attaches their executors (conveyor.nodes).
-register(NodeType(name="python", config_keys=frozenset({"function"}), check=_python_problems))
+register(
+    NodeType(name="python", config_keys=frozenset({"function"}), check=_python_problems, maps=True)
+)
 register(
     NodeType(
         name="http",
         config_keys=frozenset({"url", "method", "headers", "params", "json", "body"}),
         check=_http_problems,
         reads_inputs=False,
+        maps=True,
     )
 )
 register(

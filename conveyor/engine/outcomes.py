@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from conveyor.engine import mapping
 from conveyor.engine.cancellation import stop_execution
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed, fail_node
@@ -39,7 +40,8 @@ def snooze_node(
     due = now + timedelta(seconds=snooze.seconds)
     if not store.schedule_snooze(job.id, due, try_number=job.try_number):
         return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
-    store.set_node(run.execution.id, node.id, NodeStatus.QUEUED)
+    if job.item_index is None:  # (a map's node runs on while an item snoozes)
+        store.set_node(run.execution.id, node.id, NodeStatus.QUEUED)
     return Failed(
         dispatches=[], outcome=JobStatus.RETRY_WAIT, retry_in=snooze.seconds, snoozed=True
     )
@@ -73,7 +75,8 @@ def cancel_from_node(
 def skip_node(store: Store, run: NodeRun, skip: Skip, now: datetime, duration: float) -> Failed:
     """The node ends ``skipped``, as a branch not taken does, and settles: its successors run
     unless all their needs were skipped (:func:`~conveyor.engine.settling.settle`). Once its
-    execution has finished, the node is cancelled as any try that ends then is."""
+    execution has finished, the node is cancelled as any try that ends then is. A map's item
+    that skips settles as an item, its slot in the node's output None."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     status = outcome_status(store, execution_id)
     if status is None or status.finished:
@@ -86,5 +89,8 @@ def skip_node(store: Store, run: NodeRun, skip: Skip, now: datetime, duration: f
         completed_at=now,
     ):  # fmt: skip
         return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
+    if job.item_index is not None:  # a map's item: settled, its slot in the output None
+        settled = mapping.settled(store, run, now)
+        return Failed(dispatches=settled, outcome=JobStatus.COMPLETED, skipped=True)
     store.set_node(execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
     return Failed(dispatches=settle(store, run, now), outcome=JobStatus.COMPLETED, skipped=True)

@@ -22,7 +22,10 @@ from conveyor.engine.records import (
     Finish,
     Fire,
     FollowUp,
+    ItemRow,
+    ItemsLeft,
     JobRecord,
+    NewItem,
     NewJob,
     NodeRow,
     ScheduleRecord,
@@ -207,8 +210,9 @@ class Executions(Protocol):
         ...
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-        """Cancel the jobs and nodes that have not started (jobs queued, parked or waiting for
-        their time); the node jobs among them (the limiter may know those queued or parked)."""
+        """Cancel the jobs and nodes that have not started (jobs queued, parked, held or
+        waiting for their time; nodes pending or queued, and the map nodes whose items run);
+        the node jobs among them that the limiter may know (not the held items)."""
         ...
 
 
@@ -342,6 +346,61 @@ class Jobs(Protocol):
 
     def age_queued(self, cutoff: datetime, limit: int) -> list[JobRecord]:
         """Low jobs queued since before ``cutoff`` -> normal."""
+        ...
+
+
+class MapItems(Protocol):
+    """A map node's items (conveyor.engine.mapping): item jobs, counted down on the node's
+    state under its row lock, each settle releasing the next held item."""
+
+    def add_item_jobs(
+        self,
+        execution: ExecutionRecord,
+        node_id: str,
+        items: Sequence[NewItem],
+        max_retries: int,
+        now: datetime,
+    ) -> None:
+        """Item jobs of the map node ``node_id``: queued, or held (no message) for those the
+        window has no room for yet. Callers insert a long list in chunks."""
+        ...
+
+    def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
+        """The map node's counter: ``total`` items, none settled, none failed."""
+        ...
+
+    def complete_item(self, job: JobRecord, output: Any, now: datetime, duration: float) -> bool:
+        """An item's success while its job is processing in this try and its execution runs:
+        job completed with ``output``, attempt succeeded. False, nothing changed, otherwise.
+        The map's counter is :meth:`settle_item`'s."""
+        ...
+
+    def complete_item_alone(
+        self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float
+    ) -> ItemsLeft | None:
+        """An item's whole success when it is not its map's last: :meth:`complete_item`
+        and :meth:`settle_item` at once, the node state's row locked first. None, nothing
+        changed, when it may be the last (or its node or execution does not run, or its try
+        is not current): the caller takes the transaction. Needs no transaction around it."""
+        ...
+
+    def settle_item(
+        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+    ) -> ItemsLeft | None:
+        """One more item of the map settled (``failed``: dead), under the node state's row
+        lock, while the node runs; and its held item of lowest index released (queued).
+        None, nothing changed, when the node does not run any more (it failed fast)."""
+        ...
+
+    def close_map(
+        self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str
+    ) -> list[uuid.UUID] | None:
+        """The map node running -> failed with ``error`` (once: None when it was not running),
+        its items not started cancelled; those the limiter may know (queued or parked)."""
+        ...
+
+    def item_outputs(self, execution_id: uuid.UUID, node_id: str) -> list[ItemRow]:
+        """Every item of the map, in index order, with its status, output and last error."""
         ...
 
 
@@ -516,6 +575,15 @@ class Schedules(Protocol):
 
 
 class Store(
-    Catalog, Executions, NodeStates, Jobs, DeadLetters, Reruns, Deliveries, Schedules, Protocol
+    Catalog,
+    Executions,
+    NodeStates,
+    Jobs,
+    MapItems,
+    DeadLetters,
+    Reruns,
+    Deliveries,
+    Schedules,
+    Protocol,
 ):
     """Everything the engine and the scheduler ask of the database, one unit of work."""

@@ -40,6 +40,10 @@ class JobRecord:
     # its workflow's name, from the statements whose jobs are published (promoted, aged, found
     # lost): the message is named without loading the definition; "" where not read
     workflow: str = ""
+    # A map's item (see conveyor.engine.mapping): its index in the list and its value; None
+    # for every other job (a map node's own job, which makes the items, included).
+    item_index: int | None = None
+    item: Any = None
 
     @property
     def attempt(self) -> int:
@@ -61,6 +65,41 @@ class NewJob:
     node_id: str
     max_retries: int
     next_run_at: datetime | None = None  # a delay node's: held until then
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewItem:
+    """A map's item job about to be inserted: queued, or ``held`` (no message) until an item
+    before it settles and makes room in the map's window."""
+
+    id: uuid.UUID
+    index: int
+    item: Any
+    held: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemsLeft:
+    """A map's counter after one more of its items settled: the items not settled yet, the
+    failed ones so far, and the held item the settle released (None: none was held)."""
+
+    left: int
+    failed: int
+    released: JobRecord | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ItemRow:
+    """A settled item of a map, as its node's output is made of them."""
+
+    index: int
+    status: JobStatus
+    output: Any = None
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in (JobStatus.DEAD_LETTER, JobStatus.DISCARDED)
 
 
 # The longest tracestate stored (the executions' and deliveries' columns); W3C lets a
@@ -263,6 +302,7 @@ class NodeRow:
     branch: str | None = None
     output: Any = None
     error: str | None = None
+    items_total: int | None = None  # a map node's items, once it made them (None: not a map)
 
 
 @dataclass(frozen=True, kw_only=True)

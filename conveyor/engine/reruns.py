@@ -88,6 +88,7 @@ def rerun(
     states = _states(store, execution_id, workflow)
     _refuse_holder(store, execution_id)
     nodes = planning.rerun_reach(workflow, shape, node.id, states)
+    _refuse_maps(workflow, nodes)
     _reopen(store, execution_id)
     store.add_rerun(execution_id, node.id, input, requested_by, now)
     store.hold_jobs(execution_id, nodes)
@@ -159,6 +160,18 @@ def _node(workflow: Workflow, node_id: str, input: dict[str, Any] | None) -> Nod
             f"are in its config); rerun it without an input"
         )
     return node
+
+
+def _refuse_maps(workflow: Workflow, nodes: list[str]) -> None:
+    """A map node's items keep their jobs and outputs, which a reset would have to undo:
+    not done yet, so a rerun that would run a map again is refused, changing nothing."""
+    mapped = [n for n in nodes if workflow.node(n).map is not None]
+    if mapped:
+        raise RerunError(
+            f"the rerun would run map node(s) {', '.join(map(repr, mapped))} again, which "
+            f"reruns do not do yet; rerun from a node downstream of them, or trigger a new "
+            f"execution"
+        )
 
 
 def _states(store: Store, execution_id: uuid.UUID, workflow: Workflow) -> dict[str, NodeStatus]:

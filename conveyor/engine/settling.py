@@ -84,6 +84,18 @@ def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> lis
     return dispatches
 
 
+def node_failed(store: Store, run: NodeRun, now: datetime, error: str) -> list[Dispatch]:
+    """A node recorded failed after its tries: its successors go on without it when it
+    continues on failure; else the execution fails with ``error``, its nodes not started
+    cancelled, and a follow-up left on it starts (its messages)."""
+    if run.node.continue_on_failure:
+        return settle(store, run, now)
+    execution_id = run.execution.id
+    store.cancel_unstarted(execution_id, now)
+    store.finish_execution(execution_id, ExecutionStatus.FAILED, now, error=error)
+    return follow_up(store, execution_id, run.workflow, now)
+
+
 def known_finish(
     run: NodeRun, shape: planning.Plan, now: datetime, known: dict[str, Any]
 ) -> Finish | None:

@@ -32,8 +32,10 @@ class JobStatus(StrEnum):
     DEAD_LETTER = "dead_letter"  # tries exhausted or not retryable; an operator may requeue
     DISCARDED = "discarded"  # an operator discarded the dead letter; kept for audit
     CANCELLED = "cancelled"  # its execution was cancelled before the job ran
-    # A rerun reset its node, which runs again once its needs settle: its next tries wait
-    # here (numbered on after the earlier ones), never published until then.
+    # A job that waits in the database for another transition to release it, with no message
+    # meanwhile: a map's item beyond its window (released as an item before it settles), or
+    # the node a rerun reset (its next tries, numbered on after the earlier ones, released
+    # once its needs settle).
     HELD = "held"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import node_types
+from conveyor.engine import mapping, node_types
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import DedupePolicy
 from conveyor.engine.ports import Store
@@ -27,7 +27,10 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
     successor ready (each still waits on another node), and, if nothing waits on it, the
     execution's output is its own output's to make should it be the last. False when the
     case is another (a successor becomes ready, an output to read, the execution or the job
-    no longer running): nothing was changed, and :func:`complete_node` does it."""
+    no longer running): nothing was changed, and :func:`complete_node` does it. Never for a
+    map's item: its node is the map's counter (:func:`~conveyor.engine.mapping.complete_item`)."""
+    if run.job.item_index is not None:
+        return False
     _, shape = load_workflow(store, run.execution.workflow_id)
     successors = shape.successors[run.node.id]
     finish = None
@@ -44,10 +47,25 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
     )  # fmt: skip
 
 
+def complete_fast(
+    store: Store, run: NodeRun, output: Any, now: datetime, duration: float
+) -> list[Dispatch] | None:
+    """Record a successful try without a transaction around it where the database can
+    (:func:`complete_alone`; a map's item that is not its map's last,
+    :func:`~conveyor.engine.mapping.complete_alone`): the messages to publish. None:
+    nothing was changed, and :func:`complete_node` does it."""
+    if run.job.item_index is not None:
+        return mapping.complete_alone(store, run, output, now, duration)
+    return [] if complete_alone(store, run, output, now, duration) else None
+
+
 def complete_node(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
 ) -> list[Dispatch]:
-    """Record a successful try and start every successor that became ready."""
+    """Record a successful try and start every successor that became ready (a map's item:
+    the map counted down, see :mod:`conveyor.engine.mapping`)."""
+    if run.job.item_index is not None:
+        return mapping.complete_item(store, run, output, now, duration)
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     branch = output.get("branch") if node_types.branches(run.node) else None
     if store.complete_running(
@@ -81,3 +99,19 @@ def complete_node(
     if cancelled:
         return []
     return settle(store, run, now, output)
+
+
+def expand(
+    store: Store,
+    run: NodeRun,
+    items: list[Any],
+    now: datetime,
+    duration: float,
+    window: int,
+) -> list[Dispatch]:
+    """The successful try of a map node's own job, which gave ``items`` (its ``over``): an
+    empty list completes the node at once with the output [] (its successors go on); else a
+    job per item is made, ``window`` at most queued (see :mod:`conveyor.engine.mapping`)."""
+    if not items:
+        return complete_node(store, run, [], now, duration)
+    return mapping.open_map(store, run, items, now, duration, window)

@@ -110,7 +110,7 @@ def _count_errors(nodes: list[Mapping[str, Any]], bounds: Bounds) -> list[str]:
 def _template_text_errors(data: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[str]:
     """The templates' text past MAX_TEMPLATE_TEXT: parsing them is most of what validating
     costs, and it holds a thread of the API."""
-    sections = [n.get(key) for n in nodes for key in ("inputs", "config")]
+    sections = [n.get(key) for n in nodes for key in ("inputs", "config", "map")]
     expressions = [
         c["expression"]
         for n in nodes
@@ -250,7 +250,38 @@ def _node_errors(label: str, node: Mapping[str, Any], checking: Checking) -> lis
     ]
     errors += [f"{label}: {e}" for e in kind.check(config, checking)]
     errors += [f"{label}: {e}" for e in _template_errors(node)]
+    errors += [f"{label}: {e}" for e in _map_errors(node)]
     return errors
+
+
+def _map_errors(node: Mapping[str, Any]) -> list[str]:
+    """A map on a type that cannot map, or an ``over`` that is no template of its needs."""
+    spec = node.get("map")
+    if not isinstance(spec, Mapping):
+        return []  # none, or a wrong type (a structure error)
+    kind = node.get("type")
+    if not node_types.maps(kind):
+        mappable = ", ".join(n for n in node_types.names() if node_types.maps(n))
+        return [
+            f"map: a {kind} node cannot map; only nodes that run a function or a request can "
+            f"({mappable}): remove map, or map a node of one of those types"
+        ]
+    over = spec.get("over")
+    if not isinstance(over, str) or not over:
+        return []  # a structure error
+    if not templates.is_template(over):
+        return [
+            f"map.over {over!r} is not a template; give one that gives the list, e.g. "
+            f"'{{{{ input.orders }}}}' or '{{{{ nodes.fetch.rows }}}}'"
+        ]
+    reading = templates.read(over)
+    if reading.problem:
+        return [f"map.over: template {over!r} does not parse: {reading.problem}"]
+    return [
+        f"map.over refers to nodes.{ref}, but {ref!r} is not in needs; add it to needs (a "
+        f"node reads only its predecessors' outputs)"
+        for ref in sorted(reading.nodes - set(_needs(node)))
+    ]
 
 
 def _template_errors(node: Mapping[str, Any]) -> list[str]:

@@ -316,6 +316,12 @@ class NodeState(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # A map node's counter, once its job made the items (NULL for every other node): its
+    # items, those not settled yet, and those failed. Each item's settle takes this row's
+    # lock, so the one that settles the last finishes the node, once.
+    items_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    items_left: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    items_failed: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ExecutionRerun(Base):
@@ -342,13 +348,32 @@ class Job(Base):
 
     __tablename__ = "jobs"
     __table_args__ = (
+        # One job a node of an execution, and one an item of a map node.
         Index(
             "uq_jobs_execution_node",
             "execution_id",
             "node_id",
             unique=True,
-            postgresql_where=text("node_id IS NOT NULL"),
-            sqlite_where=text("node_id IS NOT NULL"),
+            postgresql_where=text("node_id IS NOT NULL AND item_index IS NULL"),
+            sqlite_where=text("node_id IS NOT NULL AND item_index IS NULL"),
+        ),
+        Index(
+            "uq_jobs_execution_node_item",
+            "execution_id",
+            "node_id",
+            "item_index",
+            unique=True,
+            postgresql_where=text("item_index IS NOT NULL"),
+            sqlite_where=text("item_index IS NOT NULL"),
+        ),
+        # A map's held items, lowest index first: each settled item releases the next.
+        Index(
+            "ix_jobs_held",
+            "execution_id",
+            "node_id",
+            "item_index",
+            postgresql_where=text("status = 'held'"),
+            sqlite_where=text("status = 'held'"),
         ),
         Index(
             "ix_jobs_waiting_due",
@@ -405,6 +430,12 @@ class Job(Base):
     # lapse (store.recovery.claim_resend), however many sweep.
     resent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # An item of a map node: its index in the list, its value and, once it succeeded, its
+    # output (the node's output is the items' outputs in index order); NULL for other jobs.
+    # Kept on the item's own row: no row ever holds every item's state.
+    item_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    item: Mapped[Any | None] = mapped_column(JsonType, nullable=True)
+    output: Mapped[Any | None] = mapped_column(JsonType, nullable=True)
 
 
 class JobAttempt(Base):

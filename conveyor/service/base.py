@@ -43,8 +43,10 @@ class ServiceBase:
         resend_after: float = 60.0,
         broker_holds: BrokerHolds = lambda: None,
         replay_window: timedelta = timedelta(days=30),
+        map_window: int = 1000,
     ) -> None:
         self.db = database
+        self.map_window = map_window  # a map's items queued or running at once (at most)
         self.replay_window = replay_window  # a GitHub body received again in it is refused
         self.dispatcher = dispatcher
         self.worker = worker

@@ -16,6 +16,7 @@ from conveyor.batches import Member, run_batch
 from conveyor.engine import (
     claiming,
     failure,
+    mapping,
     outcomes,
     subscriptions,
     success,
@@ -228,10 +229,12 @@ class Workers(ServiceBase):
 
     def _try(self, run: claiming.NodeRun) -> Ran:
         """Run a claimed node, record its outcome and publish what it made ready."""
+        item = {} if run.job.item_index is None else {"item_index": run.job.item_index}
         job_log = events.bind(
             job_id=str(run.job.id),
             execution_id=str(run.execution.id),
             node_id=run.node.id,
+            **item,
             tenant_id=str(run.execution.tenant_id),
             workflow=run.workflow.name,
             queue=run.job.queue,
@@ -240,8 +243,10 @@ class Workers(ServiceBase):
         )
         job_log.info("job received")
         ctx = NodeContext(
-            execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt
-        )
+            execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt,
+            item=run.job.item, index=run.job.item_index,
+        )  # fmt: skip
+        expands = mapping.makes_items(run)  # a map node's own try: it makes the items
         self.watcher.watch(run.job.id, run.execution.id, ctx)
         ran = Ran(
             job_id=run.job.id,
@@ -251,7 +256,10 @@ class Workers(ServiceBase):
         )
         started = time.monotonic()
         try:
-            output = nodes.execute(run.node, run.context, ctx, run.timeout, run.inputs)
+            if expands:
+                output = mapping.items_of(run)
+            else:
+                output = nodes.execute(run.node, run.context, ctx, run.timeout, run.inputs)
         except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose
             duration = time.monotonic() - started
             failed = self._record_choice(run, exc, duration)
@@ -264,7 +272,9 @@ class Workers(ServiceBase):
             dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
         else:
             duration = time.monotonic() - started
-            if ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
+            if expands:
+                dispatches, ran = self._record_items(run, output, duration, job_log, ran)
+            elif ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
                 dispatches, ran = self._record_stopped(run, output, duration, job_log, ran)
             else:
                 dispatches, ran = self._record_success(run, output, duration, job_log, ran)
@@ -280,17 +290,34 @@ class Workers(ServiceBase):
         self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
     ) -> tuple[list[Dispatch], Ran]:
         try:
-            if self.db.autocommit(
-                lambda s: success.complete_alone(s, run, output, utcnow(), duration)
-            ):
-                dispatches = []  # done in one statement: it made no successor ready
-            else:
-                dispatches = self.db.run(
+            # in one statement where it can (it made no successor ready), else a transaction
+            done = self.db.autocommit(
+                lambda s: success.complete_fast(s, run, output, utcnow(), duration)
+            )
+            dispatches = (
+                done
+                if done is not None
+                else self.db.run(
                     lambda s: success.complete_node(s, run, output, utcnow(), duration)
                 )
+            )
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log, ran)
         job_log.info("job completed", duration=round(duration, 3))
+        tracing.outcome("completed")
+        return dispatches, ran
+
+    def _record_items(
+        self, run: claiming.NodeRun, items: list[Any], duration: float, job_log: Any, ran: Ran
+    ) -> tuple[list[Dispatch], Ran]:
+        """A map node's own try: the list it gave, a job per item (or, empty, the node done)."""
+        try:
+            dispatches = self.db.run(
+                lambda s: success.expand(s, run, items, utcnow(), duration, self.map_window)
+            )
+        except DataError as exc:
+            return self._output_refused(run, exc, duration, job_log, ran)
+        job_log.info("map items made", items=len(items), duration=round(duration, 3))
         tracing.outcome("completed")
         return dispatches, ran
 

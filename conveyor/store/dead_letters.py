@@ -129,6 +129,7 @@ class DeadLetterQueries:
                 Job.kind == JobKind.NODE,
                 Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.CANCELLED]),
                 Job.node_id.not_in(list(keep)),
+                Job.item_index.is_(None),  # a map's items: a requeue does not resume a map
             )
             .values(
                 status=case((later, JobStatus.SCHEDULED), else_=JobStatus.QUEUED),

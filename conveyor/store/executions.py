@@ -39,7 +39,6 @@ from conveyor.engine.states import (
     WAITING_JOB,
     ExecutionStatus,
     JobKind,
-    JobStatus,
     NodeStatus,
     Priority,
     TriggerSource,
@@ -48,8 +47,9 @@ from conveyor.exceptions import DuplicateExecution, ExecutionNotFound, StoreErro
 from conveyor.ids import new_id
 from conveyor.models import Execution, Job, NodeState, Tenant, WorkflowVersion
 from conveyor.models.base import UTCDateTime
+from conveyor.store.jobs import cancel_unstarted_jobs
 from conveyor.store.rows import execution_record
-from conveyor.store.session import EXECUTIONS, NODE_STATES, StoreCore
+from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES, StoreCore
 
 _READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
 
@@ -226,26 +226,20 @@ class ExecutionQueries(StoreCore):
         return bool(result.rowcount)
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-        """Cancel the jobs and nodes of an execution that have not started running; returns
-        the cancelled jobs that were queued or parked (the limiter may know them)."""
-        cancelled = self.session.execute(
-            update(Job)
-            .where(
-                Job.execution_id == execution_id,
-                Job.status.in_([*RUNNABLE_JOB, *WAITING_JOB]),
-            )
-            .values(status=JobStatus.CANCELLED, completed_at=now)
-            .returning(Job.id, Job.kind)
-        ).all()
+        """Cancel the jobs and nodes of an execution that have not started running (and its
+        map nodes whose items run: their items not started are cancelled); returns the
+        cancelled node jobs the limiter may know."""
+        cancelled = cancel_unstarted_jobs(self, [JOBS.c.execution_id == execution_id], now)
+        mapping = (NodeState.status == NodeStatus.RUNNING) & NodeState.items_total.is_not(None)
         self.session.execute(
             update(NodeState)
             .where(
                 NodeState.execution_id == execution_id,
-                NodeState.status.in_([NodeStatus.PENDING, NodeStatus.QUEUED]),
+                NodeState.status.in_([NodeStatus.PENDING, NodeStatus.QUEUED]) | mapping,
             )
             .values(status=NodeStatus.CANCELLED, finished_at=now)
         )
-        return [job_id for job_id, kind in cancelled if kind is JobKind.NODE]
+        return cancelled
 
     # -- node states ----------------------------------------------------------------------
 
@@ -351,7 +345,12 @@ class ExecutionQueries(StoreCore):
             }
         return {
             r.node_id: NodeRow(
-                node_id=r.node_id, status=r.status, branch=r.branch, output=r.output, error=r.error
+                node_id=r.node_id,
+                status=r.status,
+                branch=r.branch,
+                output=r.output,
+                error=r.error,
+                items_total=r.items_total,
             )
             for r in rows
         }

@@ -9,7 +9,16 @@ import uuid
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, bindparam, func, insert, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    bindparam,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
@@ -304,3 +313,27 @@ def current_try(try_number: int | None) -> list[ColumnElement[bool]]:
     if try_number is None:
         return []
     return [JOBS.c.tries_before + JOBS.c.retry_count + 1 == try_number]
+
+
+# Held jobs, as the partial index ix_jobs_held has them: the status a literal, not a parameter,
+# so that a prepared statement's generic plan can still prove it uses that index.
+HELD = JOBS.c.status == literal_column("'held'")
+
+
+def cancel_unstarted_jobs(
+    store: StoreCore, where: list[ColumnElement[bool]], now: datetime
+) -> list[uuid.UUID]:
+    """Cancel the jobs ``where`` selects that have not started: the held map items first (one
+    statement on their index, not returned: no message, no permit ever had them), then those
+    queued, parked or waiting; the node jobs among the latter (the limiter may know them). A
+    rerun's held node job stays held: a requeue of the dead letter that failed the execution
+    resumes it, and its node runs once its needs settle."""
+    cancelled = {"status": JobStatus.CANCELLED, "completed_at": now}
+    store._core(update(JOBS).where(*where, HELD, JOBS.c.item_index.is_not(None)).values(cancelled))
+    rows = store._core(
+        update(JOBS)
+        .where(*where, JOBS.c.status.in_([*RUNNABLE_JOB, *WAITING_JOB]))
+        .values(cancelled)
+        .returning(JOBS.c.id, JOBS.c.kind)
+    ).all()
+    return [r.id for r in rows if r.kind is JobKind.NODE]

@@ -12,7 +12,7 @@ from typing import TypeVarTuple
 from sqlalchemy import Select, exists, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
-from conveyor.engine.states import ExecutionStatus, NodeStatus
+from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.exceptions import ExecutionNotFound
 from conveyor.models import (
     Execution,
@@ -250,16 +250,81 @@ class ListingQueries:
         )
 
     def execution_jobs(self, execution_id: uuid.UUID) -> list[tuple[Job, list[JobAttempt]]]:
+        """Its jobs with their tries, but a map's items (:meth:`item_counts` sums them up,
+        :meth:`execution_items` lists them a page at a time)."""
         jobs = list(
             self.session.scalars(
-                select(Job).where(Job.execution_id == execution_id).order_by(Job.created_at)
+                select(Job)
+                .where(Job.execution_id == execution_id, Job.item_index.is_(None))
+                .order_by(Job.created_at)
             )
         )
+        return [(j, tries) for j, tries in zip(jobs, self._attempts(jobs), strict=True)]
+
+    def _attempts(self, jobs: Sequence[Job]) -> list[list[JobAttempt]]:
+        """Each job's tries, in order (one read)."""
         attempts: dict[uuid.UUID, list[JobAttempt]] = {j.id: [] for j in jobs}
+        if not jobs:
+            return []
         for attempt in self.session.scalars(
             select(JobAttempt)
             .where(JobAttempt.job_id.in_(list(attempts)))
             .order_by(JobAttempt.attempt_number)
         ):
             attempts[attempt.job_id].append(attempt)
-        return [(j, attempts[j.id]) for j in jobs]
+        return [attempts[j.id] for j in jobs]
+
+    def item_counts(self, execution_id: uuid.UUID) -> dict[str, dict[JobStatus, int]]:
+        """Each map node's items counted by their jobs' status (one grouped read)."""
+        counted: dict[str, dict[JobStatus, int]] = {}
+        for node_id, status, count in self.session.execute(
+            select(Job.node_id, Job.status, func.count())
+            .where(Job.execution_id == execution_id, Job.item_index.is_not(None))
+            .group_by(Job.node_id, Job.status)
+        ):
+            counted.setdefault(node_id or "", {})[status] = count
+        return counted
+
+    def failed_items(self, execution_id: uuid.UUID, limit: int) -> list[Job]:
+        """Up to ``limit`` dead (or discarded) items of the execution's maps, by node and
+        index."""
+        return list(
+            self.session.scalars(
+                select(Job)
+                .where(
+                    Job.execution_id == execution_id,
+                    Job.item_index.is_not(None),
+                    Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
+                )
+                .order_by(Job.node_id, Job.item_index)
+                .limit(limit)
+            )
+        )
+
+    def execution_items(
+        self,
+        execution_id: uuid.UUID,
+        node_id: str,
+        *,
+        after: int | None = None,
+        limit: int,
+        status: JobStatus | None = None,
+    ) -> list[tuple[Job, list[JobAttempt]]]:
+        """A page of a map node's items in index order, from after index ``after``, with
+        their tries."""
+        query = (
+            select(Job)
+            .where(
+                Job.execution_id == execution_id,
+                Job.node_id == node_id,
+                Job.item_index.is_not(None),
+            )
+            .order_by(Job.item_index)
+            .limit(limit)
+        )
+        if after is not None:
+            query = query.where(Job.item_index > after)
+        if status is not None:
+            query = query.where(Job.status == status)
+        jobs = list(self.session.scalars(query))
+        return [(j, tries) for j, tries in zip(jobs, self._attempts(jobs), strict=True)]

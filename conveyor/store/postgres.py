@@ -14,7 +14,14 @@ from sqlalchemy import ARRAY, ColumnElement, String, any_, bindparam
 from sqlalchemy.orm import Session
 
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
+from conveyor.engine.records import (
+    Created,
+    ExecutionRecord,
+    Finish,
+    ItemsLeft,
+    JobRecord,
+    NewJob,
+)
 from conveyor.engine.states import ExecutionStatus, NodeStatus
 from conveyor.store import postgres_statements as hot
 from conveyor.store.jobs import node_job_row, start_job_row
@@ -180,3 +187,18 @@ class PostgresStore(SqlStore):
             return bool(self._hot(hot.COMPLETE_BEFORE_ONE, params)[0][0])
         params["successors"] = list(successors)
         return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
+
+    def complete_item_alone(
+        self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float
+    ) -> ItemsLeft | None:
+        """One statement (:data:`~conveyor.store.postgres_statements.COMPLETE_ITEM`)."""
+        rows = self._hot(hot.COMPLETE_ITEM, {
+            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
+            "attempt": job.try_number, "output": output, "now": now, "duration": duration,
+        })  # fmt: skip
+        if not rows:
+            return None
+        left, failed, *released = rows[0]
+        return ItemsLeft(
+            left=left, failed=failed, released=hot.job_of(released) if released[0] else None
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -146,6 +147,8 @@ def job_of(row: Sequence[Any]) -> JobRecord:
 def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, Any]]:
     """A row of :data:`CLAIM_NODE`: the job, its execution, the outputs of the needs read."""
     job = job_of(row)
+    if row[24] is not None:  # a map's item: its index and value
+        job = replace(job, item_index=row[24], item=row[25])
     execution = ExecutionRecord(
         id=job.execution_id, tenant_id=job.tenant_id, workflow_id=job.workflow_id,
         status=ExecutionStatus(row[13]), priority=Priority(row[14]), input=row[15],
@@ -171,6 +174,8 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 
 # The claim of a node job in one round trip (PostgreSQL): the job, its execution, the try's
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
+# A map's item leaves its node's state alone: that row is the map's counter, which the items'
+# claims would otherwise all queue for (and its status is the map's, running until it ends).
 _CLAIM = """
 WITH job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
@@ -191,12 +196,13 @@ WITH job AS (
                            started_at = coalesce(node_states.started_at, :now)
     FROM job, ex
     WHERE ex.status IN ('pending', 'running') AND node_states.execution_id = job.execution_id
-      AND node_states.node_id = job.node_id
+      AND node_states.node_id = job.node_id AND job.item_index IS NULL
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
-       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns
+       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns,
+       job.item_index AS x_item_index, job.item AS x_item
 FROM job, ex
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
@@ -416,4 +422,60 @@ FROM unnest(CAST(:job_ids AS uuid[]), CAST(:job_statuses AS varchar[]),
             CAST(:job_next AS timestamptz[])) AS j (id, status, node_id, max_retries, next_run_at)
 """
     ).bindparams(bindparam("now", type_=UTCDateTime()))
+)
+
+
+# A map's item's whole success in one statement (PostgreSQL), when it is not the map's last:
+# its node state (the map's counter) locked first, then the job completed with its output, its
+# try, the counter one item fewer and the held item of lowest index released, its row as a
+# job's (skipping a held row another transaction holds: only a cancel, which cancels it).
+# When the counter says it may be the last (or the node or the execution does not run, or the
+# try is not current) nothing changes and no row comes back: the caller takes the transaction,
+# which reads the items' outputs and settles the node.
+_COMPLETE_ITEM = """
+WITH locked AS (
+    SELECT s.id, s.items_left, s.status FROM node_states s
+    WHERE s.execution_id = :execution_id AND s.node_id = :node_id
+    FOR UPDATE
+), alone AS (
+    SELECT EXISTS (SELECT 1 FROM locked WHERE items_left > 1 AND status = 'running') AS yes
+), job AS (
+    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL,
+                    output = :output
+    WHERE id = :id AND status || '' = 'processing'
+      AND tries_before + retry_count + 1 = :attempt AND (SELECT yes FROM alone)
+      AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
+    RETURNING id
+), attempt AS (
+    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
+                            error = NULL, timed_out = false
+    WHERE job_id = :id AND attempt_number = :attempt AND EXISTS (SELECT 1 FROM job)
+), counted AS (
+    UPDATE node_states SET items_left = items_left - 1
+    WHERE id = (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM job)
+    RETURNING items_left, items_failed
+), next AS (
+    SELECT h.id FROM jobs h
+    WHERE h.execution_id = :execution_id AND h.node_id = :node_id AND h.status = 'held'
+      AND EXISTS (SELECT 1 FROM counted)
+    ORDER BY h.item_index LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE jobs SET status = 'queued', enqueued_at = :now
+    WHERE id = (SELECT id FROM next) AND status || '' = 'held'
+    RETURNING {job_columns}
+)
+SELECT counted.items_left, counted.items_failed, released.*
+FROM counted LEFT JOIN released ON true
+"""
+COMPLETE_ITEM = Statement(
+    text(_COMPLETE_ITEM.format(job_columns=JOB_COLUMNS)).bindparams(
+        bindparam("id", type_=Uuid()),
+        bindparam("execution_id", type_=Uuid()),
+        bindparam("node_id", type_=String()),
+        bindparam("attempt", type_=Integer()),
+        bindparam("output", type_=JsonType),
+        bindparam("now", type_=UTCDateTime()),
+        bindparam("duration", type_=Float()),
+    )
 )

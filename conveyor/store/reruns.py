@@ -133,6 +133,7 @@ class RerunQueries(StoreCore):
                 Job.execution_id == execution.id,
                 Job.node_id.in_(list(wanted)),
                 Job.status == JobStatus.HELD,
+                Job.item_index.is_(None),  # a node's own job, never a map's held item
             )
             .with_for_update()
         ).all()

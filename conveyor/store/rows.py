@@ -35,6 +35,8 @@ def job_record(row: Job | Row[Any], workflow: str = "") -> JobRecord:
         execution_id=row.execution_id,
         node_id=row.node_id,
         workflow=workflow,
+        item_index=row.item_index,
+        item=row.item,
     )
 
 

@@ -17,8 +17,8 @@ from conveyor.store.access import AccessQueries
 from conveyor.store.catalog import CatalogQueries
 from conveyor.store.dead_letters import DeadLetterQueries
 from conveyor.store.executions import ExecutionQueries
-from conveyor.store.jobs import JobQueries
 from conveyor.store.listing import ListingQueries
+from conveyor.store.map_items import MapItemQueries
 from conveyor.store.recovery import RecoveryQueries
 from conveyor.store.reruns import RerunQueries
 from conveyor.store.schedules import ScheduleQueries
@@ -28,7 +28,7 @@ from conveyor.store.stats import StatsQueries
 class SqlStore(
     CatalogQueries,
     ExecutionQueries,
-    JobQueries,
+    MapItemQueries,
     ScheduleQueries,
     AccessQueries,
     DeadLetterQueries,

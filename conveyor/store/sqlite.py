@@ -93,7 +93,8 @@ class SqliteStore(SqlStore):
         if execution.status.finished:
             return job, execution, None
         self.add_attempt(job, worker, now)
-        self.start_node(execution.id, job.node_id, now)
+        if job.item_index is None:  # a map's item leaves its node (the map's counter) alone
+            self.start_node(execution.id, job.node_id, now)
         if not needs:
             return job, execution, None
         rows = self.node_rows(execution.id, needs)

@@ -58,17 +58,17 @@ class MemoryCore:
     ) -> None:
         """A job of ``execution``, its row as the SQL stores insert it; refused, as the
         schema's keys refuse it, when the id is taken or the node has a job already."""
-        node_id = values.get("node_id")
+        node_id, index = values.get("node_id"), values.get("item_index")
         if job_id in self.tables.jobs or (
             node_id is not None
             and any(
-                j.execution_id == execution.id and j.node_id == node_id
+                (j.execution_id, j.node_id, j.item_index) == (execution.id, node_id, index)
                 for j in self.tables.jobs.values()
             )
         ):
             raise StoreError(
                 f"job {job_id} (node {node_id!r}) breaks a key of jobs (its id, or "
-                f"uq_jobs_execution_node: one job a node of an execution)"
+                f"uq_jobs_execution_node: one job a node of an execution, one an item of a map)"
             )
         self.tables.jobs[job_id] = JobRow(
             id=job_id, priority=execution.priority, tenant_id=execution.tenant_id,
@@ -319,16 +319,29 @@ class MemoryExecutions(MemoryCatalog):
         return True
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
+        cancelled = self._cancel_jobs(lambda j: j.execution_id == execution_id, now)
+        for node in self._nodes_of(execution_id):
+            mapping = node.status is NodeStatus.RUNNING and node.items_total is not None
+            if node.status in (NodeStatus.PENDING, NodeStatus.QUEUED) or mapping:
+                self._set_node(node, status=NodeStatus.CANCELLED, finished_at=now)
+        return cancelled
+
+    def _cancel_jobs(self, mine: Callable[[JobRow], bool], now: datetime) -> list[uuid.UUID]:
+        """Cancel the jobs ``mine`` picks that have not started; the node jobs among them
+        the limiter may know (not the held items)."""
         unstarted = {*RUNNABLE_JOB, *WAITING_JOB}
         cancelled = [
-            self._set_job(j, status=JobStatus.CANCELLED, completed_at=now)
+            (j.status, self._set_job(j, status=JobStatus.CANCELLED, completed_at=now))
             for j in list(self.tables.jobs.values())
-            if j.execution_id == execution_id and j.status in unstarted
+            if mine(j)
+            and (
+                j.status in unstarted
+                or (j.status is JobStatus.HELD and j.item_index is not None)  # a rerun's stays
+            )
         ]
-        for node in self._nodes_of(execution_id):
-            if node.status in (NodeStatus.PENDING, NodeStatus.QUEUED):
-                self._set_node(node, status=NodeStatus.CANCELLED, finished_at=now)
-        return [j.id for j in cancelled if j.kind is JobKind.NODE]
+        return [
+            j.id for was, j in cancelled if j.kind is JobKind.NODE and was is not JobStatus.HELD
+        ]
 
     # -- node states ----------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ class MemoryJobs(MemoryExecutions):
         if execution.status.finished:
             return job, execution, None
         self.add_attempt(job, worker, now)
-        self.start_node(execution.id, job.node_id, now)
+        if job.item_index is None:  # a map's item leaves its node (the map's counter) alone
+            self.start_node(execution.id, job.node_id, now)
         if not needs:
             return job, execution, None
         rows = self.node_rows(execution.id, needs)
@@ -267,6 +268,7 @@ class MemoryDeadLetters(MemoryJobs):
                 or job.kind is not JobKind.NODE
                 or job.status not in stopped
                 or job.node_id in keep
+                or job.item_index is not None  # a requeue does not resume a map
             ):
                 continue
             later = job.next_run_at is not None and job.next_run_at > now

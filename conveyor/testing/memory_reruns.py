@@ -95,6 +95,7 @@ class MemoryReruns(MemoryDeadLetters):
                 job.execution_id != execution.id
                 or job.status is not JobStatus.HELD
                 or job.node_id not in wanted
+                or job.item_index is not None  # a map's held item is not a node's own job
             ):
                 continue
             new = wanted[job.node_id]

@@ -29,6 +29,7 @@ from conveyor.engine.states import (
 )
 from conveyor.exceptions import ConveyorError, ScheduleError
 from conveyor.ids import new_id
+from conveyor.testing.memory_items import MemoryMapItems
 from conveyor.testing.memory_reruns import MemoryReruns
 from conveyor.testing.tables import DeliveryRow, ExecutionRow, SubscriptionRow, stored
 
@@ -158,7 +159,7 @@ def _by_workflow(row: SubscriptionRow) -> str:
     return row.workflow_name
 
 
-class InMemoryStore(MemoryDeliveries):
+class InMemoryStore(MemoryDeliveries, MemoryMapItems):
     """The :class:`~conveyor.engine.ports.Store` port in plain Python, over
     :class:`~conveyor.testing.tables.Tables` (one unit of work's view of them: see
     :class:`~conveyor.testing.InMemoryDatabase`). The contracts are the port's docstrings;

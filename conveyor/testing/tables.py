@@ -104,13 +104,16 @@ class NodeStateRow:
     error: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    items_total: int | None = None  # a map node's counter (None: not a map, or not yet)
+    items_left: int | None = None
+    items_failed: int | None = None
 
     def row(self, *, outputs: bool = True) -> NodeRow:
         if not outputs:  # as a readiness read has it: status and branch only
             return NodeRow(node_id=self.node_id, status=self.status, branch=self.branch)
         return NodeRow(
             node_id=self.node_id, status=self.status, branch=self.branch, output=self.output,
-            error=self.error,
+            error=self.error, items_total=self.items_total,
         )  # fmt: skip
 
 
@@ -137,6 +140,9 @@ class JobRow:
     processed_at: datetime | None = None
     heartbeat_at: datetime | None = None
     completed_at: datetime | None = None
+    item_index: int | None = None  # a map's item: its index, value and output
+    item: Any = None
+    output: Any = None
 
     @property
     def try_number(self) -> int:
@@ -149,6 +155,7 @@ class JobRow:
             tries_before=self.tries_before, enqueued_at=self.enqueued_at,
             tenant_id=self.tenant_id, workflow_id=self.workflow_id,
             execution_id=self.execution_id, node_id=self.node_id,
+            item_index=self.item_index, item=self.item,
         )  # fmt: skip
 
 

@@ -234,3 +234,60 @@ def cancel(reason: str, ctx: NodeContext) -> None:
 def skip(reason: str, ctx: NodeContext) -> None:
     record(ctx, "try")
     raise conveyor.Skip(reason)
+
+
+@conveyor.node("test.item")
+def item(value: Any, ctx: NodeContext, seconds: float = 0.0, fail_on: Any = ()) -> dict[str, Any]:
+    """A map's item: sleeps ``seconds``, records its effect (keyed by execution, node and
+    index), and fails (not retried) for the indices in ``fail_on``."""
+    time.sleep(seconds)
+    record(ctx, value)
+    if ctx.index in fail_on:
+        raise conveyor.NonRetryableError(f"item {ctx.index} refused")
+    return {"value": value, "index": ctx.index, "item": ctx.item}
+
+
+@conveyor.node("test.collect")
+def collect(values: list[Any], ctx: NodeContext) -> dict[str, Any]:
+    """A map's successor: records how many values it got, and returns them."""
+    record(ctx, len(values))
+    return {"values": values}
+
+
+_OVERLAP = """
+local running = redis.call('INCR', KEYS[1])
+if running > tonumber(redis.call('GET', KEYS[2]) or '0') then
+    redis.call('SET', KEYS[2], running)
+end
+return running
+"""
+
+
+def _redis() -> Any:
+    import redis
+
+    return redis.Redis.from_url(os.environ["CONVEYOR_REDIS_URL"])
+
+
+@conveyor.node("test.overlap")
+def overlap(key: str, seconds: float, ctx: NodeContext) -> dict[str, Any]:
+    """Count itself running under ``key`` in Redis (the peak kept atomically), for
+    ``seconds``: how many ran at once is the nodes' own count, not the engine's."""
+    client = _redis()
+    running = client.eval(_OVERLAP, 2, f"test:overlap:{key}:running", f"test:overlap:{key}:peak")
+    try:
+        time.sleep(seconds)
+    finally:
+        client.decr(f"test:overlap:{key}:running")
+        client.close()
+    record(ctx, running)
+    return {"index": ctx.index}
+
+
+def overlap_peak(key: str) -> int:
+    """The most ``test.overlap`` nodes under ``key`` that ran at once."""
+    client = _redis()
+    try:
+        return int(client.get(f"test:overlap:{key}:peak") or 0)
+    finally:
+        client.close()

@@ -448,3 +448,17 @@ def test_reset_nodes_clears_what_the_nodes_did(bench: Bench) -> None:
         NodeStatus.PENDING, None, None, None, None, None,
     )  # fmt: skip
     assert bench.probe.nodes(made.execution_id)["b"].status is NodeStatus.QUEUED
+
+
+def test_a_rerun_that_would_run_a_map_again_is_refused_and_changes_nothing(bench: Bench) -> None:
+    name = bench.apply(
+        "mapped", node("a"), node("m", "a", map={"over": "{{ nodes.a.rows }}"}), node("z", "m")
+    ).name
+    execution_id = bench.trigger(name).execution_id
+    bench.fail(bench.claim_node(execution_id, "a"), NonRetryableError("bad a"))
+    before = bench.rows(execution_id)
+
+    with pytest.raises(RerunError, match=r"map node\(s\) 'm' again"):
+        rerun(bench, execution_id, "a")
+
+    assert bench.rows(execution_id) == before

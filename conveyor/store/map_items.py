@@ -1,0 +1,174 @@
+"""The SQL of a map node's items (part of :class:`~conveyor.store.sql_store.SqlStore`; see
+:mod:`conveyor.engine.mapping`): item jobs inserted, completed with their outputs, counted
+down on the node's state, released from held one by one, and read back in order."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
+from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
+    AttemptStatus,
+    JobKind,
+    JobStatus,
+    NodeStatus,
+)
+from conveyor.models import Job
+from conveyor.store.jobs import HELD, JobQueries, cancel_unstarted_jobs, current_try
+from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES, unindexed
+
+
+class MapItemQueries(JobQueries):
+    """A map's items (part of :class:`~conveyor.store.sql_store.SqlStore`)."""
+
+    def add_item_jobs(
+        self,
+        execution: ExecutionRecord,
+        node_id: str,
+        items: Sequence[NewItem],
+        max_retries: int,
+        now: datetime,
+    ) -> None:
+        """One INSERT of the chunk (executemany: batched into few statements)."""
+        if not items:
+            return
+        rows = [item_job_row(execution, node_id, i, max_retries, now) for i in items]
+        self._core(insert(JOBS), rows)
+
+    def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
+        self._core(
+            update(NODE_STATES)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .values(items_total=total, items_left=total, items_failed=0)
+        )
+
+    def complete_item(self, job: JobRecord, output: Any, now: datetime, duration: float) -> bool:
+        running = (
+            select(EXECUTIONS.c.status)
+            .where(EXECUTIONS.c.id == job.execution_id)
+            .scalar_subquery()
+            .in_(ACTIVE_EXECUTION)
+        )
+        completed = self._core(
+            update(JOBS)
+            .where(
+                JOBS.c.id == job.id,
+                unindexed(JOBS.c.status) == JobStatus.PROCESSING,
+                *current_try(job.try_number),
+                running,
+            )
+            .values(status=JobStatus.COMPLETED, completed_at=now, last_error=None, output=output)
+        )
+        if not completed.rowcount:
+            return False
+        self.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
+        return True
+
+    def complete_item_alone(
+        self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float
+    ) -> ItemsLeft | None:
+        """The counter read first, then :meth:`complete_item` and :meth:`settle_item`: on
+        SQLite one transaction, whose write lock is taken at its start (PostgreSQL: one
+        statement, :data:`~conveyor.store.postgres_statements.COMPLETE_ITEM`)."""
+        node = self._core(
+            select(NODE_STATES.c.items_left, NODE_STATES.c.status).where(
+                NODE_STATES.c.execution_id == job.execution_id, NODE_STATES.c.node_id == node_id
+            )
+        ).one_or_none()
+        if node is None or node.status is not NodeStatus.RUNNING or (node.items_left or 0) <= 1:
+            return None
+        if not self.complete_item(job, output, now, duration):
+            return None
+        return self.settle_item(job.execution_id, node_id, False, now)
+
+    def settle_item(
+        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+    ) -> ItemsLeft | None:
+        """Two statements: the counter (which takes the node state's row lock, so that two
+        items settling at once take turns), then the release of the lowest held item. The
+        release skips held rows another transaction has locked: only a cancel of the
+        execution does (it cancels them), as another settle of the map waits for the lock."""
+        counted = self._core(
+            update(NODE_STATES)
+            .where(
+                NODE_STATES.c.execution_id == execution_id,
+                NODE_STATES.c.node_id == node_id,
+                NODE_STATES.c.status == NodeStatus.RUNNING,
+                NODE_STATES.c.items_left > 0,
+            )
+            .values(
+                items_left=NODE_STATES.c.items_left - 1,
+                items_failed=NODE_STATES.c.items_failed + (1 if failed else 0),
+            )
+            .returning(NODE_STATES.c.items_left, NODE_STATES.c.items_failed)
+        ).one_or_none()
+        if counted is None:
+            return None
+        lowest = (
+            select(Job.id)
+            .where(Job.execution_id == execution_id, Job.node_id == node_id, HELD)
+            .order_by(Job.item_index)
+            .limit(1)
+        )
+        still = unindexed(JOBS.c.status) == JobStatus.HELD
+        released = self._take(lowest, still, status=JobStatus.QUEUED, enqueued_at=now)
+        return ItemsLeft(
+            left=counted.items_left,
+            failed=counted.items_failed,
+            released=released[0] if released else None,
+        )
+
+    def close_map(
+        self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str
+    ) -> list[uuid.UUID] | None:
+        closed = self._core(
+            update(NODE_STATES)
+            .where(
+                NODE_STATES.c.execution_id == execution_id,
+                NODE_STATES.c.node_id == node_id,
+                NODE_STATES.c.status == NodeStatus.RUNNING,
+                NODE_STATES.c.items_total.is_not(None),
+            )
+            .values(status=NodeStatus.FAILED, error=error, finished_at=now)
+        )
+        if not closed.rowcount:
+            return None
+        return cancel_unstarted_jobs(
+            self, [JOBS.c.execution_id == execution_id, JOBS.c.node_id == node_id], now
+        )
+
+    def item_outputs(self, execution_id: uuid.UUID, node_id: str) -> list[ItemRow]:
+        rows = self._core(
+            select(JOBS.c.item_index, JOBS.c.status, JOBS.c.output, JOBS.c.last_error)
+            .where(
+                JOBS.c.execution_id == execution_id,
+                JOBS.c.node_id == node_id,
+                JOBS.c.item_index.is_not(None),
+            )
+            .order_by(JOBS.c.item_index)
+        )
+        return [
+            ItemRow(index=r.item_index, status=r.status, output=r.output, error=r.last_error)
+            for r in rows
+        ]
+
+
+def item_job_row(
+    execution: ExecutionRecord, node_id: str, item: NewItem, max_retries: int, now: datetime
+) -> dict[str, Any]:
+    return {
+        "id": item.id, "kind": JobKind.NODE, "queue": NODE_QUEUE, "data": {},
+        "status": JobStatus.HELD if item.held else JobStatus.QUEUED,
+        "priority": execution.priority, "max_retries": max_retries, "retry_count": 0,
+        "tries_before": 0, "tenant_id": execution.tenant_id,
+        "workflow_id": execution.workflow_id, "execution_id": execution.id, "node_id": node_id,
+        "next_run_at": None, "created_at": now, "enqueued_at": now, "item_index": item.index,
+        "item": item.item,
+    }  # fmt: skip
