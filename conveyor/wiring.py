@@ -67,6 +67,7 @@ def service() -> Conveyor:
         # a slot checked by the next regular check is never a misfire
         misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
         replay_window=timedelta(days=settings.webhook_replay_window_days),
+        max_child_depth=settings.max_child_depth,
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from conveyor.engine import retry, trigger_limits
+from conveyor.engine import parents, retry, trigger_limits
+from conveyor.engine.cancellation import stop_children
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
@@ -126,13 +127,12 @@ def fail_node(
     if run.node.continue_on_failure:
         return Failed(dispatches=settle(store, run, now), outcome=JobStatus.DEAD_LETTER)
     store.cancel_unstarted(execution_id, now)
-    store.finish_execution(
-        execution_id,
-        ExecutionStatus.FAILED,
-        now,
-        error=f"node {node_id!r} failed after {job.attempt} attempt(s): {message}",
-    )
+    reason = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
+    finished = store.finish_execution(execution_id, ExecutionStatus.FAILED, now, error=reason)
     followed = follow_up(store, execution_id, run.workflow, now)
+    if finished:  # its children stop; if it is one, its parent's node settles
+        stop_children(store, execution_id, now, reason)
+        followed += parents.child_finished(store, run.execution, now)
     return Failed(dispatches=followed, outcome=JobStatus.DEAD_LETTER)
 
 

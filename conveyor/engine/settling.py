@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import node_types, planning
+from conveyor.engine import node_types, parents, planning
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import Node
 from conveyor.engine.ports import Store
@@ -79,8 +79,9 @@ def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> lis
     remaining = store.settle_nodes(execution.id, settled, finish)  # last: it locks the row
     if remaining == 0 and finish is None:
         _finish(store, run, shape, now, known)
-    if remaining == 0:  # it finished: a follow-up left on it starts
+    if remaining == 0:  # it finished: a follow-up left on it starts, a parent's node settles
         dispatches += follow_up(store, execution.id, workflow, now)
+        dispatches += parents.child_finished(store, execution, now)
     return dispatches
 
 

@@ -70,6 +70,19 @@ class JobQueries(StoreCore):
         )
         return bool(result.rowcount)
 
+    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
+        row = self._core(
+            update(JOBS)
+            .where(
+                JOBS.c.id == job_id,
+                unindexed(JOBS.c.status) == JobStatus.WAITING_CHILD,
+                *current_try(try_number),
+            )
+            .values(status=JobStatus.PROCESSING)
+            .returning(*JOBS.c)
+        ).one_or_none()
+        return job_record(row) if row else None
+
     def schedule_retry(
         self, job_id: uuid.UUID, next_run_at: datetime, error: str, *, try_number: int
     ) -> bool:

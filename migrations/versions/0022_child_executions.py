@@ -1,0 +1,58 @@
+"""executions.parent_execution_id, parent_node_id, parent_job_id, parent_try and depth: the
+workflow node that started a child execution and waits for it, one child per (job, try)
+
+Revision ID: 0022
+Revises: 0019
+Create Date: 2026-11-27 09:00:00
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0022"
+down_revision: str | None = "0019"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    # Nullable, or a constant default: PostgreSQL adds them without rewriting the table.
+    with op.batch_alter_table("executions", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("parent_execution_id", sa.Uuid(), nullable=True))
+        batch_op.add_column(sa.Column("parent_node_id", sa.String(length=100), nullable=True))
+        batch_op.add_column(sa.Column("parent_job_id", sa.Uuid(), nullable=True))
+        batch_op.add_column(sa.Column("parent_try", sa.Integer(), nullable=True))
+        batch_op.add_column(
+            sa.Column("depth", sa.Integer(), server_default=sa.text("0"), nullable=False)
+        )
+    # Partial: they hold children only (a plain CREATE INDEX still reads the table once).
+    op.create_index(
+        "uq_executions_parent_try",
+        "executions",
+        ["parent_job_id", "parent_try"],
+        unique=True,
+        postgresql_where=sa.text("parent_job_id IS NOT NULL"),
+        sqlite_where=sa.text("parent_job_id IS NOT NULL"),
+    )
+    op.create_index(
+        "ix_executions_parent_created",
+        "executions",
+        ["parent_execution_id", "created_at"],
+        postgresql_where=sa.text("parent_execution_id IS NOT NULL"),
+        sqlite_where=sa.text("parent_execution_id IS NOT NULL"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_executions_parent_created", table_name="executions")
+    op.drop_index("uq_executions_parent_try", table_name="executions")
+    with op.batch_alter_table("executions", schema=None) as batch_op:
+        batch_op.drop_column("depth")
+        batch_op.drop_column("parent_try")
+        batch_op.drop_column("parent_job_id")
+        batch_op.drop_column("parent_node_id")
+        batch_op.drop_column("parent_execution_id")
