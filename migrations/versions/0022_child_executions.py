@@ -20,15 +20,15 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    # Nullable, or a constant default: PostgreSQL adds them without rewriting the table.
+    # Nullable, or a constant default: PostgreSQL adds them without rewriting the table, and
+    # SQLite with ALTER TABLE (a default given as SQL would make the batch rebuild the table,
+    # dropping the stream events' triggers of 0017).
     with op.batch_alter_table("executions", schema=None) as batch_op:
         batch_op.add_column(sa.Column("parent_execution_id", sa.Uuid(), nullable=True))
         batch_op.add_column(sa.Column("parent_node_id", sa.String(length=100), nullable=True))
         batch_op.add_column(sa.Column("parent_job_id", sa.Uuid(), nullable=True))
         batch_op.add_column(sa.Column("parent_try", sa.Integer(), nullable=True))
-        batch_op.add_column(
-            sa.Column("depth", sa.Integer(), server_default=sa.text("0"), nullable=False)
-        )
+        batch_op.add_column(sa.Column("depth", sa.Integer(), server_default="0", nullable=False))
     # Partial: they hold children only (a plain CREATE INDEX still reads the table once).
     op.create_index(
         "uq_executions_parent_try",
@@ -50,9 +50,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_executions_parent_created", table_name="executions")
     op.drop_index("uq_executions_parent_try", table_name="executions")
-    with op.batch_alter_table("executions", schema=None) as batch_op:
-        batch_op.drop_column("depth")
-        batch_op.drop_column("parent_try")
-        batch_op.drop_column("parent_job_id")
-        batch_op.drop_column("parent_node_id")
-        batch_op.drop_column("parent_execution_id")
+    # ALTER TABLE DROP COLUMN on both (SQLite 3.35 and later): a batch would rebuild the
+    # table on SQLite and drop the stream events' triggers.
+    for column in ("depth", "parent_try", "parent_job_id", "parent_node_id",
+                   "parent_execution_id"):  # fmt: skip
+        op.drop_column("executions", column)
