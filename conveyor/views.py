@@ -14,6 +14,7 @@ from typing_extensions import TypedDict  # pydantic (the API) needs it before Py
 from conveyor.engine.records import WorkflowRecord
 from conveyor.engine.states import AttemptStatus, JobStatus
 from conveyor.models import Execution, Job, JobAttempt, NodeState
+from conveyor.store.listing import ExecutionFilter
 
 if TYPE_CHECKING:
     from conveyor.store.listing import StatusCount
@@ -48,6 +49,9 @@ class NodeJson(TypedDict):
     id: str
     status: str
     branch: str | None
+    # A workflow node: the child execution its latest try started (None: none, or another
+    # type of node)
+    child: str | None
     attempts: int
     snoozes: int
     output: Any
@@ -77,6 +81,26 @@ class ExecutionSummaryJson(TypedDict):
     started_at: str | None
     finished_at: str | None
     duration: float | None
+    # a child's parent execution (a workflow node of it started this one); None: not a child
+    parent_execution_id: str | None
+
+
+class ParentJson(TypedDict):
+    """The workflow node that started a child: its execution, workflow (None once the
+    parent was deleted by retention), node, job and the try of that job."""
+
+    execution_id: str
+    workflow: str | None
+    node: str
+    job_id: str
+    try_number: int
+
+
+class ChildJson(ExecutionSummaryJson):
+    """A child, as its parent lists it: which node and try of that node started it."""
+
+    node: str
+    try_number: int
 
 
 class ExecutionJson(ExecutionSummaryJson):
@@ -85,8 +109,18 @@ class ExecutionJson(ExecutionSummaryJson):
     timeout: float | None
     input: Any
     output: Any
+    depth: int  # how many parents it has (0: no workflow node started it)
+    parent: ParentJson | None
+    # the children its workflow nodes started (every try's), newest first: the newest
+    # CHILDREN_SHOWN of children_count (GET /v1/executions/{id}/children pages through all)
+    children: list[ChildJson]
+    children_count: int
     nodes: list[NodeJson]
     jobs: list[JobJson]
+
+
+# How many children an execution's view lists (its newest); the rest are paged through.
+CHILDREN_SHOWN = 100
 
 
 class StatusCountJson(TypedDict):
@@ -143,17 +177,37 @@ def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionS
         "started_at": iso(row.started_at),
         "finished_at": iso(row.finished_at),
         "duration": seconds(row.started_at, row.finished_at),
+        "parent_execution_id": str(row.parent_execution_id) if row.parent_execution_id else None,
+    }
+
+
+def child_json(row: Execution, workflow: str, version: int) -> ChildJson:
+    return {
+        **execution_summary(row, workflow, version),
+        "node": row.parent_node_id or "",
+        "try_number": row.parent_try or 0,
     }
 
 
 def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
-    """One execution as shown to people: its nodes, and its jobs with every attempt."""
+    """One execution as shown to people: its nodes, its jobs with every attempt, and its
+    links: the parent's node that started it, and the children its nodes started."""
     row = store.execution_row(execution_id)
+    parent = None
+    if row.parent_execution_id is not None:
+        parent = store.workflow_of(row.parent_execution_id)
+    kids = store.list_executions(None, where=ExecutionFilter(parent=execution_id),
+                                 limit=CHILDREN_SHOWN)  # fmt: skip
     return execution_json(
         row,
         store.workflow(row.workflow_id),
         store.execution_nodes(execution_id),
         store.execution_jobs(execution_id),
+        parent_workflow=parent[0] if parent else None,
+        children=[child_json(e, name, version) for e, name, version in kids],
+        children_count=len(kids)
+        if len(kids) < CHILDREN_SHOWN
+        else store.children_count(execution_id),
     )
 
 
@@ -162,8 +216,15 @@ def execution_json(
     workflow: WorkflowRecord,
     nodes: Sequence[NodeState],
     jobs: Sequence[tuple[Job, list[JobAttempt]]],
+    *,
+    parent_workflow: str | None = None,
+    children: Sequence[ChildJson] = (),
+    children_count: int = 0,
 ) -> ExecutionJson:
     by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
+    latest_child: dict[str, str] = {}
+    for child in reversed(children):  # oldest first: the latest try's child stays
+        latest_child[child["node"]] = child["id"]
     now = datetime.now(UTC)
     return {
         **execution_summary(row, workflow.name, workflow.version),
@@ -171,12 +232,35 @@ def execution_json(
         "timeout": row.timeout,
         "input": row.input,
         "output": row.output,
-        "nodes": [_node_json(n, by_node.get(n.node_id), now) for n in nodes],
+        "depth": row.depth,
+        "parent": _parent_json(row, parent_workflow),
+        "children": list(children),
+        "children_count": children_count,
+        "nodes": [
+            _node_json(n, by_node.get(n.node_id), now, latest_child.get(n.node_id)) for n in nodes
+        ],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
     }
 
 
-def _node_json(row: NodeState, job: tuple[Job, list[JobAttempt]] | None, now: datetime) -> NodeJson:
+def _parent_json(row: Execution, workflow: str | None) -> ParentJson | None:
+    if row.parent_execution_id is None or row.parent_node_id is None:
+        return None
+    return {
+        "execution_id": str(row.parent_execution_id),
+        "workflow": workflow,
+        "node": row.parent_node_id,
+        "job_id": str(row.parent_job_id),
+        "try_number": row.parent_try or 0,
+    }
+
+
+def _node_json(
+    row: NodeState,
+    job: tuple[Job, list[JobAttempt]] | None,
+    now: datetime,
+    child: str | None = None,
+) -> NodeJson:
     attempts = job[1] if job is not None else []
     snoozes = sum(1 for a in attempts if a.status is AttemptStatus.SNOOZED)
     beat = (
@@ -187,6 +271,7 @@ def _node_json(row: NodeState, job: tuple[Job, list[JobAttempt]] | None, now: da
         "id": row.node_id,
         "status": row.status.value,
         "branch": row.branch,
+        "child": child,
         "attempts": len(attempts) - snoozes,
         "snoozes": snoozes,
         "output": row.output,

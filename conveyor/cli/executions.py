@@ -179,6 +179,7 @@ def _filter(
     created_before: datetime | None,
     dedupe_key: str | None = None,
     idempotency_key: str | None = None,
+    parent: uuid.UUID | None = None,
 ) -> ExecutionFilter:
     def aware(value: datetime | None) -> datetime | None:  # a time without offset is UTC
         return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
@@ -186,7 +187,7 @@ def _filter(
     return ExecutionFilter(
         status=status, workflow=workflow, node_status=node_status,
         created_after=aware(created_after), created_before=aware(created_before),
-        dedupe_key=dedupe_key, idempotency_key=idempotency_key,
+        dedupe_key=dedupe_key, idempotency_key=idempotency_key, parent=parent,
     )  # fmt: skip
 
 
@@ -200,6 +201,10 @@ def executions_list(
     created_before: Time = None,
     dedupe_key: Annotated[str | None, typer.Option(help="Only this deduplication key.")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="Only this idempotency key.")] = None,
+    parent: Annotated[
+        str | None,
+        typer.Option(metavar="ID", help="Only the children this execution's nodes started."),
+    ] = None,
     after: Annotated[
         str | None, typer.Option(metavar="ID", help="Go on after this id (the last shown).")
     ] = None,
@@ -209,8 +214,9 @@ def executions_list(
     """Executions, newest first, narrowed by the options given (times in UTC unless they
     carry an offset); page on with --after set to the last id shown."""
     where = _filter(
-        status, workflow, node_status, created_after, created_before, dedupe_key, idempotency_key
-    )
+        status, workflow, node_status, created_after, created_before, dedupe_key,
+        idempotency_key, parse_uuid(parent) if parent is not None else None,
+    )  # fmt: skip
     last = parse_uuid(after) if after is not None else None
     with embedded_schema(), wiring.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
@@ -253,7 +259,8 @@ def executions_show(
     execution_id: Annotated[str, typer.Argument(metavar="ID", help="Execution id.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """One execution: its nodes with outputs and errors, its jobs with every attempt."""
+    """One execution: its nodes with outputs and errors, its jobs with every attempt, the
+    parent that started it and the children it started."""
     parsed = parse_uuid(execution_id)
     with embedded_schema():
         view = execution_view(parsed)

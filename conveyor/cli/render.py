@@ -50,6 +50,7 @@ STATUS_STYLE = {
     "scheduled": "blue",
     "processing": "yellow",
     "dead_letter": "red",
+    "waiting_child": "blue",
 }
 
 
@@ -157,6 +158,8 @@ def _running_for(node: NodeJson, now: datetime) -> float | None:
 
 
 def _detail(node: NodeJson) -> Text:
+    if node["status"] == "waiting" and node["child"]:
+        return Text(f"waits for child {node['child']}", style="dim")
     if node["heartbeat_age"] is not None:
         beat = f"heartbeat {fmt_seconds(node['heartbeat_age'])} ago"
         return Text(f"on {node['worker']}, {beat}" if node["worker"] else beat, style="dim")
@@ -200,11 +203,37 @@ def print_execution(view: ExecutionJson) -> None:
         given = [f"max attempts {attempts}" if attempts is not None else "",
                  f"timeout {timeout:g} s" if timeout is not None else ""]  # fmt: skip
         out.print("trigger's limits: " + ", ".join(g for g in given if g))
+    if (parent := view["parent"]) is not None:
+        out.print(
+            f"child of execution {parent['execution_id']} (workflow "
+            f"{parent['workflow'] or '(deleted)'}, node {parent['node']}, try "
+            f"{parent['try_number']}), depth {view['depth']}",
+            markup=False,
+        )
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
     out.print()
     out.print(attempts_table(view))
+    if view["children"]:
+        out.print()
+        out.print(children_table(view))
     print_outcome(view)
+
+
+def children_table(view: ExecutionJson) -> Table:
+    """The children its workflow nodes started, newest first (the newest shown of all)."""
+    shown, count = len(view["children"]), view["children_count"]
+    title = f"children ({count})" if shown == count else f"children (newest {shown} of {count})"
+    table = Table(
+        Column("child", no_wrap=True, min_width=36), "node", "try", "workflow", "status",
+        "error", box=None, title=title, title_justify="left",
+    )  # fmt: skip
+    for c in view["children"]:
+        table.add_row(
+            c["id"], c["node"], str(c["try_number"]), f"{c['workflow']} v{c['version']}",
+            styled(c["status"]), Text(short(c["error"] or "", 50), style="red"),
+        )  # fmt: skip
+    return table
 
 
 def print_outcome(view: ExecutionJson) -> None:

@@ -22,6 +22,7 @@ from conveyor.models import Execution, Job
 from conveyor.service import Conveyor, utcnow
 from conveyor.store.listing import ExecutionFilter
 from tests.conftest import TEST_DB_URL
+from tests.integration.test_api import MakeKey, client
 from tests.integration.test_dedupe_policy import waiting_on_a_lock
 from tests.support.services import effects, wait_for
 
@@ -295,3 +296,62 @@ def test_a_waiting_node_holds_no_permit(conveyor_service: Conveyor) -> None:
     assert [e.status for e, _, _ in found] == [ExecutionStatus.COMPLETED] * 2
     usage = {u.key: u for u in conveyor_service.gate.limiter.snapshot()}  # type: ignore[union-attr]
     assert usage["global"].in_use == 0
+
+
+def test_the_api_links_a_parent_and_its_children_both_ways_for_its_tenant_only(
+    conveyor_service: Conveyor, api_url: str, make_key: MakeKey
+) -> None:
+    key, other = make_key("acme"), make_key("umbrella")
+    kid = {"name": "kid", "nodes": [py("x", "add", a="{{ input.v }}", b=1)]}
+    parent = {"name": "parent", "nodes": [
+        call(f"c{i}", "kid", inputs={"v": i}) for i in range(3)
+    ]}  # fmt: skip
+    with client(api_url, key) as http:
+        assert http.post("/v1/workflows", json=kid).status_code == 201
+        assert http.post("/v1/workflows", json=parent).status_code == 201
+        made = http.post("/v1/workflows/parent/executions", json={}).json()["id"]
+        assert wait_for(conveyor_service, uuid.UUID(made)).status is ExecutionStatus.COMPLETED
+
+        # The parent's children, newest first, paged, each with its node and try
+        listed = http.get(f"/v1/executions/{made}/children").json()
+        first_page = http.get(f"/v1/executions/{made}/children", params={"limit": 2}).json()
+        rest = http.get(
+            f"/v1/executions/{made}/children", params={"after": first_page[-1]["id"]}
+        ).json()
+        shown = http.get(f"/v1/executions/{made}").json()
+        child = http.get(f"/v1/executions/{listed[0]['id']}").json()
+    with client(api_url, other) as http:
+        foreign = http.get(f"/v1/executions/{made}/children")
+
+    assert sorted((c["node"], c["try_number"], c["workflow"]) for c in listed) == [
+        (f"c{i}", 1, "kid") for i in range(3)
+    ]
+    assert {c["parent_execution_id"] for c in listed} == {made}
+    assert [c["id"] for c in first_page + rest] == [c["id"] for c in listed]
+    assert (shown["parent"], shown["depth"], shown["children_count"]) == (None, 0, 3)
+    assert [c["id"] for c in shown["children"]] == [c["id"] for c in listed]
+    by_node = {n["id"]: n["child"] for n in shown["nodes"]}
+    assert by_node == {c["node"]: c["id"] for c in listed}
+    assert child["parent"]["execution_id"] == made
+    assert (child["parent"]["workflow"], child["parent"]["node"], child["depth"]) == (
+        "parent", listed[0]["node"], 1,
+    )  # fmt: skip
+    assert child["output"] == {"x": {"sum": int(listed[0]["node"][1:]) + 1}}
+    assert foreign.status_code == 404
+
+
+def test_the_api_refuses_a_circle_of_workflows_naming_it(
+    conveyor_service: Conveyor, api_url: str, make_key: MakeKey
+) -> None:
+    with client(api_url, make_key("acme")) as http:
+        ping = {"name": "ping", "nodes": [call("to_pong", "pong")]}
+        pong = {"name": "pong", "nodes": [call("to_ping", "ping")]}
+        assert http.post("/v1/workflows", json=ping).status_code == 201
+        refused = http.post("/v1/workflows", json=pong)
+
+    assert refused.status_code == 422
+    assert refused.json()["errors"] == [
+        "workflow: its workflow nodes start 'pong' again through the workflows applied "
+        "(pong -> ping -> pong); workflows may not start each other in a circle: remove one "
+        "of these workflow nodes, or start another workflow"
+    ]
