@@ -38,6 +38,7 @@ from conveyor.store import DEFAULT_TENANT
 from conveyor.store.listing import ExecutionFilter
 
 EXAMPLES = migrations.ROOT / "examples"
+INPUT_SUFFIX = ".input.json"  # examples/<name>.input.json: the input of examples/<name>.yaml
 
 executions_app = group("Executions: list, count, show, cancel.")
 
@@ -291,7 +292,11 @@ def demo() -> None:
         )
     from conveyor import demo as demo_nodes  # registers the examples' node functions
 
-    files = sorted(p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES)
+    files = sorted(
+        p
+        for p in EXAMPLES.iterdir()
+        if p.suffix in SUFFIXES and not p.name.endswith(INPUT_SUFFIX)  # an example's input
+    )
     with workers_if_embedded():
         apply_files(files, DEFAULT_TENANT)
         ok = [_demo_run(name, payload) for name, payload in demo_nodes.RUNS]
