@@ -167,6 +167,14 @@ class Settings(BaseSettings):
         "outputs); deeper answers 422, or fails the node. At most 200: stored values must "
         "stay readable.",
     )
+    max_child_depth: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        description="How deep child executions (workflow nodes) may nest: a workflow node "
+        "that would start a child deeper fails, not retried. Bounds workflows that start "
+        "each other in a circle.",
+    )
     max_output_bytes: int = Field(
         default=1_048_576,
         ge=1024,

@@ -169,6 +169,16 @@ class WorkerLost(NodeError):
     """The worker running the node stopped sending heartbeats (killed, or its host failed)."""
 
 
+class ChildFailed(NodeError):
+    """A workflow node's child execution failed; the node's retry policy decides what comes
+    next (a retry starts a new child)."""
+
+
+class ChildDepthExceeded(NonRetryableError):
+    """A workflow node would start a child deeper than CONVEYOR_MAX_CHILD_DEPTH allows: a
+    workflow that starts itself through its children, or children nested too deep."""
+
+
 class NodeCancelled(NodeError):
     """The execution was cancelled while the node was running."""
 

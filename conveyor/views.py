@@ -15,6 +15,7 @@ from typing_extensions import TypedDict  # pydantic (the API) needs it before Py
 from conveyor.engine.records import FollowUp, WorkflowRecord
 from conveyor.engine.states import ACTIVE_EXECUTION, AttemptStatus, JobStatus
 from conveyor.models import Execution, ExecutionRerun, Job, JobAttempt, NodeState
+from conveyor.store.listing import ExecutionFilter
 
 if TYPE_CHECKING:
     from conveyor.store.listing import StatusCount
@@ -79,6 +80,9 @@ class NodeJson(TypedDict):
     id: str
     status: str
     branch: str | None
+    # A workflow node: the child execution its latest try started (None: none, or another
+    # type of node)
+    child: str | None
     attempts: int
     snoozes: int
     output: Any
@@ -109,6 +113,26 @@ class ExecutionSummaryJson(TypedDict):
     started_at: str | None
     finished_at: str | None
     duration: float | None
+    # a child's parent execution (a workflow node of it started this one); None: not a child
+    parent_execution_id: str | None
+
+
+class ParentJson(TypedDict):
+    """The workflow node that started a child: its execution, workflow (None once the
+    parent was deleted by retention), node, job and the try of that job."""
+
+    execution_id: str
+    workflow: str | None
+    node: str
+    job_id: str
+    try_number: int
+
+
+class ChildJson(ExecutionSummaryJson):
+    """A child, as its parent lists it: which node and try of that node started it."""
+
+    node: str
+    try_number: int
 
 
 class FollowUpJson(TypedDict):
@@ -138,9 +162,19 @@ class ExecutionJson(ExecutionSummaryJson):
     # the run a newer trigger with its dedupe key left on it while active (dedupe policy
     # follow_up, or replace once started); None: none
     follow_up: FollowUpJson | None
+    depth: int  # how many parents it has (0: no workflow node started it)
+    parent: ParentJson | None
+    # the children its workflow nodes started (every try's), newest first: the newest
+    # CHILDREN_SHOWN of children_count (GET /v1/executions/{id}/children pages through all)
+    children: list[ChildJson]
+    children_count: int
     nodes: list[NodeJson]
     jobs: list[JobJson]
     reruns: list[RerunJson]  # who re-ran it from which node, oldest first
+
+
+# How many children an execution's view lists (its newest); the rest are paged through.
+CHILDREN_SHOWN = 100
 
 
 class StatusCountJson(TypedDict):
@@ -197,6 +231,15 @@ def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionS
         "started_at": iso(row.started_at),
         "finished_at": iso(row.finished_at),
         "duration": seconds(row.started_at, row.finished_at),
+        "parent_execution_id": str(row.parent_execution_id) if row.parent_execution_id else None,
+    }
+
+
+def child_json(row: Execution, workflow: str, version: int) -> ChildJson:
+    return {
+        **execution_summary(row, workflow, version),
+        "node": row.parent_node_id or "",
+        "try_number": row.parent_try or 0,
     }
 
 
@@ -205,11 +248,17 @@ FAILURES_SHOWN = 20
 
 
 def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
-    """One execution as shown to people: its nodes (a map's items summed up), and its jobs
-    with every attempt (not its maps' items')."""
+    """One execution as shown to people: its nodes (a map's items summed up), its jobs
+    with every attempt (not its maps' items'), and its links: the parent's node that started
+    it, and the children its nodes started."""
     row = store.execution_row(execution_id)
     nodes = store.execution_nodes(execution_id)
     mapped = any(n.items_total is not None for n in nodes)
+    parent = None
+    if row.parent_execution_id is not None:
+        parent = store.workflow_of(row.parent_execution_id)
+    kids = store.list_executions(None, where=ExecutionFilter(parent=execution_id),
+                                 limit=CHILDREN_SHOWN)  # fmt: skip
     return execution_json(
         row,
         store.workflow(row.workflow_id),
@@ -218,6 +267,11 @@ def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
         store.execution_reruns(execution_id) if row.reruns else [],
         store.item_counts(execution_id) if mapped else {},
         store.failed_items(execution_id, FAILURES_SHOWN) if mapped else [],
+        parent_workflow=parent[0] if parent else None,
+        children=[child_json(e, name, version) for e, name, version in kids],
+        children_count=len(kids)
+        if len(kids) < CHILDREN_SHOWN
+        else store.children_count(execution_id),
     )
 
 
@@ -229,8 +283,15 @@ def execution_json(
     reruns: Sequence[ExecutionRerun] = (),
     item_counts: dict[str, dict[JobStatus, int]] | None = None,
     failed_items: Sequence[Job] = (),
+    *,
+    parent_workflow: str | None = None,
+    children: Sequence[ChildJson] = (),
+    children_count: int = 0,
 ) -> ExecutionJson:
     by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
+    latest_child: dict[str, str] = {}
+    for child in reversed(children):  # oldest first: the latest try's child stays
+        latest_child[child["node"]] = child["id"]
     now = datetime.now(UTC)
     counts = item_counts or {}
     return {
@@ -240,8 +301,18 @@ def execution_json(
         "input": row.input,
         "output": row.output,
         "follow_up": _follow_up_json(row),
+        "depth": row.depth,
+        "parent": _parent_json(row, parent_workflow),
+        "children": list(children),
+        "children_count": children_count,
         "nodes": [
-            _node_json(n, by_node.get(n.node_id), now, _items_json(n, counts, failed_items))
+            _node_json(
+                n,
+                by_node.get(n.node_id),
+                now,
+                _items_json(n, counts, failed_items),
+                latest_child.get(n.node_id),
+            )
             for n in nodes
         ],
         "jobs": [_job_json(job, attempts) for job, attempts in jobs],
@@ -308,11 +379,24 @@ def item_json(row: Job, attempts: list[JobAttempt]) -> ItemJson:
     }
 
 
+def _parent_json(row: Execution, workflow: str | None) -> ParentJson | None:
+    if row.parent_execution_id is None or row.parent_node_id is None:
+        return None
+    return {
+        "execution_id": str(row.parent_execution_id),
+        "workflow": workflow,
+        "node": row.parent_node_id,
+        "job_id": str(row.parent_job_id),
+        "try_number": row.parent_try or 0,
+    }
+
+
 def _node_json(
     row: NodeState,
     job: tuple[Job, list[JobAttempt]] | None,
     now: datetime,
     items: ItemsJson | None = None,
+    child: str | None = None,
 ) -> NodeJson:
     attempts = job[1] if job is not None else []
     snoozes = sum(1 for a in attempts if a.status is AttemptStatus.SNOOZED)
@@ -324,6 +408,7 @@ def _node_json(
         "id": row.node_id,
         "status": row.status.value,
         "branch": row.branch,
+        "child": child,
         "attempts": len(attempts) - snoozes,
         "snoozes": snoozes,
         "output": row.output,

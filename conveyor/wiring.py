@@ -68,6 +68,7 @@ def service() -> Conveyor:
         misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
         replay_window=timedelta(days=settings.webhook_replay_window_days),
         map_window=settings.map_window,
+        max_child_depth=settings.max_child_depth,
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made

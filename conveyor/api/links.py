@@ -14,6 +14,7 @@ _EXECUTION = {
     "CancelExecution": (("/v1/executions/{execution_id}/cancel", "post"), "execution_id"),
     "RerunExecution": (("/v1/executions/{execution_id}/rerun", "post"), "execution_id"),
     "ExecutionEvents": (("/v1/executions/{execution_id}/events", "get"), "execution_id"),
+    "ExecutionChildren": (("/v1/executions/{execution_id}/children", "get"), "execution_id"),
 }
 _WORKFLOW = {
     "ShowWorkflow": (("/v1/workflows/{name}", "get"), "name"),
@@ -27,6 +28,7 @@ LINKS: list[tuple[Operation, tuple[str, ...], str, dict[str, tuple[Operation, st
     (("/v1/workflows", "get"), ("200",), "/0/name", _WORKFLOW),
     (("/v1/workflows/{name}/executions", "post"), ("201", "200"), "/id", _EXECUTION),
     (("/v1/executions", "get"), ("200",), "/0/id", _EXECUTION),
+    (("/v1/executions/{execution_id}/children", "get"), ("200",), "/0/id", _EXECUTION),
     (("/v1/events", "post"), ("202",), "/executions/0", _EXECUTION),
     (("/v1/dead-letters", "get"), ("200",), "/0/job_id", _DEAD_LETTER),
 ]

@@ -259,6 +259,26 @@ def list_items(
         return _stored([views.item_json(job, attempts) for job, attempts in rows])
 
 
+@router.get("/executions/{execution_id}/children", tags=["executions"])
+def list_children(
+    execution_id: uuid.UUID,
+    service: ServiceDep,
+    tenant: TenantDep,
+    after: Annotated[
+        uuid.UUID | None, Query(description="The last id of the previous page: the next page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> list[views.ChildJson]:
+    """The child executions the execution's workflow nodes started (every try's), newest
+    first, each with the node and try that started it; page on with ``after`` set to the
+    last id of a page."""
+    _owned(service, tenant, execution_id)
+    where = ExecutionFilter(parent=execution_id)
+    with service.db.transaction() as store:
+        rows = store.list_executions(tenant.id, where=where, after=after, limit=limit)
+        return [views.child_json(e, name, version) for e, name, version in rows]
+
+
 def _stored(view: Any) -> Response:
     """A view holding callers' values (inputs, outputs, definitions), sent as it is: the
     views are JSON already, and the response model's serializer stops at 255 levels, so a

@@ -49,6 +49,7 @@ from conveyor.store import DEFAULT_TENANT
 from conveyor.store.listing import ExecutionFilter
 
 EXAMPLES = migrations.ROOT / "examples"
+INPUT_SUFFIX = ".input.json"  # examples/<name>.input.json: the input of examples/<name>.yaml
 
 executions_app = group("Executions: list, count, show, watch, cancel, rerun.")
 
@@ -190,6 +191,7 @@ def _filter(
     created_before: datetime | None,
     dedupe_key: str | None = None,
     idempotency_key: str | None = None,
+    parent: uuid.UUID | None = None,
 ) -> ExecutionFilter:
     def aware(value: datetime | None) -> datetime | None:  # a time without offset is UTC
         return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
@@ -197,7 +199,7 @@ def _filter(
     return ExecutionFilter(
         status=status, workflow=workflow, node_status=node_status,
         created_after=aware(created_after), created_before=aware(created_before),
-        dedupe_key=dedupe_key, idempotency_key=idempotency_key,
+        dedupe_key=dedupe_key, idempotency_key=idempotency_key, parent=parent,
     )  # fmt: skip
 
 
@@ -211,6 +213,10 @@ def executions_list(
     created_before: Time = None,
     dedupe_key: Annotated[str | None, typer.Option(help="Only this deduplication key.")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="Only this idempotency key.")] = None,
+    parent: Annotated[
+        str | None,
+        typer.Option(metavar="ID", help="Only the children this execution's nodes started."),
+    ] = None,
     after: Annotated[
         str | None, typer.Option(metavar="ID", help="Go on after this id (the last shown).")
     ] = None,
@@ -220,8 +226,9 @@ def executions_list(
     """Executions, newest first, narrowed by the options given (times in UTC unless they
     carry an offset); page on with --after set to the last id shown."""
     where = _filter(
-        status, workflow, node_status, created_after, created_before, dedupe_key, idempotency_key
-    )
+        status, workflow, node_status, created_after, created_before, dedupe_key,
+        idempotency_key, parse_uuid(parent) if parent is not None else None,
+    )  # fmt: skip
     last = parse_uuid(after) if after is not None else None
     with embedded_schema(), wiring.database().transaction() as store:
         tenant_id = store.tenant_id(tenant) if tenant is not None else None
@@ -279,7 +286,8 @@ def executions_show(
     as_json: JsonFlag = False,
 ) -> None:
     """One execution: its nodes with outputs and errors (a map's items summed up), its jobs
-    with every attempt; or, with --items NODE, a page of that map node's items."""
+    with every attempt, the parent that started it and the children it started; or, with
+    --items NODE, a page of that map node's items."""
     parsed = parse_uuid(execution_id)
     if items is not None:
         _show_items(parsed, items, after, limit, status, as_json)
@@ -440,8 +448,10 @@ def demo() -> None:
         )
     from conveyor import demo as demo_nodes  # registers the examples' node functions
 
-    files = sorted(  # (an example's input, <name>.input.json, is no definition)
-        p for p in EXAMPLES.iterdir() if p.suffix in SUFFIXES and not p.stem.endswith(".input")
+    files = sorted(
+        p
+        for p in EXAMPLES.iterdir()
+        if p.suffix in SUFFIXES and not p.name.endswith(INPUT_SUFFIX)  # an example's input
     )
     with workers_if_embedded():
         apply_files(files, DEFAULT_TENANT)

@@ -54,6 +54,7 @@ STATUS_STYLE = {
     "held": "dim",
     "processing": "yellow",
     "dead_letter": "red",
+    "waiting_child": "blue",
 }
 
 
@@ -164,6 +165,8 @@ def _detail(node: NodeJson) -> Text:
     items = node.get("items")
     if items is not None and node["status"] != "completed":
         return Text(items_detail(items), style="dim")
+    if node["status"] == "waiting" and node["child"]:
+        return Text(f"waits for child {node['child']}", style="dim")
     if node["heartbeat_age"] is not None:
         beat = f"heartbeat {fmt_seconds(node['heartbeat_age'])} ago"
         return Text(f"on {node['worker']}, {beat}" if node["worker"] else beat, style="dim")
@@ -252,6 +255,13 @@ def print_execution(view: ExecutionJson) -> None:
             f"{fmt_time(rerun['requested_at'])}{given_input}",
             markup=False,
         )
+    if (parent := view["parent"]) is not None:
+        out.print(
+            f"child of execution {parent['execution_id']} (workflow "
+            f"{parent['workflow'] or '(deleted)'}, node {parent['node']}, try "
+            f"{parent['try_number']}), depth {view['depth']}",
+            markup=False,
+        )
     out.print()
     out.print(progress_table(view, datetime.now(UTC)))
     if (failed := failed_items_table(view)) is not None:
@@ -260,6 +270,9 @@ def print_execution(view: ExecutionJson) -> None:
         out.print(failed)
     out.print()
     out.print(attempts_table(view))
+    if view["children"]:
+        out.print()
+        out.print(children_table(view))
     print_outcome(view)
 
 
@@ -288,6 +301,22 @@ def print_stream_event(event_id: str, kind: str, data: dict[str, Any], as_json: 
         line.append(f"  dedupe key {data['dedupe_key']}")
     line.append(f"  (event {event_id})", style="dim")
     out.print(line, soft_wrap=True)
+
+
+def children_table(view: ExecutionJson) -> Table:
+    """The children its workflow nodes started, newest first (the newest shown of all)."""
+    shown, count = len(view["children"]), view["children_count"]
+    title = f"children ({count})" if shown == count else f"children (newest {shown} of {count})"
+    table = Table(
+        Column("child", no_wrap=True, min_width=36), "node", "try", "workflow", "status",
+        "error", box=None, title=title, title_justify="left",
+    )  # fmt: skip
+    for c in view["children"]:
+        table.add_row(
+            c["id"], c["node"], str(c["try_number"]), f"{c['workflow']} v{c['version']}",
+            styled(c["status"]), Text(short(c["error"] or "", 50), style="red"),
+        )  # fmt: skip
+    return table
 
 
 def print_outcome(view: ExecutionJson) -> None:

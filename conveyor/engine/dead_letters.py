@@ -14,6 +14,10 @@ the jobs it would queue in the database, ``scheduled`` until then, as a delay no
 waits; the execution runs meanwhile and can be cancelled.
 
 Discard moves the dead letter to the archive (status ``discarded``): nothing is ever deleted.
+
+A child execution's dead letter is not requeued: the child's failure settled its parent's
+workflow node in the same transaction (a retry starts a new child, or the node failed), so
+resuming the child would run it for no one; the parent's dead letter is requeued instead.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ def requeue(
         raise InvalidTransition(
             f"dead letter {job_id} is item {job.item_index} of map node {job.node_id!r}; a "
             f"requeue does not resume a map: trigger a new execution (or discard it)"
+        )
+    if (parent := store.execution(job.execution_id).parent) is not None:
+        raise InvalidTransition(
+            f"dead letter {job_id}: its execution is a child of execution "
+            f"{parent.execution_id}, whose node {parent.node_id!r} went on when the child "
+            f"failed (it retried with a new child, or failed); requeue the parent's dead "
+            f"letter instead, which starts a new child"
         )
     if store.has_discarded(job.execution_id):
         raise InvalidTransition(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any
@@ -197,6 +198,10 @@ class Dedupe(BaseModel):
         description="keep_first (default), replace or follow_up: what a newer input for an "
         "active execution with the same deduplication key does.",
     )
+
+
+# What a workflow's name may be made of (a workflow node names one in config.workflow).
+WORKFLOW_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
 
 class Workflow(BaseModel):

@@ -6,7 +6,7 @@ whether its output chooses the branch its successors run on (a condition), and h
 it runs. Validation, planning and the transitions ask the registry (:func:`of`, :func:`named`) and
 never compare the name, so a new type joins in one place: one :func:`register` call.
 
-The four built-in types are described below, in the order the unknown-type message lists them.
+The five built-in types are described below, in the order the unknown-type message lists them.
 Running a python node (a registered function on a node thread) or an http node (a request) is
 I/O, which the engine does not import: the worker attaches those two executors
 (:func:`attach`, in :mod:`conveyor.nodes`).
@@ -22,7 +22,7 @@ from typing import Any, NoReturn, Protocol
 
 from conveyor.engine import bounds, templates
 from conveyor.engine.addresses import AllowList, judge_url
-from conveyor.engine.definitions import Node
+from conveyor.engine.definitions import WORKFLOW_NAME, Node
 from conveyor.engine.parameters import FunctionParameters, input_problems
 from conveyor.engine.template_budget import Deadline
 from conveyor.exceptions import NonRetryableError, Snooze
@@ -127,6 +127,7 @@ class Checking:
     http_allow: AllowList | None  # the operator's CONVEYOR_HTTP_ALLOW; None: unchecked
     # what a registered function takes, to check a python node's inputs; None: unchecked
     parameters: FunctionParameters | None = None
+    workflow: str | None = None  # the name of the workflow the node is in (None: unknown)
 
 
 class ConfigCheck(Protocol):
@@ -168,6 +169,10 @@ class NodeType:
     # Whether a node of this type may carry ``map`` (a try per item of a list): a type whose
     # try runs a function or a request; not one that waits, nor one whose output picks a branch.
     maps: bool = False
+
+    # Its try starts a child execution of the workflow its config names and waits for it,
+    # holding no worker slot (conveyor.engine.children): no executor runs it.
+    starts_child: bool = False
 
 
 _TYPES: dict[str, NodeType] = {}
@@ -223,6 +228,12 @@ def maps(name: object) -> bool:
     """Whether a node of the type registered under ``name`` may carry ``map``."""
     kind = named(name)
     return kind is not None and kind.maps
+
+
+def starts_child(node: Node) -> bool:
+    """Whether ``node``'s try starts a child execution and waits for it (a workflow node)."""
+    kind = of(node)
+    return kind is not None and kind.starts_child
 
 
 def branches(node: Node) -> tuple[str, ...]:
@@ -366,6 +377,29 @@ def _evaluated(step: Step) -> dict[str, Any]:
     return {"result": bool(value), "branch": _IF[0] if value else _IF[1]}
 
 
+def _workflow_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    name, version = config.get("workflow"), config.get("version")
+    errors = []
+    if not isinstance(name, str) or not WORKFLOW_NAME.fullmatch(name):
+        errors.append(
+            "config.workflow is required: the name of the workflow to start as a child "
+            "(letters, digits, '_', '.', '-')"
+        )
+    elif name == checking.workflow:
+        errors.append(
+            f"config.workflow names {name!r}, the workflow this node is in: a workflow may "
+            f"not start itself; name another workflow"
+        )
+    if "version" in config and (
+        isinstance(version, bool) or not isinstance(version, int) or version < 1
+    ):
+        errors.append(
+            f"config.version {version!r} must be a version number (1 or more); leave it out "
+            f"to run the version current when the node starts"
+        )
+    return errors
+
+
 # The tries of these two are I/O: the worker attaches their executors (conveyor.nodes).
 register(
     NodeType(name="python", config_keys=frozenset({"function"}), check=_python_problems, maps=True)
@@ -396,5 +430,13 @@ register(
         check=_condition_problems,
         execute=_evaluated,
         branches=_IF,
+    )
+)
+register(
+    NodeType(
+        name="workflow",
+        config_keys=frozenset({"workflow", "version"}),
+        check=_workflow_problems,
+        starts_child=True,
     )
 )

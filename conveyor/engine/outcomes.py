@@ -68,8 +68,10 @@ def cancel_from_node(
     if status is None or status.finished:
         return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
     # Should it fail or be cancelled meanwhile, it stays as it finished: the node is cancelled
-    forget, _ = stop_execution(store, execution_id, now, reason)
-    return Failed(dispatches=[], outcome=JobStatus.CANCELLED, forget=tuple(forget))
+    stopped = stop_execution(store, execution_id, now, reason)
+    return Failed(
+        dispatches=stopped.dispatches, outcome=JobStatus.CANCELLED, forget=tuple(stopped.forget)
+    )
 
 
 def skip_node(store: Store, run: NodeRun, skip: Skip, now: datetime, duration: float) -> Failed:

@@ -18,6 +18,7 @@ from conveyor.engine.records import (
     DeliveryRecord,
     Dispatch,
     EndpointRecord,
+    ExecutionOutcome,
     ExecutionRecord,
     Finish,
     Fire,
@@ -109,6 +110,12 @@ class Catalog(Protocol):
 
     def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord: ...
 
+    def workflow_version(
+        self, tenant_id: uuid.UUID, name: str, version: int
+    ) -> WorkflowRecord | None:
+        """The tenant's ``version`` of workflow ``name``; None when it has no such version."""
+        ...
+
     def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None: ...
 
     def latest_workflows(
@@ -134,7 +141,7 @@ class Executions(Protocol):
         self,
         execution: ExecutionRecord,
         *,
-        names: tuple[str, str],
+        names: tuple[str, str] | None,
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,
@@ -147,9 +154,11 @@ class Executions(Protocol):
         """The trigger: the execution, and when it is planned at once (``waiting_on``: each
         node's count of needs) its node states (``queued`` queued, the rest pending) and first
         ``jobs``, or else its ``start_job``. Nothing is stored when ``names`` (tenant,
-        workflow) no longer name the execution's version as the latest (STALE), or when its
-        idempotency key, or the deduplication key of an active execution, is taken
-        (KEY_TAKEN). Needs no transaction around it."""
+        workflow) no longer name the execution's version as the latest (STALE; None: a
+        version the caller read in this unit of work, a child's, is not checked), or when its
+        idempotency key, the deduplication key of an active execution, or (a child:
+        ``execution.parent``) its parent job's try, is taken (KEY_TAKEN). Needs no
+        transaction around it."""
         ...
 
     def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
@@ -211,8 +220,22 @@ class Executions(Protocol):
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
         """Cancel the jobs and nodes that have not started (jobs queued, parked, held or
-        waiting for their time; nodes pending or queued, and the map nodes whose items run);
-        the node jobs among them that the limiter may know (not the held items)."""
+        waiting for their time, and those waiting for a child: the caller stops the children;
+        nodes pending, queued or waiting, and the map nodes whose items run); the node jobs
+        among them that the limiter may know (not the held items)."""
+        ...
+
+    def execution_outcome(self, execution_id: uuid.UUID) -> ExecutionOutcome | None:
+        """Its status, output, error and first dead letter (None: no such execution)."""
+        ...
+
+    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
+        """Its children still pending or running, oldest first."""
+        ...
+
+    def children_to_settle(self, limit: int) -> list[uuid.UUID]:
+        """Finished children whose parent's job still waits for them in the try that started
+        them: a wait their finish left unsettled (none should be), oldest first."""
         ...
 
 
@@ -295,6 +318,12 @@ class Jobs(Protocol):
         makes none of them ready (else False, nothing changed): each one need fewer, the
         node settled and, with ``finish``, the execution completed if it was the last.
         Needs no transaction around it."""
+        ...
+
+    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
+        """waiting_child -> processing while try ``try_number`` is current: the try that
+        started a child, its outcome to be recorded next in the same transaction. None, and
+        nothing changed, when the job does not wait (settled already, or another try's)."""
         ...
 
     def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:

@@ -133,6 +133,34 @@ class ExecutionRecord:
     # how many times an operator re-ran it from a node: its nodes' jobs may be held
     # (JobStatus.HELD), and a node may have an input a rerun gave it
     reruns: int = 0
+    parent: ParentLink | None = None  # the workflow node that started it (None: not a child)
+    depth: int = 0  # how many parents it has: 0 for an execution no node started
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParentLink:
+    """The node job that started a child execution and waits for it: the parent execution,
+    the node, its job and the try of that job that started the child. A child is one per
+    (job, try): a duplicate start finds the key taken, and only that try's wait is settled
+    by the child's finish."""
+
+    execution_id: uuid.UUID
+    node_id: str
+    job_id: uuid.UUID
+    try_number: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionOutcome:
+    """How an execution ended (or where it stands), as a parent's node reads its child:
+    its status, output and error, when it was made, and its first dead letter (the job and
+    its node; None: none)."""
+
+    status: ExecutionStatus
+    output: Any
+    error: str | None
+    created_at: datetime
+    dead_letter: tuple[uuid.UUID, str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,7 +8,8 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import node_types, planning
+from conveyor.engine import node_types, parents, planning
+from conveyor.engine.cancellation import stop_children
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import Node
 from conveyor.engine.ports import Store
@@ -79,21 +80,27 @@ def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> lis
     remaining = store.settle_nodes(execution.id, settled, finish)  # last: it locks the row
     if remaining == 0 and finish is None:
         _finish(store, run, shape, now, known)
-    if remaining == 0:  # it finished: a follow-up left on it starts
+    if remaining == 0:  # it finished: a follow-up left on it starts, a parent's node settles
         dispatches += follow_up(store, execution.id, workflow, now)
+        dispatches += parents.child_finished(store, execution, now)
     return dispatches
 
 
 def node_failed(store: Store, run: NodeRun, now: datetime, error: str) -> list[Dispatch]:
     """A node recorded failed after its tries: its successors go on without it when it
     continues on failure; else the execution fails with ``error``, its nodes not started
-    cancelled, and a follow-up left on it starts (its messages)."""
+    cancelled, its children stopped, a follow-up left on it starts (its messages) and, if it
+    is a child, its parent's node settles."""
     if run.node.continue_on_failure:
         return settle(store, run, now)
     execution_id = run.execution.id
     store.cancel_unstarted(execution_id, now)
-    store.finish_execution(execution_id, ExecutionStatus.FAILED, now, error=error)
-    return follow_up(store, execution_id, run.workflow, now)
+    finished = store.finish_execution(execution_id, ExecutionStatus.FAILED, now, error=error)
+    followed = follow_up(store, execution_id, run.workflow, now)
+    if finished:  # its children stop; if it is one, its parent's node settles
+        stop_children(store, execution_id, now, error)
+        followed += parents.child_finished(store, run.execution, now)
+    return followed
 
 
 def known_finish(

@@ -26,6 +26,9 @@ class JobStatus(StrEnum):
     QUEUED = "queued"  # committed and published (or about to be); a worker may claim it
     PARKED = "parked"  # waits without a message for a concurrency permit; a release wakes it
     PROCESSING = "processing"  # claimed by a worker, a try is running
+    # its try started a child execution (a workflow node) and waits, holding no worker slot
+    # and no permit, for the child to finish: the child's finish records the try's outcome
+    WAITING_CHILD = "waiting_child"
     RETRY_WAIT = "retry_wait"  # a try failed or snoozed; waits in the database until next_run_at
     SCHEDULED = "scheduled"  # waits in the database until next_run_at (delay nodes)
     COMPLETED = "completed"  # the work is done and its result recorded
@@ -46,12 +49,16 @@ ACTIVE_EXECUTION = (ExecutionStatus.PENDING, ExecutionStatus.RUNNING)
 DEFAULT_TENANT = "default"
 # A job a message may start: queued, or parked by the limiter until a permit frees.
 RUNNABLE_JOB = (JobStatus.QUEUED, JobStatus.PARKED)
+# Jobs an execution's stop cancels: those not started, and those waiting for a child (whose
+# children the stop cancels too); a job processing is told to stop instead.
+STOPPABLE_JOB = (*RUNNABLE_JOB, *WAITING_JOB, JobStatus.WAITING_CHILD)
 
 
 class NodeStatus(StrEnum):
     PENDING = "pending"  # waits for its needs to settle
     QUEUED = "queued"  # its job exists and waits for a worker (or for its time)
     RUNNING = "running"  # a worker is running it
+    WAITING = "waiting"  # a workflow node: its child execution runs, and it waits for it
     COMPLETED = "completed"  # ran and stored its output
     FAILED = "failed"  # exhausted its tries
     SKIPPED = "skipped"  # on a branch a condition did not take, or all its needs skipped
@@ -60,6 +67,10 @@ class NodeStatus(StrEnum):
     @property
     def settled(self) -> bool:
         return self in SETTLED_NODE
+
+
+# Nodes an execution's stop cancels: not started, or waiting for a child the stop cancels.
+STOPPABLE_NODE = (NodeStatus.PENDING, NodeStatus.QUEUED, NodeStatus.WAITING)
 
 
 SETTLED_NODE = frozenset(
@@ -99,6 +110,7 @@ class TriggerSource(StrEnum):
     SCHEDULE = "schedule"  # a cron schedule fired
     EVENT = "event"  # an application event matched a subscription (standard automation)
     BACKGROUND = "background"  # background and clean-up work an application enqueues
+    WORKFLOW = "workflow"  # a workflow node of a parent execution started it (a child)
 
     @property
     def priority(self) -> Priority:
@@ -112,6 +124,7 @@ _SOURCE_PRIORITY = {
     TriggerSource.SCHEDULE: Priority.NORMAL,
     TriggerSource.EVENT: Priority.NORMAL,
     TriggerSource.BACKGROUND: Priority.LOW,
+    TriggerSource.WORKFLOW: Priority.NORMAL,  # (a child takes its parent's priority)
 }
 
 

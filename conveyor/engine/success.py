@@ -40,6 +40,8 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
             return False  # it may be the last: the execution's output must be read
         if run.workflow.dedupe.policy is not DedupePolicy.KEEP_FIRST:
             return False  # it may be the last: a follow-up left on it is to start
+        if run.execution.parent is not None:
+            return False  # it may be the last: its parent's node is to settle
     branch = output.get("branch") if node_types.branches(run.node) else None
     return store.complete_running(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,

@@ -23,7 +23,9 @@ from conveyor.engine.records import (
     Dispatch,
     ExecutionRecord,
     Limits,
+    ParentLink,
     TraceContext,
+    WorkflowRecord,
 )
 from conveyor.engine.states import (
     AttemptStatus,
@@ -192,7 +194,7 @@ def _create(
     execution: ExecutionRecord,
     workflow: Workflow,
     shape: planning.Plan,
-    names: tuple[str, str],
+    names: tuple[str, str] | None,
     source: TriggerSource,
     now: datetime,
     idempotency_key: str | None,
@@ -200,7 +202,9 @@ def _create(
     followed: bool = False,
 ) -> tuple[Created, list[Dispatch]]:
     """Insert the execution: planned at once (``running``, node states, root jobs) when
-    small, else ``pending`` with a start job; and the messages to publish."""
+    small, else ``pending`` with a start job; and the messages to publish. ``names``: the
+    (tenant, workflow) it is the latest version of; None for a version read in this unit of
+    work (a child's)."""
     later = execution.scheduled_for is not None and execution.scheduled_for > now
     if len(workflow.nodes) <= INLINE_PLAN_NODES and not later:
         execution = replace(execution, status=ExecutionStatus.RUNNING)
@@ -291,6 +295,35 @@ def follow_up(
         dedupe_key=left.dedupe_key, priority=left.priority, source=left.source, followed=True,
     )  # fmt: skip
     return made.dispatches
+
+
+def start_child(
+    store: Store,
+    *,
+    version: WorkflowRecord,
+    input: Any,
+    parent: ExecutionRecord,
+    link: ParentLink,
+    now: datetime,
+) -> Triggered:
+    """A child execution of ``version`` (read by the caller in this transaction), started by
+    the workflow node ``link`` names, made as a trigger makes one: planned at once when
+    small (its root jobs to publish), else with a start job. It runs at its parent's
+    priority, in its trace, one level deeper. A second start for the same job and try finds
+    the key taken and makes nothing (``replayed``)."""
+    workflow, shape = load_workflow(store, version.id)
+    execution = ExecutionRecord(
+        id=new_id(), tenant_id=parent.tenant_id, workflow_id=version.id,
+        status=ExecutionStatus.PENDING, priority=parent.priority,
+        input=input if input is not None else {}, created_at=now, trace=parent.trace,
+        parent=link, depth=parent.depth + 1,
+    )  # fmt: skip
+    created, dispatches = _create(
+        store, execution, workflow, shape, None, TriggerSource.WORKFLOW, now, None, None
+    )
+    if created is not Created.CREATED:
+        return Triggered(execution_id=execution.id, dispatches=[], replayed=True)
+    return Triggered(execution_id=execution.id, dispatches=dispatches)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,6 +85,7 @@ def validate(
             known_functions=known_functions,
             http_allow=http_allow,
             parameters=parameters,
+            workflow=name if isinstance(name := data.get("name"), str) else None,
         )
         errors += _node_errors(_label(nodes, index), node, checking)
     errors += _output_errors(data.get("output"), _ids(nodes))

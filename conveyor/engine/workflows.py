@@ -8,13 +8,14 @@ import uuid
 from collections import OrderedDict
 from datetime import datetime
 
-from conveyor.engine import planning
+from conveyor.engine import node_types, planning
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
     WorkflowRecord,
 )
 from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import DefinitionError
 
 _cache: OrderedDict[uuid.UUID, tuple[Workflow, planning.Plan]] = OrderedDict()
 _cache_lock = threading.Lock()
@@ -45,12 +46,61 @@ def load_workflow(store: Store, workflow_id: uuid.UUID) -> tuple[Workflow, plann
 def apply_workflow(
     store: Store, tenant: str, definition: Workflow, now: datetime
 ) -> tuple[WorkflowRecord, bool]:
-    """Store a new version when the definition changed; (latest version, whether it is new)."""
+    """Store a new version when the definition changed; (latest version, whether it is new).
+    A :class:`DefinitionError` when its workflow nodes would start it again, through the
+    workflows the tenant has stored (see :func:`child_cycle`)."""
     workflow = parse_workflow(definition)
     tenant_id = store.tenant_id(tenant)
     latest = store.latest_workflow(tenant_id, workflow.name)
     digest = workflow.digest()
     if latest is not None and latest.digest == digest:
         return latest, False
+    if cycle := child_cycle(store, tenant_id, workflow):
+        path = " -> ".join(cycle)
+        raise DefinitionError([
+            f"workflow: its workflow nodes start {workflow.name!r} again through the "
+            f"workflows applied ({path}); workflows may not start each other in a circle: "
+            f"remove one of these workflow nodes, or start another workflow"
+        ])  # fmt: skip
     definition_json = workflow.model_dump(mode="json")
     return store.add_workflow_version(tenant_id, workflow.name, digest, definition_json, now), True
+
+
+def child_cycle(store: Store, tenant_id: uuid.UUID, workflow: Workflow) -> list[str] | None:
+    """The circle of workflows that ``workflow``'s nodes would start (the latest stored
+    versions, or those pinned), were it applied as the tenant's latest version: the names
+    from it back to it; None when no workflow it starts, however deep, starts it again.
+    Each stored version is read once; a workflow not applied yet starts nothing."""
+    seen: set[tuple[str, int | None]] = set()
+    paths: list[tuple[Workflow, list[str]]] = [(workflow, [workflow.name])]
+    while paths:
+        current, path = paths.pop()
+        for name, version in _children_of(current):
+            if name == workflow.name and (
+                version is None or not _stored(store, tenant_id, name, version)
+            ):
+                return [*path, name]
+            if (name, version) in seen:
+                continue
+            seen.add((name, version))
+            found = _stored(store, tenant_id, name, version)
+            if found is not None:
+                paths.append((load_workflow(store, found.id)[0], [*path, name]))
+    return None
+
+
+def _children_of(workflow: Workflow) -> list[tuple[str, int | None]]:
+    """The (workflow, version) each of its workflow nodes starts (version None: the latest)."""
+    return [
+        (node.config["workflow"], node.config.get("version"))
+        for node in workflow.nodes
+        if node_types.starts_child(node)
+    ]
+
+
+def _stored(
+    store: Store, tenant_id: uuid.UUID, name: str, version: int | None
+) -> WorkflowRecord | None:
+    if version is None:
+        return store.latest_workflow(tenant_id, name)
+    return store.workflow_version(tenant_id, name, version)

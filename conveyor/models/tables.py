@@ -232,6 +232,23 @@ class Execution(Base):
             postgresql_where=text("dedupe_key IS NOT NULL AND status IN ('pending', 'running')"),
             sqlite_where=text("dedupe_key IS NOT NULL AND status IN ('pending', 'running')"),
         ),
+        # A child is one per (parent job, try): a start delivered twice makes one.
+        Index(
+            "uq_executions_parent_try",
+            "parent_job_id",
+            "parent_try",
+            unique=True,
+            postgresql_where=text("parent_job_id IS NOT NULL"),
+            sqlite_where=text("parent_job_id IS NOT NULL"),
+        ),
+        # A parent's children, newest first (the listing, and a stop cancelling them).
+        Index(
+            "ix_executions_parent_created",
+            "parent_execution_id",
+            "created_at",
+            postgresql_where=text("parent_execution_id IS NOT NULL"),
+            sqlite_where=text("parent_execution_id IS NOT NULL"),
+        ),
         # A fire is (schedule, slot): two checks, or two beats, cannot start it twice.
         Index(
             "uq_executions_schedule_fire",
@@ -271,6 +288,15 @@ class Execution(Base):
     # a node's claim reads the input a rerun gave it, and its ready nodes take their held
     # jobs, only when it is not 0, so that no other execution pays for either.
     reruns: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # A child's parent: the execution, the workflow node, its job and the try of that job
+    # that started it and waits for it (None: no node started it). No foreign key: SQLite
+    # adds one only by rebuilding the table, and a child may outlive its parent's retention.
+    parent_execution_id: Mapped[uuid.UUID | None] = mapped_column(nullable=True)
+    parent_node_id: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    parent_job_id: Mapped[uuid.UUID | None] = mapped_column(nullable=True)
+    parent_try: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How many parents it has (0: no node started it); CONVEYOR_MAX_CHILD_DEPTH bounds it.
+    depth: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     # The W3C trace context where it was triggered, which its tries' spans join
     # (conveyor.tracing); None: their trace is made from its id.
     traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)

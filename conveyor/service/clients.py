@@ -223,9 +223,15 @@ class Clients(ServiceBase):
         return stored
 
     def cancel(self, execution_id: uuid.UUID) -> None:
-        cancelled = self.db.run(lambda s: cancellation.cancel_execution(s, execution_id, utcnow()))
-        if self.gate is not None and cancelled:
+        """Cancel the execution and its children; a child's parent node fails (not retried),
+        and what that makes ready is published."""
+        stopped = self.db.run(lambda s: cancellation.cancel_execution(s, execution_id, utcnow()))
+        if stopped.dispatches:
+            self._publish_now(stopped.dispatches, f"what cancelling {execution_id} made ready")
+        if self.gate is not None and stopped.forget:
             try:
-                self.gate.forget(cancelled)
+                self.gate.forget(stopped.forget)
             except LimitError:  # they are dropped when their turn comes instead
-                log.warning("could not tell the limiter about %d cancelled jobs", len(cancelled))
+                log.warning(
+                    "could not tell the limiter about %d cancelled jobs", len(stopped.forget)
+                )

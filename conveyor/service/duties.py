@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 from conveyor import tracing
 from conveyor.engine import (
+    children,
     due,
     failure,
     ready,
@@ -67,6 +68,9 @@ class Duties(ServiceBase):
 
         - ``reclaimed``: node jobs processing whose heartbeat is older than
           ``heartbeat_timeout``: their try failed (worker lost), the retry policy decides;
+        - ``waits_settled``: parents' nodes still waiting on a child that has finished
+          (none should be: the child's finish settles its parent's node), settled as the
+          child's finish would have;
         - ``republished``: jobs (and webhook deliveries) queued for over ``lost_after``
           seconds whose queue in the broker cannot hold them all (``broker_holds``: at most
           how many jobs each queue's waiting messages name; None when it cannot tell, and
@@ -86,6 +90,7 @@ class Duties(ServiceBase):
         reclaimed = self.db.run(reclaim)
         for failed in reclaimed:
             self._publish(failed.dispatches)
+        settled = self._settle_waits(now, batch)
         with self.db.transaction() as store:
             stale = store.stale_queued(now - timedelta(seconds=lost_after), batch)
             waiting = store.stale_deliveries(now - timedelta(seconds=lost_after), batch)
@@ -104,10 +109,23 @@ class Duties(ServiceBase):
         lost = self._claim_resend(lost, JobStatus.QUEUED, now, lost_after)
         self._publish(lost)
         self.db.run(lambda s: s.count_recovered("republished", len(lost)))
-        done = {"reclaimed": len(reclaimed), "republished": len(lost)}
+        done = {"reclaimed": len(reclaimed), "republished": len(lost), "waits_settled": settled}
         if any(done.values()):
             log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
         return done
+
+    def _settle_waits(self, now: datetime, batch: int) -> int:
+        """Parents' nodes still waiting on a child that has finished, settled: none should be
+        (the child's finish settles its parent's node in the same transaction)."""
+
+        def settle(store: SqlStore) -> tuple[int, list[Dispatch]]:
+            settled, dispatches = children.settle_waiting(store, now, batch)
+            store.count_recovered("waits_settled", settled)
+            return settled, dispatches
+
+        settled, dispatches = self.db.run(settle)
+        self._publish(dispatches)
+        return settled
 
     def _claim_resend(
         self, messages: list[Dispatch], status: JobStatus, now: datetime, lapse: float

@@ -14,9 +14,11 @@ from sqlalchemy.exc import DataError
 from conveyor import logs, nodes, tracing
 from conveyor.batches import Member, run_batch
 from conveyor.engine import (
+    children,
     claiming,
     failure,
     mapping,
+    node_types,
     outcomes,
     subscriptions,
     success,
@@ -242,6 +244,8 @@ class Workers(ServiceBase):
             **tracing.log_fields(),
         )
         job_log.info("job received")
+        if node_types.starts_child(run.node):
+            return self._start_child(run, job_log)
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt,
             item=run.job.item, index=run.job.item_index,
@@ -284,6 +288,32 @@ class Workers(ServiceBase):
                 run.execution.workflow_id, run.node.id, time.monotonic() - started
             )
         self._publish(dispatches)
+        return ran
+
+    def _start_child(self, run: claiming.NodeRun, job_log: Any) -> Ran:
+        """A workflow node's try: one transaction leaves its job waiting and starts the
+        child (whose first jobs are published after commit), or fails the try. Nothing runs
+        here while the child does: the worker slot and the permits are free once this
+        returns."""
+        ran = Ran(
+            job_id=run.job.id, outcome=JobStatus.WAITING_CHILD, workflow=run.workflow.name,
+            node=run.node.id,
+        )  # fmt: skip
+        started = self.db.run(
+            lambda s: children.start_child(
+                s, run, utcnow(), max_depth=self.max_child_depth, rng=self._rng
+            )
+        )
+        self._publish(started.dispatches)
+        if started.failed is not None and started.error is not None:
+            _log_failure(job_log, started.failed, started.error, 0.0)
+            return _failed(ran, started.failed, started.error)
+        if not started.waiting:
+            job_log.info("job stopped", outcome=None, reason="reclaimed before its child started")
+            return replace(ran, outcome=None)
+        tracing.outcome("waiting_child")
+        child = str(started.child_id) if started.child_id else "started before"
+        job_log.info("child started", child_execution_id=child)
         return ran
 
     def _record_success(

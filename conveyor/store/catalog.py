@@ -80,6 +80,18 @@ class CatalogQueries(StoreCore):
         ).one_or_none()
         return workflow_record(row) if row else None
 
+    def workflow_version(
+        self, tenant_id: uuid.UUID, name: str, version: int
+    ) -> WorkflowRecord | None:
+        row = self._core(
+            select(WORKFLOWS).where(
+                WORKFLOWS.c.tenant_id == tenant_id,
+                WORKFLOWS.c.name == name,
+                WORKFLOWS.c.version == version,
+            )
+        ).one_or_none()
+        return workflow_record(row) if row else None
+
     def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord:
         row = self.session.get(WorkflowVersion, workflow_id)
         if row is None:

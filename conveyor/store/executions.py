@@ -26,19 +26,24 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from conveyor.engine.records import (
+    ExecutionOutcome,
     ExecutionRecord,
     Finish,
     FollowUp,
     Limits,
     NodeRow,
+    ParentLink,
     TraceContext,
 )
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
+    FINISHED_EXECUTION,
     RUNNABLE_JOB,
+    STOPPABLE_NODE,
     WAITING_JOB,
     ExecutionStatus,
     JobKind,
+    JobStatus,
     NodeStatus,
     Priority,
     TriggerSource,
@@ -75,10 +80,13 @@ class ExecutionQueries(StoreCore):
         trace: TraceContext | None = None,
         scheduled_for: datetime | None = None,
         limits: Limits | None = None,
+        parent: ParentLink | None = None,
+        depth: int = 0,
     ) -> uuid.UUID:
         """Insert a pending execution (running, with ``planned_nodes`` unsettled, when it is
         planned in the same transaction); :class:`DuplicateExecution` if the tenant has one
-        with this idempotency key (two retries racing: one inserts, the other finds it)."""
+        with this idempotency key (two retries racing: one inserts, the other finds it), or
+        (a child) its parent's job has a child for this try already."""
         execution_id = execution_id or new_id()
         statement = insert(Execution).values(
             id=execution_id,
@@ -98,8 +106,13 @@ class ExecutionQueries(StoreCore):
             scheduled_for=scheduled_for,
             max_attempts=limits.max_attempts if limits else None,
             timeout=limits.timeout if limits else None,
+            parent_execution_id=parent.execution_id if parent else None,
+            parent_node_id=parent.node_id if parent else None,
+            parent_job_id=parent.job_id if parent else None,
+            parent_try=parent.try_number if parent else None,
+            depth=depth,
         )
-        if idempotency_key is None and dedupe_key is None:
+        if idempotency_key is None and dedupe_key is None and parent is None:
             self._core(statement)
             return execution_id
         try:
@@ -226,20 +239,74 @@ class ExecutionQueries(StoreCore):
         return bool(result.rowcount)
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
-        """Cancel the jobs and nodes of an execution that have not started running (and its
-        map nodes whose items run: their items not started are cancelled); returns the
-        cancelled node jobs the limiter may know."""
+        """Cancel the jobs and nodes of an execution that have not started running (those
+        waiting for a child too: the caller stops the children; and its map nodes whose items
+        run: their items not started are cancelled); returns the cancelled node jobs the
+        limiter may know."""
         cancelled = cancel_unstarted_jobs(self, [JOBS.c.execution_id == execution_id], now)
         mapping = (NodeState.status == NodeStatus.RUNNING) & NodeState.items_total.is_not(None)
         self.session.execute(
             update(NodeState)
             .where(
                 NodeState.execution_id == execution_id,
-                NodeState.status.in_([NodeStatus.PENDING, NodeStatus.QUEUED]) | mapping,
+                NodeState.status.in_(STOPPABLE_NODE) | mapping,
             )
             .values(status=NodeStatus.CANCELLED, finished_at=now)
         )
         return cancelled
+
+    # -- children -------------------------------------------------------------------------
+
+    def execution_outcome(self, execution_id: uuid.UUID) -> ExecutionOutcome | None:
+        row = self._core(
+            select(
+                EXECUTIONS.c.status, EXECUTIONS.c.output, EXECUTIONS.c.error,
+                EXECUTIONS.c.created_at,
+            ).where(EXECUTIONS.c.id == execution_id)
+        ).one_or_none()  # fmt: skip
+        if row is None:
+            return None
+        dead = self._core(
+            select(JOBS.c.id, JOBS.c.node_id)
+            .where(
+                JOBS.c.execution_id == execution_id,
+                JOBS.c.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
+            )
+            .order_by(JOBS.c.completed_at, JOBS.c.id)
+            .limit(1)
+        ).one_or_none()
+        return ExecutionOutcome(
+            status=row.status, output=row.output, error=row.error, created_at=row.created_at,
+            dead_letter=(dead.id, dead.node_id) if dead is not None else None,
+        )  # fmt: skip
+
+    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
+        return list(
+            self.session.scalars(
+                select(EXECUTIONS.c.id)
+                .where(
+                    EXECUTIONS.c.parent_execution_id == execution_id,
+                    EXECUTIONS.c.status.in_(ACTIVE_EXECUTION),
+                )
+                .order_by(EXECUTIONS.c.created_at, EXECUTIONS.c.id)
+            )
+        )
+
+    def children_to_settle(self, limit: int) -> list[uuid.UUID]:
+        """Found from the jobs waiting (few), each child by its parent's key."""
+        return list(
+            self.session.scalars(
+                select(EXECUTIONS.c.id)
+                .join(JOBS, JOBS.c.id == EXECUTIONS.c.parent_job_id)
+                .where(
+                    JOBS.c.status == JobStatus.WAITING_CHILD,
+                    EXECUTIONS.c.parent_try == JOBS.c.tries_before + JOBS.c.retry_count + 1,
+                    EXECUTIONS.c.status.in_(FINISHED_EXECUTION),
+                )
+                .order_by(EXECUTIONS.c.finished_at, EXECUTIONS.c.id)
+                .limit(limit)
+            )
+        )
 
     # -- node states ----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
 from conveyor.engine.states import (
     RUNNABLE_JOB,
+    STOPPABLE_JOB,
     WAITING_JOB,
     AttemptStatus,
     JobKind,
@@ -78,6 +79,19 @@ class JobQueries(StoreCore):
             .values(status=new, **values)
         )
         return bool(result.rowcount)
+
+    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
+        row = self._core(
+            update(JOBS)
+            .where(
+                JOBS.c.id == job_id,
+                unindexed(JOBS.c.status) == JobStatus.WAITING_CHILD,
+                *current_try(try_number),
+            )
+            .values(status=JobStatus.PROCESSING)
+            .returning(*JOBS.c)
+        ).one_or_none()
+        return job_record(row) if row else None
 
     def schedule_retry(
         self, job_id: uuid.UUID, next_run_at: datetime, error: str, *, try_number: int
@@ -332,7 +346,7 @@ def cancel_unstarted_jobs(
     store._core(update(JOBS).where(*where, HELD, JOBS.c.item_index.is_not(None)).values(cancelled))
     rows = store._core(
         update(JOBS)
-        .where(*where, JOBS.c.status.in_([*RUNNABLE_JOB, *WAITING_JOB]))
+        .where(*where, JOBS.c.status.in_(STOPPABLE_JOB))
         .values(cancelled)
         .returning(JOBS.c.id, JOBS.c.kind)
     ).all()

@@ -37,6 +37,7 @@ class ExecutionFilter:
     created_before: datetime | None = None  # strictly before
     dedupe_key: str | None = None  # active or finished
     idempotency_key: str | None = None
+    parent: uuid.UUID | None = None  # the children of this execution
 
     def applied(self, query: Select[*Ts]) -> Select[*Ts]:
         if self.status is not None:
@@ -57,6 +58,8 @@ class ExecutionFilter:
             query = query.where(Execution.dedupe_key == self.dedupe_key)
         if self.idempotency_key is not None:
             query = query.where(Execution.idempotency_key == self.idempotency_key)
+        if self.parent is not None:
+            query = query.where(Execution.parent_execution_id == self.parent)
         return query
 
 
@@ -155,6 +158,20 @@ class ListingQueries:
                 f"no execution has id {execution_id}; list them with `conveyor executions list`"
             )
         return row
+
+    def children_count(self, execution_id: uuid.UUID) -> int:
+        """How many children the execution's workflow nodes started, in every try."""
+        counted = select(func.count()).where(Execution.parent_execution_id == execution_id)
+        return int(self.session.execute(counted).scalar_one())
+
+    def workflow_of(self, execution_id: uuid.UUID) -> tuple[str, int] | None:
+        """The name and version of the execution's workflow; None: no such execution."""
+        row = self.session.execute(
+            select(WorkflowVersion.name, WorkflowVersion.version)
+            .join(Execution, Execution.workflow_id == WorkflowVersion.id)
+            .where(Execution.id == execution_id)
+        ).one_or_none()
+        return (row.name, row.version) if row else None
 
     def live_state(self, execution_id: uuid.UUID) -> tuple[str, list[tuple[str, str]]]:
         """An execution's status and its nodes' (as made), in one statement and snapshot:

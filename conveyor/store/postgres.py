@@ -67,7 +67,7 @@ class PostgresStore(SqlStore):
         self,
         execution: ExecutionRecord,
         *,
-        names: tuple[str, str],
+        names: tuple[str, str] | None,
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,
@@ -83,6 +83,7 @@ class PostgresStore(SqlStore):
         if start_job is not None:
             jobs_.append(start_job_row(execution, start_job, now))
         states = list((waiting_on or {}).items())
+        parent = execution.parent
         params = {
             "id": execution.id, "tenant_id": execution.tenant_id,
             "workflow_id": execution.workflow_id,
@@ -108,7 +109,12 @@ class PostgresStore(SqlStore):
             "job_nodes": [j["node_id"] for j in jobs_],
             "job_retries": [j["max_retries"] for j in jobs_],
             "job_next": [j["next_run_at"] for j in jobs_],
-            "tenant_name": names[0], "workflow_name": names[1],
+            "tenant_name": names[0] if names else None,
+            "workflow_name": names[1] if names else None,
+            "parent_execution_id": parent.execution_id if parent else None,
+            "parent_node_id": parent.node_id if parent else None,
+            "parent_job_id": parent.job_id if parent else None,
+            "parent_try": parent.try_number if parent else None, "depth": execution.depth,
         }  # fmt: skip
         ((latest, made),) = self._hot(hot.CREATE_EXECUTION, params)
         if not latest:

@@ -43,7 +43,7 @@ from sqlalchemy.pool import Pool, PoolProxiedConnection
 from conveyor.engine.records import ExecutionRecord, JobRecord, Limits
 from conveyor.engine.states import RUNNABLE_JOB, ExecutionStatus, JobKind, JobStatus, Priority
 from conveyor.models.base import JsonType, UTCDateTime
-from conveyor.store.rows import trace_context
+from conveyor.store.rows import parent_link, trace_context
 
 _DIALECT: Dialect = psycopg_dialect()  # type: ignore[no-untyped-call]
 
@@ -155,6 +155,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
         created_at=row[16].astimezone(UTC), scheduled_for=_utc(row[17]),
         trace=trace_context(row[18], row[19]), limits=Limits.of(row[21], row[22]),
         reruns=row[23],
+        parent=parent_link(row[26], row[27], row[28], row[29]), depth=row[30],
     )  # fmt: skip
     return job, execution, row[20] or {}
 
@@ -202,7 +203,9 @@ SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
        ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns,
-       job.item_index AS x_item_index, job.item AS x_item
+       job.item_index AS x_item_index, job.item AS x_item,
+       ex.parent_execution_id AS x_parent_execution_id, ex.parent_node_id AS x_parent_node_id,
+       ex.parent_job_id AS x_parent_job_id, ex.parent_try AS x_parent_try, ex.depth AS x_depth
 FROM job, ex
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
@@ -353,27 +356,33 @@ COMPLETE_BEFORE_ONE = _complete_alone(_LOCK_SUCCESSOR, bindparam("successor", ty
 
 
 # An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
-# idempotency or deduplication key inserts nothing: the rows hang off ``made``'s RETURNING.
-# Nor does a workflow version that is not the tenant's latest any more (``target``): the
-# caller planned it from what it knew, and plans again.
+# idempotency or deduplication key, or a child's (parent job, try), inserts nothing: the rows
+# hang off ``made``'s RETURNING. Nor does a workflow version that is not the tenant's latest
+# any more (``target``): the caller planned it from what it knew, and plans again. Without
+# names (a child's version, read in the caller's transaction) there is nothing to check.
 CREATE_EXECUTION = Statement(
     text(
         """
 WITH target AS (
-    SELECT (SELECT w.id FROM workflows w JOIN tenants t ON t.id = w.tenant_id
-            WHERE t.id = :tenant_id AND t.name = :tenant_name AND w.name = :workflow_name
-            ORDER BY w.version DESC LIMIT 1) = :workflow_id AS latest
+    SELECT CASE WHEN CAST(:workflow_name AS varchar) IS NULL THEN true
+        ELSE (SELECT w.id FROM workflows w JOIN tenants t ON t.id = w.tenant_id
+              WHERE t.id = :tenant_id AND t.name = :tenant_name AND w.name = :workflow_name
+              ORDER BY w.version DESC LIMIT 1) = :workflow_id
+    END AS latest
 ), made AS (
     INSERT INTO executions (id, tenant_id, workflow_id, status, priority, trigger, input,
                             remaining_nodes, started_at, created_at, idempotency_key,
                             dedupe_key, traceparent, tracestate, scheduled_for,
-                            max_attempts, timeout)
+                            max_attempts, timeout, parent_execution_id, parent_node_id,
+                            parent_job_id, parent_try, depth)
     SELECT :id, :tenant_id, :workflow_id, CAST(:status AS varchar),
            CAST(:priority AS varchar), CAST(:trigger AS varchar), :input, :remaining_nodes,
            CAST(:started_at AS timestamptz), :now, CAST(:idempotency_key AS varchar),
            CAST(:dedupe_key AS varchar), CAST(:traceparent AS varchar),
            CAST(:tracestate AS varchar), CAST(:scheduled_for AS timestamptz),
-           CAST(:max_attempts AS integer), CAST(:timeout AS double precision)
+           CAST(:max_attempts AS integer), CAST(:timeout AS double precision),
+           CAST(:parent_execution_id AS uuid), CAST(:parent_node_id AS varchar),
+           CAST(:parent_job_id AS uuid), CAST(:parent_try AS integer), :depth
     FROM target WHERE target.latest
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -402,6 +411,7 @@ SELECT coalesce((SELECT latest FROM target), false) AS latest,
         bindparam("now", type_=UTCDateTime()),
         bindparam("started_at", type_=UTCDateTime()),
         bindparam("scheduled_for", type_=UTCDateTime()),
+        bindparam("depth", type_=Integer()),
     )
 )
 

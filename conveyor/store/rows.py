@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from sqlalchemy import Row
@@ -11,6 +12,7 @@ from conveyor.engine.records import (
     ExecutionRecord,
     JobRecord,
     Limits,
+    ParentLink,
     ScheduleRecord,
     TraceContext,
     WorkflowRecord,
@@ -53,7 +55,23 @@ def execution_record(row: Execution | Row[Any]) -> ExecutionRecord:
         trace=trace_context(row.traceparent, row.tracestate),
         limits=Limits.of(row.max_attempts, row.timeout),
         reruns=row.reruns,
-    )
+        parent=parent_link(row.parent_execution_id, row.parent_node_id, row.parent_job_id,
+                           row.parent_try),
+        depth=row.depth,
+    )  # fmt: skip
+
+
+def parent_link(
+    execution_id: uuid.UUID | None,
+    node_id: str | None,
+    job_id: uuid.UUID | None,
+    try_number: int | None,
+) -> ParentLink | None:
+    """A child's stored parent columns as its record carries them (None: not a child)."""
+    if execution_id is None or node_id is None or job_id is None or try_number is None:
+        return None
+    return ParentLink(execution_id=execution_id, node_id=node_id, job_id=job_id,
+                      try_number=try_number)  # fmt: skip
 
 
 def trace_context(traceparent: str | None, tracestate: str | None) -> TraceContext | None:

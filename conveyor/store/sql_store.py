@@ -45,7 +45,7 @@ class SqlStore(
         self,
         execution: ExecutionRecord,
         *,
-        names: tuple[str, str],
+        names: tuple[str, str] | None,
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,

@@ -39,7 +39,7 @@ class SqliteStore(SqlStore):
         self,
         execution: ExecutionRecord,
         *,
-        names: tuple[str, str],
+        names: tuple[str, str] | None,
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,
@@ -50,7 +50,7 @@ class SqliteStore(SqlStore):
         start_job: uuid.UUID | None = None,
     ) -> Created:
         """See :class:`~conveyor.engine.ports.Executions`."""
-        if self._stored_target(*names) != (execution.tenant_id, execution.workflow_id):
+        if names is not None and not self._latest(execution, names):
             return Created.STALE  # (a tenant that does not exist is not made, nor refused)
         try:
             self.add_execution(
@@ -60,6 +60,7 @@ class SqliteStore(SqlStore):
                 planned_nodes=len(waiting_on) if waiting_on is not None else None,
                 execution_id=execution.id, trace=execution.trace,
                 scheduled_for=execution.scheduled_for, limits=execution.limits,
+                parent=execution.parent, depth=execution.depth,
             )  # fmt: skip
         except DuplicateExecution:
             return Created.KEY_TAKEN
@@ -71,6 +72,10 @@ class SqliteStore(SqlStore):
             start = start_job_row(execution, start_job, now)
             self._core(insert(JOBS).values({**start, "execution_id": execution.id}))
         return Created.CREATED
+
+    def _latest(self, execution: ExecutionRecord, names: tuple[str, str]) -> bool:
+        """Whether ``names`` (tenant, workflow) name the execution's version as the latest."""
+        return self._stored_target(*names) == (execution.tenant_id, execution.workflow_id)
 
     def add_node_jobs(
         self, execution: ExecutionRecord, jobs: Sequence[NewJob], now: datetime

@@ -97,6 +97,7 @@ _SHOWN = {
     JobStatus.COMPLETED: "completed",
     JobStatus.CANCELLED: "cancelled: its execution was stopped",
     JobStatus.PARKED: "parked until a permit is free, or not runnable any more",
+    JobStatus.WAITING_CHILD: "waiting for its child execution (no worker slot held)",
     None: "dropped: its job was not queued any more",
 }
 

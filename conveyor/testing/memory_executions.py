@@ -13,17 +13,21 @@ from typing import Any
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import (
     Created,
+    ExecutionOutcome,
     ExecutionRecord,
     Finish,
     FollowUp,
     NewJob,
     NodeRow,
+    ParentLink,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
     DEFAULT_TENANT,
     RUNNABLE_JOB,
+    STOPPABLE_JOB,
+    STOPPABLE_NODE,
     WAITING_JOB,
     ExecutionStatus,
     JobKind,
@@ -117,6 +121,15 @@ class MemoryCatalog(MemoryCore):
         latest = self.latest_workflow(tenant_id, workflow)
         return tenant_id, latest.id if latest else None
 
+    def workflow_version(
+        self, tenant_id: uuid.UUID, name: str, version: int
+    ) -> WorkflowRecord | None:
+        return next(
+            (w for w in self.tables.workflows.values()
+             if (w.tenant_id, w.name, w.version) == (tenant_id, name, version)),
+            None,
+        )  # fmt: skip
+
     def workflow(self, workflow_id: uuid.UUID) -> WorkflowRecord:
         if (found := self.tables.workflows.get(workflow_id)) is None:
             raise WorkflowNotFound(f"no workflow version has id {workflow_id}")
@@ -162,7 +175,7 @@ class MemoryExecutions(MemoryCatalog):
         self,
         execution: ExecutionRecord,
         *,
-        names: tuple[str, str],
+        names: tuple[str, str] | None,
         trigger: str,
         now: datetime,
         idempotency_key: str | None = None,
@@ -172,18 +185,13 @@ class MemoryExecutions(MemoryCatalog):
         jobs: Sequence[NewJob] = (),
         start_job: uuid.UUID | None = None,
     ) -> Created:
-        tenant = self._tenant_named(names[0])
-        latest = self.latest_workflow(tenant.id, names[1]) if tenant else None
-        if (
-            tenant is None
-            or tenant.id != execution.tenant_id
-            or latest is None
-            or (latest.id != execution.workflow_id)
-        ):
+        if names is not None and not self._latest(execution, names):
             return Created.STALE
-        if self._key_taken(execution.tenant_id, idempotency_key, dedupe_key):
+        if self._key_taken(execution.tenant_id, idempotency_key, dedupe_key) or (
+            execution.parent is not None and self._child_of(execution.parent) is not None
+        ):
             return Created.KEY_TAKEN
-        planned = waiting_on is not None
+        planned, parent = waiting_on is not None, execution.parent
         self.tables.executions[execution.id] = ExecutionRow(
             id=execution.id, tenant_id=execution.tenant_id, workflow_id=execution.workflow_id,
             status=ExecutionStatus.RUNNING if planned else ExecutionStatus.PENDING,
@@ -195,6 +203,10 @@ class MemoryExecutions(MemoryCatalog):
             scheduled_for=execution.scheduled_for,
             max_attempts=execution.limits.max_attempts if execution.limits else None,
             timeout=execution.limits.timeout if execution.limits else None,
+            parent_execution_id=parent.execution_id if parent else None,
+            parent_node_id=parent.node_id if parent else None,
+            parent_job_id=parent.job_id if parent else None,
+            parent_try=parent.try_number if parent else None, depth=execution.depth,
         )  # fmt: skip
         if waiting_on is not None:
             self.add_node_states(execution.id, waiting_on, queued)
@@ -203,6 +215,22 @@ class MemoryExecutions(MemoryCatalog):
         if start_job is not None:
             self._add_start_job(execution, start_job, now)
         return Created.CREATED
+
+    def _latest(self, execution: ExecutionRecord, names: tuple[str, str]) -> bool:
+        """Whether ``names`` (tenant, workflow) name the execution's version as the latest."""
+        tenant = self._tenant_named(names[0])
+        if tenant is None or tenant.id != execution.tenant_id:
+            return False
+        latest = self.latest_workflow(tenant.id, names[1])
+        return latest is not None and latest.id == execution.workflow_id
+
+    def _child_of(self, parent: ParentLink) -> ExecutionRow | None:
+        """The child the parent's job started in that try (as uq_executions_parent_try)."""
+        return next(
+            (e for e in self.tables.executions.values()
+             if (e.parent_job_id, e.parent_try) == (parent.job_id, parent.try_number)),
+            None,
+        )  # fmt: skip
 
     def _key_taken(self, tenant_id: uuid.UUID, idempotency: str | None, dedupe: str | None) -> bool:
         """As the unique indexes decide: an idempotency key once per tenant, a deduplication
@@ -322,26 +350,62 @@ class MemoryExecutions(MemoryCatalog):
         cancelled = self._cancel_jobs(lambda j: j.execution_id == execution_id, now)
         for node in self._nodes_of(execution_id):
             mapping = node.status is NodeStatus.RUNNING and node.items_total is not None
-            if node.status in (NodeStatus.PENDING, NodeStatus.QUEUED) or mapping:
+            if node.status in STOPPABLE_NODE or mapping:
                 self._set_node(node, status=NodeStatus.CANCELLED, finished_at=now)
         return cancelled
 
     def _cancel_jobs(self, mine: Callable[[JobRow], bool], now: datetime) -> list[uuid.UUID]:
-        """Cancel the jobs ``mine`` picks that have not started; the node jobs among them
-        the limiter may know (not the held items)."""
-        unstarted = {*RUNNABLE_JOB, *WAITING_JOB}
+        """Cancel the jobs ``mine`` picks that have not started (those waiting for a child
+        too); the node jobs among them the limiter may know (not the held items)."""
         cancelled = [
             (j.status, self._set_job(j, status=JobStatus.CANCELLED, completed_at=now))
             for j in list(self.tables.jobs.values())
             if mine(j)
             and (
-                j.status in unstarted
+                j.status in STOPPABLE_JOB
                 or (j.status is JobStatus.HELD and j.item_index is not None)  # a rerun's stays
             )
         ]
         return [
             j.id for was, j in cancelled if j.kind is JobKind.NODE and was is not JobStatus.HELD
         ]
+
+    # -- children -------------------------------------------------------------------------
+
+    def execution_outcome(self, execution_id: uuid.UUID) -> ExecutionOutcome | None:
+        if (row := self._execution_row(execution_id)) is None:
+            return None
+        dead = sorted(
+            (j for j in self.tables.jobs.values()
+             if j.execution_id == execution_id
+             and j.status in (JobStatus.DEAD_LETTER, JobStatus.DISCARDED)),
+            key=lambda j: (j.completed_at or row.created_at, j.id),
+        )  # fmt: skip
+        return ExecutionOutcome(
+            status=row.status, output=row.output, error=row.error, created_at=row.created_at,
+            dead_letter=(dead[0].id, dead[0].node_id or "") if dead else None,
+        )  # fmt: skip
+
+    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
+        found = (
+            e for e in self.tables.executions.values()
+            if e.parent_execution_id == execution_id and e.status in ACTIVE_EXECUTION
+        )  # fmt: skip
+        return [e.id for e in sorted(found, key=lambda e: (e.created_at, e.id))]
+
+    def children_to_settle(self, limit: int) -> list[uuid.UUID]:
+        found = []
+        for child in self.tables.executions.values():
+            job = self.tables.jobs.get(child.parent_job_id) if child.parent_job_id else None
+            if (
+                job is not None
+                and job.status is JobStatus.WAITING_CHILD
+                and job.try_number == child.parent_try
+                and child.status.finished
+            ):
+                found.append(child)
+        found.sort(key=lambda e: (e.finished_at or e.created_at, e.id))
+        return [e.id for e in found[:limit]]
 
     # -- node states ----------------------------------------------------------------------
 

@@ -155,6 +155,12 @@ class MemoryJobs(MemoryExecutions):
         self._set_job(row, status=new, **values)
         return True
 
+    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
+        row = self._current(job_id, JobStatus.WAITING_CHILD, try_number)
+        if row is None:
+            return None
+        return self._set_job(row, status=JobStatus.PROCESSING).record()
+
     def schedule_retry(
         self, job_id: uuid.UUID, next_run_at: datetime, error: str, *, try_number: int
     ) -> bool:

@@ -18,6 +18,7 @@ from conveyor.engine.records import (
     JobRecord,
     Limits,
     NodeRow,
+    ParentLink,
     ScheduleRecord,
     TraceContext,
     WorkflowRecord,
@@ -75,6 +76,11 @@ class ExecutionRow:
     dedupe_key: str | None = None
     follow_up: Any = None
     reruns: int = 0
+    parent_execution_id: uuid.UUID | None = None
+    parent_node_id: str | None = None
+    parent_job_id: uuid.UUID | None = None
+    parent_try: int | None = None
+    depth: int = 0
     traceparent: str | None = None
     tracestate: str | None = None
     created_at: datetime
@@ -88,6 +94,21 @@ class ExecutionRow:
             created_at=self.created_at, scheduled_for=self.scheduled_for,
             trace=trace_of(self.traceparent, self.tracestate),
             limits=Limits.of(self.max_attempts, self.timeout), reruns=self.reruns,
+            parent=self.parent, depth=self.depth,
+        )  # fmt: skip
+
+    @property
+    def parent(self) -> ParentLink | None:
+        if (
+            self.parent_execution_id is None
+            or self.parent_node_id is None
+            or self.parent_job_id is None
+            or self.parent_try is None
+        ):
+            return None
+        return ParentLink(
+            execution_id=self.parent_execution_id, node_id=self.parent_node_id,
+            job_id=self.parent_job_id, try_number=self.parent_try,
         )  # fmt: skip
 
 

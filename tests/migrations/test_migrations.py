@@ -200,3 +200,26 @@ def test_upgrading_to_0015_copies_each_try_s_queue_and_workflow_from_its_job(
         found = conn.exec_driver_sql("SELECT queue, workflow_id FROM job_attempts").one()
     engine.dispose()
     assert (found[0], str(found[1]).replace("-", "")) == ("q", ids["w"].replace("-", ""))
+
+
+def test_the_child_columns_come_and_go_without_rebuilding_the_sqlite_table(sqlite_url: str) -> None:
+    # A rebuilt executions table (an Alembic batch that copies it) loses the triggers that
+    # write the tenant streams' events (0017): 0022 must add and drop its columns in place.
+    config = alembic_config(sqlite_url)
+    engine = make_engine(sqlite_url)
+
+    def triggers() -> list[str]:
+        with engine.connect() as conn:
+            found = conn.exec_driver_sql(
+                "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name"
+            )
+            return [row[0] for row in found]
+
+    expected = ["conveyor_stream_event_insert", "conveyor_stream_event_update"]
+    command.upgrade(config, "0022")
+    assert triggers() == expected
+    assert "depth" in {c["name"] for c in inspect(engine).get_columns("executions")}
+    command.downgrade(config, "0019")
+    assert triggers() == expected
+    assert "depth" not in {c["name"] for c in inspect(engine).get_columns("executions")}
+    engine.dispose()

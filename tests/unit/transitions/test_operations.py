@@ -19,7 +19,9 @@ from tests.support.bench import Bench, node
 
 
 def cancel(bench: Bench, execution_id: uuid.UUID) -> list[uuid.UUID]:
-    return bench.units.run(lambda s: cancellation.cancel_execution(s, execution_id, bench.clock()))
+    return bench.units.run(
+        lambda s: cancellation.cancel_execution(s, execution_id, bench.clock())
+    ).forget
 
 
 def test_a_cancel_stops_what_has_not_started_and_leaves_running_nodes_to_notice(
