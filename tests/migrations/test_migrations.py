@@ -219,7 +219,7 @@ def test_the_child_columns_come_and_go_without_rebuilding_the_sqlite_table(sqlit
     command.upgrade(config, "0022")
     assert triggers() == expected
     assert "depth" in {c["name"] for c in inspect(engine).get_columns("executions")}
-    command.downgrade(config, "0019")
+    command.downgrade(config, "0021")
     assert triggers() == expected
     assert "depth" not in {c["name"] for c in inspect(engine).get_columns("executions")}
     engine.dispose()
