@@ -370,7 +370,7 @@ def test_cancelling_the_execution_cancels_the_items_not_started(bench: Bench) ->
 
     forget = bench.units.run(
         lambda s: cancellation.cancel_execution(s, execution_id, bench.clock())
-    )
+    ).forget
 
     jobs = items(bench, execution_id)
     assert sorted(forget) == sorted(j.id for j in jobs[1:3])  # queued ones; the held unknown
