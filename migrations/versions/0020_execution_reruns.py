@@ -51,9 +51,7 @@ def upgrade() -> None:
     # a string, not sa.text("0"): batch mode copies an SQLite table to add a column whose
     # default is an expression, and the copy loses the stream triggers of 0017.
     with op.batch_alter_table("executions", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("reruns", sa.Integer(), server_default="0", nullable=False)
-        )
+        batch_op.add_column(sa.Column("reruns", sa.Integer(), server_default="0", nullable=False))
 
 
 def downgrade() -> None:
