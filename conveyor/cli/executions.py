@@ -1,7 +1,7 @@
 """``conveyor run``, ``conveyor executions`` and ``conveyor demo``: start executions, follow
-them to their end, inspect, cancel and re-run them. With no broker configured (the embedded default)
-``run`` and ``demo`` migrate the SQLite database and run Celery worker threads in this
-process."""
+them to their end, inspect, cancel and re-run them. With no broker configured (the embedded
+default) ``run``, ``executions rerun`` and ``demo`` migrate the SQLite database and run Celery
+worker threads in this process."""
 
 from __future__ import annotations
 

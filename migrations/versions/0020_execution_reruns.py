@@ -47,11 +47,11 @@ def upgrade() -> None:
     op.create_index(
         "ix_execution_reruns_execution", "execution_reruns", ["execution_id", "id"], unique=False
     )
-    # With a constant default, PostgreSQL adds it without rewriting the table.
+    # With a constant default, PostgreSQL adds it without rewriting the table. The default is
+    # a string, not sa.text("0"): batch mode copies an SQLite table to add a column whose
+    # default is an expression, and the copy loses the stream triggers of 0017.
     with op.batch_alter_table("executions", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("reruns", sa.Integer(), server_default=sa.text("0"), nullable=False)
-        )
+        batch_op.add_column(sa.Column("reruns", sa.Integer(), server_default="0", nullable=False))
 
 
 def downgrade() -> None:

@@ -64,6 +64,34 @@ def test_upgrade_from_empty_matches_the_models(empty_database: str) -> None:
     assert schema_drift(empty_database) == []
 
 
+def stream_triggers(url: str) -> set[str]:
+    engine = make_engine(url)
+    query = (
+        "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+        if engine.dialect.name == "postgresql"
+        else "SELECT name FROM sqlite_master WHERE type = 'trigger'"
+    )
+    with engine.connect() as conn:
+        names = {row[0] for row in conn.exec_driver_sql(query)}
+    engine.dispose()
+    return names
+
+
+def test_the_stream_triggers_of_executions_outlive_every_later_migration(
+    empty_database: str,
+) -> None:
+    # A later migration that makes SQLite copy `executions` (batch mode) would drop them, and
+    # the tenant streams would hear nothing more.
+    command.upgrade(alembic_config(empty_database), "head")
+
+    expected = (
+        {"conveyor_stream_event"}
+        if empty_database.startswith("postgresql")
+        else {"conveyor_stream_event_insert", "conveyor_stream_event_update"}
+    )
+    assert expected <= stream_triggers(empty_database)
+
+
 def test_downgrade_round_trip_leaves_nothing_then_rebuilds(empty_database: str) -> None:
     config = alembic_config(empty_database)
     command.upgrade(config, "head")
