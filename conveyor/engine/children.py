@@ -42,6 +42,7 @@ from conveyor.exceptions import (
     ChildDepthExceeded,
     ChildFailed,
     ConveyorError,
+    NodeCancelled,
     NodeError,
     NonRetryableError,
 )
@@ -75,7 +76,15 @@ def start_child(
     """The claimed try of a workflow node, in one transaction: its job ``waiting_child`` and
     its node ``waiting`` while try ``run.job.try_number`` is current, and the child made. A
     child past ``max_depth``, a workflow (or version) the tenant has not applied, or inputs
-    that do not render fail the try, not retried."""
+    that do not render fail the try, not retried. An execution that finished (a cancel, a
+    failure elsewhere) before this transaction took its row lock starts no child: the try
+    ends cancelled, as any try of a stopped execution does."""
+    status = store.execution_status(run.execution.id, lock=True)  # a stop: before or after
+    if status is None or status.finished:
+        ended = status.value if status is not None else "deleted"
+        stopped = NodeCancelled(f"its execution was {ended} before the child started")
+        failed = fail_node(store, run, stopped, now, 0.0, rng)
+        return Started(dispatches=failed.dispatches, failed=failed, error=stopped)
     try:
         version, input = _child_of(store, run, max_depth)
     except ConveyorError as exc:
@@ -119,6 +128,8 @@ def _child_of(store: Store, run: NodeRun, max_depth: int) -> tuple[WorkflowRecor
             f"node {run.node.id!r} starts {which}, which this tenant has not applied; apply "
             f"it first (conveyor workflow apply FILE)"
         )
+    if run.inputs is not None:  # a rerun gave the node its input
+        return found, run.inputs
     return found, templates.render_value(run.node.inputs, run.context)
 
 

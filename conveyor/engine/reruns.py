@@ -48,8 +48,9 @@ from conveyor.exceptions import (
 )
 
 # A node of a finished execution in one of these has a try in flight (it began before the
-# execution ended and has not reported yet): a rerun waits for it.
-_IN_FLIGHT = frozenset({NodeStatus.QUEUED, NodeStatus.RUNNING})
+# execution ended and has not reported yet, or a workflow node's waits for its child): a
+# rerun waits for it.
+_IN_FLIGHT = frozenset({NodeStatus.QUEUED, NodeStatus.RUNNING, NodeStatus.WAITING})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.engine import cancellation, children, claiming, dead_letters, due, outcomes
+from conveyor.engine import cancellation, children, claiming, dead_letters, due, outcomes, reruns
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.records import Dispatch, ExecutionRecord, ParentLink
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus, NodeStatus
@@ -517,3 +517,34 @@ def test_a_childs_input_is_rendered_from_the_nodes_needs_as_it_is_claimed(bench:
     started = start(bench, run)
 
     assert bench.probe.execution(started.child_id).input == {"v": 9}  # type: ignore[arg-type]
+
+
+def test_a_parent_cancelled_after_its_nodes_claim_starts_no_child(bench: Bench) -> None:
+    bench.apply("kid", node("one"))
+    bench.apply("mom", child_node("call", "kid"), node("after", "call"))
+    made = bench.trigger("mom")
+    run = bench.claim_node(made.execution_id, "call")
+    bench.units.run(lambda s: cancellation.cancel_execution(s, made.execution_id, bench.clock()))
+
+    started = start(bench, run)
+
+    assert (started.waiting, started.child_id, started.dispatches) == (False, None, [])
+    assert bench.probe.counts()["executions"] == 1  # no child
+    assert bench.job(made.execution_id, "call").status is JobStatus.CANCELLED
+    assert bench.statuses(made.execution_id) == {"call": "cancelled", "after": "cancelled"}
+
+
+def test_a_rerun_input_for_a_workflow_node_is_its_childs_input(bench: Bench) -> None:
+    parent_id, _, child_id = parent_and_child(bench)
+    finish_child(bench, child_id)
+    bench.succeed(bench.claim_node(parent_id, "after"), {"done": True})
+    bench.units.run(
+        lambda s: reruns.rerun(
+            s, parent_id, "call", requested_by="cli:tester", now=bench.clock(), input={"n": 9}
+        )
+    )
+
+    started = start(bench, bench.claim_node(parent_id, "call"))
+
+    assert started.waiting and started.child_id is not None
+    assert bench.probe.execution(started.child_id).input == {"n": 9}
