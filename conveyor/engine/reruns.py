@@ -79,6 +79,12 @@ def rerun(
     with ``tenant_id``, only an execution of that tenant (another's is not found)."""
     status = store.execution_status(execution_id, lock=True)  # first: the row's lock
     execution = _owned(store, execution_id, tenant_id, status is not None)
+    if (parent := execution.parent) is not None:
+        raise InvalidTransition(
+            f"execution {execution_id} is a child of execution {parent.execution_id}, whose "
+            f"node {parent.node_id!r} went on when it ended; rerun the parent from that node "
+            f"instead, which starts a new child"
+        )
     workflow, shape = load_workflow(store, execution.workflow_id)
     node = _node(workflow, from_node, input)
     if execution.status not in FINISHED_EXECUTION:

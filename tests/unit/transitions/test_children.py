@@ -548,3 +548,16 @@ def test_a_rerun_input_for_a_workflow_node_is_its_childs_input(bench: Bench) -> 
 
     assert started.waiting and started.child_id is not None
     assert bench.probe.execution(started.child_id).input == {"n": 9}
+
+
+def test_a_child_execution_is_not_rerun_its_parent_is(bench: Bench) -> None:
+    _, _, child_id = parent_and_child(bench)
+    finish_child(bench, child_id)
+    before = bench.rows(child_id)
+
+    with pytest.raises(InvalidTransition, match=r"is a child of execution .* rerun the parent"):
+        bench.units.run(
+            lambda s: reruns.rerun(s, child_id, "one", requested_by="cli:tester", now=bench.clock())
+        )
+
+    assert bench.rows(child_id) == before
