@@ -21,7 +21,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import bounds, templates, trigger_limits
+from conveyor.engine import bounds, node_types, templates, trigger_limits
+from conveyor.engine.cancellation import stop_children
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import ItemFailure, MapSpec, Node
 from conveyor.engine.ports import Store
@@ -174,15 +175,17 @@ def complete_item(
 
 def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> list[Dispatch]:
     """An item whose job was just dead-lettered (its tries spent): with ``fail_fast`` the
-    node fails at once (once, whichever item is first), its items not started cancelled, and
-    the execution fails unless the node continues on failure; otherwise the item counts as
-    settled, failed, and the map goes on."""
+    node fails at once (once, whichever item is first), its items not started cancelled (and
+    a map of children's children stopped), and the execution fails unless the node continues
+    on failure; otherwise the item counts as settled, failed, and the map goes on."""
     node, execution_id = run.node, run.execution.id
     if spec(node).on_item_failure is not ItemFailure.FAIL_FAST:
         return settled(store, run, now, failed=True)
     error = f"item {run.job.item_index} failed after {run.job.attempt} attempt(s): {message}"
     if store.close_map(execution_id, node.id, now, error) is None:
         return []  # it had failed already (another item first)
+    if node_types.starts_child(node):  # the children its items wait for stop with the map
+        stop_children(store, execution_id, now, f"map node {node.id!r} failed: {error}", node.id)
     return node_failed(store, run, now, f"node {node.id!r} failed: {error}")
 
 

@@ -229,8 +229,11 @@ class Executions(Protocol):
         """Its status, output, error and first dead letter (None: no such execution)."""
         ...
 
-    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
-        """Its children still pending or running, oldest first."""
+    def active_children(
+        self, execution_id: uuid.UUID, node_id: str | None = None
+    ) -> list[uuid.UUID]:
+        """Its children still pending or running, oldest first; with ``node_id``, only those
+        that node started (a map of children's)."""
         ...
 
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:

@@ -355,3 +355,62 @@ def test_the_api_refuses_a_circle_of_workflows_naming_it(
         "(pong -> ping -> pong); workflows may not start each other in a circle: remove one "
         "of these workflow nodes, or start another workflow"
     ]
+
+
+def test_a_map_of_children_runs_a_child_per_item_and_goes_on_once_with_their_outputs(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a parent whose workflow node maps over its input, a diamond child per row
+    apply(conveyor_service, "diamond", *DIAMOND)
+    apply(conveyor_service, "parent",
+          call("each", "diamond", map={"over": "{{ input.rows }}", "concurrency": 2},
+               inputs={"x": "{{ item }}"}),
+          py("after", "add", "each", a="{{ nodes.each | map(attribute='join.sum') | sum }}",
+             b=0))  # fmt: skip
+
+    # When it runs over four rows
+    row = wait_for(conveyor_service, conveyor_service.trigger("parent", {"rows": [1, 2, 3, 4]}))
+
+    # Then a child per row completed, and the node's output is theirs in row order
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    kids = children_of(conveyor_service, row.id)
+    assert sorted(k.input["x"] for k in kids) == [1, 2, 3, 4]
+    assert {(k.status, k.parent_node_id, k.parent_try) for k in kids} == {
+        (ExecutionStatus.COMPLETED, "each", 1)
+    }
+    with conveyor_service.db.transaction() as store:
+        each = {n.node_id: n for n in store.execution_nodes(row.id)}["each"]
+    # a diamond on x gives (x + 1 + 10) + (x + 1 + 20) = 2x + 32
+    assert each.output == [{"join": {"sum": 2 * x + 32}} for x in (1, 2, 3, 4)]
+    assert row.output == {"after": {"sum": 148}}
+    # every node of every child ran once, and the successor once
+    ran = sorted(e["node_id"] for e in effects(TEST_DB_URL))
+    assert ran == sorted(["after"] + ["join", "left", "right", "start"] * 4)
+
+
+def test_cancelling_a_parent_mid_map_of_children_cancels_every_running_child(
+    conveyor_service: Conveyor,
+) -> None:
+    apply(conveyor_service, "slow", py("nap", "sleep", seconds=30))
+    apply(conveyor_service, "parent",
+          call("each", "slow", map={"over": "{{ input.rows }}", "concurrency": 2}))  # fmt: skip
+    parent_id = conveyor_service.trigger("parent", {"rows": [1, 2, 3]})
+    kids = wait_until(lambda: len(found := children_of(conveyor_service, parent_id)) == 2 and found)
+    for kid in kids:
+        wait_until(
+            lambda k=kid: job_of(conveyor_service, k.id, "nap").status is JobStatus.PROCESSING
+        )
+
+    conveyor_service.cancel(parent_id)
+
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.CANCELLED
+    for kid in kids:
+        assert wait_for(conveyor_service, kid.id).status is ExecutionStatus.CANCELLED
+        wait_until(
+            lambda k=kid: job_of(conveyor_service, k.id, "nap").status is JobStatus.CANCELLED
+        )
+    # the third row never started a child; every item of the map is cancelled
+    assert len(children_of(conveyor_service, parent_id)) == 2
+    with conveyor_service.db.transaction() as store:
+        counts = store.item_counts(parent_id)
+    assert counts == {"each": {JobStatus.CANCELLED: 3}}
