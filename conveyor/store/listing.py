@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVarTuple
 
-from sqlalchemy import Select, exists, func, select, text, tuple_
+from sqlalchemy import Select, and_, exists, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
@@ -296,7 +296,8 @@ class ListingQueries:
         counted: dict[str, dict[JobStatus, int]] = {}
         for node_id, status, count in self.session.execute(
             select(Job.node_id, Job.status, func.count())
-            .where(Job.execution_id == execution_id, Job.item_index.is_not(None))
+            .join(*_ITS_MAP)
+            .where(Job.execution_id == execution_id, *_IN_ITS_LIST)
             .group_by(Job.node_id, Job.status)
         ):
             counted.setdefault(node_id or "", {})[status] = count
@@ -308,9 +309,10 @@ class ListingQueries:
         return list(
             self.session.scalars(
                 select(Job)
+                .join(*_ITS_MAP)
                 .where(
                     Job.execution_id == execution_id,
-                    Job.item_index.is_not(None),
+                    *_IN_ITS_LIST,
                     Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
                 )
                 .order_by(Job.node_id, Job.item_index)
@@ -331,11 +333,8 @@ class ListingQueries:
         their tries."""
         query = (
             select(Job)
-            .where(
-                Job.execution_id == execution_id,
-                Job.node_id == node_id,
-                Job.item_index.is_not(None),
-            )
+            .join(*_ITS_MAP)
+            .where(Job.execution_id == execution_id, Job.node_id == node_id, *_IN_ITS_LIST)
             .order_by(Job.item_index)
             .limit(limit)
         )
@@ -345,3 +344,12 @@ class ListingQueries:
             query = query.where(Job.status == status)
         jobs = list(self.session.scalars(query))
         return [(j, tries) for j, tries in zip(jobs, self._attempts(jobs), strict=True)]
+
+
+# A map's items joined to their node's state: those of its list (an earlier run's past it, a
+# re-run map's, are not; nor any before the list is rendered again).
+_ITS_MAP = (
+    NodeState,
+    and_(NodeState.execution_id == Job.execution_id, NodeState.node_id == Job.node_id),
+)
+_IN_ITS_LIST = (Job.item_index.is_not(None), Job.item_index < NodeState.items_total)
