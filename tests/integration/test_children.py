@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -414,3 +415,62 @@ def test_cancelling_a_parent_mid_map_of_children_cancels_every_running_child(
     with conveyor_service.db.transaction() as store:
         counts = store.item_counts(parent_id)
     assert counts == {"each": {JobStatus.CANCELLED: 3}}
+
+
+def test_a_rerun_from_a_workflow_node_starts_a_new_child_and_the_parent_completes(
+    conveyor_service: Conveyor, tmp_path: Path
+) -> None:
+    # Given a parent whose child failed (its file is missing), failing the parent
+    once = {"retry": {"max_attempts": 1}}
+    apply(conveyor_service, "kid", py("x", "until_file", path=str(tmp_path / "fixed")),
+          defaults=once)  # fmt: skip
+    apply(conveyor_service, "parent", call("child", "kid"),
+          py("after", "add", "child", a=1, b=2), defaults=once)  # fmt: skip
+    parent_id = conveyor_service.trigger("parent")
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.FAILED
+
+    # When the cause is fixed and the parent is rerun from its workflow node
+    (tmp_path / "fixed").touch()
+    done = conveyor_service.rerun(parent_id, "child", requested_by="cli:ops")
+
+    # Then a new child runs for the node's next try, and the parent completes
+    assert done.nodes == ["child", "after"]
+    row = wait_for(conveyor_service, parent_id)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    first, second = children_of(conveyor_service, parent_id)
+    assert [(c.status, c.parent_try) for c in (first, second)] == [
+        (ExecutionStatus.FAILED, 1), (ExecutionStatus.COMPLETED, 2),
+    ]  # fmt: skip
+    assert job_of(conveyor_service, parent_id, "child").status is JobStatus.COMPLETED
+    assert sorted(e["node_id"] for e in effects(TEST_DB_URL)) == ["after", "x", "x"]
+
+
+def test_a_rerun_through_a_map_of_children_starts_a_new_child_per_item(
+    conveyor_service: Conveyor, tmp_path: Path
+) -> None:
+    # Given a map of children over two files, one missing: its child fails, and the map
+    once = {"retry": {"max_attempts": 1}}
+    (tmp_path / "a").touch()
+    apply(conveyor_service, "kid", py("x", "until_file", path="{{ input.path }}"),
+          defaults=once)  # fmt: skip
+    apply(conveyor_service, "parent",
+          call("each", "kid", map={"over": "{{ input.names }}"},
+               inputs={"path": f"{tmp_path}/{{{{ item }}}}"}),
+          defaults=once)  # fmt: skip
+    parent_id = conveyor_service.trigger("parent", {"names": ["a", "b"]})
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.FAILED
+    wait_until(lambda: all(c.status.finished for c in children_of(conveyor_service, parent_id)))
+    earlier = {c.id for c in children_of(conveyor_service, parent_id)}
+
+    # When the file is there and the map is rerun
+    (tmp_path / "b").touch()
+    conveyor_service.rerun(parent_id, "each", requested_by="cli:ops")
+
+    # Then each item starts a new child in its next try, and the parent completes
+    row = wait_for(conveyor_service, parent_id)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert row.output == {"each": [{"x": {"on": True}}, {"x": {"on": True}}]}
+    new = [c for c in children_of(conveyor_service, parent_id) if c.id not in earlier]
+    assert sorted((c.status, c.input["path"][-1]) for c in new) == [
+        (ExecutionStatus.COMPLETED, "a"), (ExecutionStatus.COMPLETED, "b"),
+    ]  # fmt: skip
