@@ -470,19 +470,34 @@ class DeadLetterJson(TypedDict):
     tenant: str
     workflow: str
     node: str | None
+    item_index: int | None  # a map's item: its index in the list (None: a node's own job)
+    # A workflow node's (or a map of children's item's): the child execution its last try
+    # started, whose failure this records
+    child_execution_id: str | None
+    # In a child execution: its parent (rerun the parent from its node, not this)
+    parent_execution_id: str | None
     status: str  # dead_letter, or discarded (the archive)
     error: str | None
     tries: int
     dead_at: str | None  # when it was dead-lettered (discarded, for the archive)
 
 
-def dead_letter_json(row: Job, workflow: str, tenant: str) -> DeadLetterJson:
+def dead_letter_json(
+    row: Job,
+    workflow: str,
+    tenant: str,
+    child_id: uuid.UUID | None = None,
+    parent_id: uuid.UUID | None = None,
+) -> DeadLetterJson:
     return {
         "job_id": str(row.id),
         "execution_id": str(row.execution_id),
         "tenant": tenant,
         "workflow": workflow,
         "node": row.node_id,
+        "item_index": row.item_index,
+        "child_execution_id": str(child_id) if child_id else None,
+        "parent_execution_id": str(parent_id) if parent_id else None,
         "status": row.status.value,
         "error": row.last_error,
         "tries": row.tries_before + row.retry_count + 1,
