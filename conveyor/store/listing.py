@@ -4,7 +4,7 @@ the API and the CLI show them (part of :class:`~conveyor.store.sql_store.SqlStor
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVarTuple
@@ -290,6 +290,32 @@ class ListingQueries:
         ):
             attempts[attempt.job_id].append(attempt)
         return [attempts[j.id] for j in jobs]
+
+    def item_indices(self, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
+        """Which of these jobs are a map's items (children's parent jobs), with their indices."""
+        if not job_ids:
+            return {}
+        found = self.session.execute(
+            select(Job.id, Job.item_index).where(
+                Job.id.in_(list(job_ids)), Job.item_index.is_not(None)
+            )
+        )
+        return {job_id: index for job_id, index in found if index is not None}
+
+    def started_children(self, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+        """The child execution each of these jobs' current try started (a workflow node's,
+        or a map of children's item's), by job."""
+        if not job_ids:
+            return {}
+        found = self.session.execute(
+            select(Execution.parent_job_id, Execution.id)
+            .join(Job, Job.id == Execution.parent_job_id)
+            .where(
+                Execution.parent_job_id.in_(list(job_ids)),
+                Execution.parent_try == Job.tries_before + Job.retry_count + 1,
+            )
+        )
+        return {job_id: child for job_id, child in found if job_id is not None}
 
     def item_counts(self, execution_id: uuid.UUID) -> dict[str, dict[JobStatus, int]]:
         """Each map node's items counted by their jobs' status (one grouped read)."""

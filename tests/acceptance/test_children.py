@@ -162,7 +162,7 @@ def test_a_map_of_children_each_holding_a_map_runs_every_item_once_on_real_worke
     }  # fmt: skip
 
 
-def test_the_child_example_completes_on_the_embedded_default_as_its_docs_run_it(
+def test_the_child_examples_complete_on_the_embedded_default_as_their_docs_run_them(
     tmp_path: Path,
 ) -> None:
     # Given a fresh directory with the examples, no CONVEYOR_* settings but the demo's nodes
@@ -180,6 +180,10 @@ def test_the_child_example_completes_on_the_embedded_default_as_its_docs_run_it(
     applied = shell("conveyor workflow apply examples/diamond.yaml")
     run = shell(
         'conveyor run examples/child.yaml --input "$(cat examples/child.input.json)" --wait --json'
+    )
+    mapped = shell(
+        "conveyor run examples/map-of-children.yaml --input "
+        '"$(cat examples/map-of-children.input.json)" --wait --json'
     )
 
     # Then it completed, and `executions show` links the parent and its children both ways
@@ -203,6 +207,22 @@ def test_the_child_example_completes_on_the_embedded_default_as_its_docs_run_it(
     assert json.loads(show(env, tmp_path, by_node["again"]["id"], "--json"))["output"] == {
         "x": 70, "total": 20170,
     }  # fmt: skip
+
+    # and the map of children completed, each child linked to its item both ways
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    outcome = json.loads(mapped.stdout)
+    assert (outcome["status"], outcome["output"]) == (
+        "completed", {"totals": [22, 42, 70], "total": 134},
+    )  # fmt: skip
+    shown = json.loads(show(env, tmp_path, outcome["execution_id"], "--json"))
+    by_item = {c["item_index"]: c for c in shown["children"]}
+    assert sorted(by_item) == [0, 1, 2] and {c["node"] for c in by_item.values()} == {"each"}
+    assert [n["child"] for n in shown["nodes"]] == [None, None]  # a map's are its items'
+    listed = json.loads(show(env, tmp_path, outcome["execution_id"], "--items", "each", "--json"))
+    assert [i["child"] for i in listed] == [by_item[i]["id"] for i in range(3)]
+    assert "each[2]" in show(env, tmp_path, outcome["execution_id"])
+    child = show(env, tmp_path, by_item[1]["id"])
+    assert "(workflow map-of-children, node each, item 1, try 1)" in child
 
 
 def show(env: dict[str, str], cwd: Path, *args: str) -> str:

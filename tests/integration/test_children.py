@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
+from conveyor import views
 from conveyor.engine import children, claiming, ready, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
@@ -387,6 +388,16 @@ def test_a_map_of_children_runs_a_child_per_item_and_goes_on_once_with_their_out
     # every node of every child ran once, and the successor once
     ran = sorted(e["node_id"] for e in effects(TEST_DB_URL))
     assert ran == sorted(["after"] + ["join", "left", "right", "start"] * 4)
+    # and the views link each child and its item both ways
+    with conveyor_service.db.transaction() as store:
+        shown = views.execution_view(store, row.id)
+        listed = views.items_json(store, row.id, "each", after=None, limit=10, status=None)
+        child = views.execution_view(store, uuid.UUID(listed[2]["child"] or ""))
+    by_item = {c["item_index"]: c["id"] for c in shown["children"]}
+    assert [i["child"] for i in listed] == [by_item[i] for i in range(4)]
+    assert [n["child"] for n in shown["nodes"]] == [None, None]  # a map's are its items'
+    assert child["parent"] is not None and child["parent"]["item_index"] == 2
+    assert child["input"] == {"x": 3}
 
 
 def test_cancelling_a_parent_mid_map_of_children_cancels_every_running_child(
