@@ -17,12 +17,12 @@ again, and each item takes its index's job again (see :mod:`conveyor.engine.mapp
 waits until every item of such a map has settled.
 
 ``input`` is given to the node in place of its rendered inputs (not to a map node: each of
-its items renders its own). It is stored once, on the
-rerun's record (``execution_reruns``, with who asked and when): the claim of the node reads the
-execution's latest rerun and takes its input when that rerun was from this node (only in an
-execution that was re-run: no other claim reads it). One row holds the input, whatever job or
-try runs the node (a retry, a requeue of its dead letter), and nothing else needs to change when
-the node has no job yet; a later rerun from another node ends it.
+its items renders its own). It is stored once, on the rerun's record (``execution_reruns``,
+with who asked and when): the claim of the node reads the execution's latest rerun and takes
+its input when that rerun was from this node (only in an execution that was re-run: no other
+claim reads it). One row holds the input, whatever job or try runs the node (a retry, a
+requeue of its dead letter), and nothing else needs to change when the node has no job yet; a
+later rerun from another node ends it.
 
 An execution with a deduplication key is active again: while it runs, a trigger with its key
 finds it, as it finds any active execution with the key (its workflow's dedupe policy decides).
