@@ -196,3 +196,27 @@ def test_an_empty_map_of_children_starts_none_and_completes_at_once(bench: Bench
     assert bench.probe.nodes(parent_id)["m"].output == []
     assert items(bench, parent_id) == []
     assert bench.units.run(lambda s: s.active_children(parent_id)) == []
+
+
+def test_a_map_chained_after_a_map_of_children_maps_over_the_children_s_outputs(
+    bench: Bench,
+) -> None:
+    # Given a second map over the first map's outputs, each a child's
+    parent_id = map_of_children(
+        bench, [1, 2], node("m2", "m", map={"over": "{{ nodes.m }}"},
+                            inputs={"v": "{{ item.one.v }}"}),
+    )  # fmt: skip
+    kids = [start_item(bench, parent_id, i) for i in range(2)]
+    finish(bench, kids[0], {"v": 10})
+    (published,) = [d for d in finish(bench, kids[1], {"v": 20}) if d.node == "m2"]
+
+    # When its own try makes its items from the children's outputs
+    assert published.job_id == own_job(bench, parent_id, "m2").id
+    expand(bench, parent_id, node_id="m2")
+    runs = [item_run(bench, parent_id, i, "m2") for i in range(2)]
+
+    # Then each item reads its child's output, and the second map completes in order
+    assert [r.context["item"] for r in runs] == [{"one": {"v": 10}}, {"one": {"v": 20}}]
+    bench.complete(runs[1], "b")
+    bench.complete(runs[0], "a")
+    assert bench.probe.nodes(parent_id)["m2"].output == ["a", "b"]
