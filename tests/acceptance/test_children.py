@@ -17,6 +17,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from conveyor.engine.states import ExecutionStatus, JobStatus
@@ -162,6 +163,7 @@ def test_a_map_of_children_each_holding_a_map_runs_every_item_once_on_real_worke
     }  # fmt: skip
 
 
+@pytest.mark.timeout(240)  # seven `conveyor` processes in a row, each importing the CLI
 def test_the_child_examples_complete_on_the_embedded_default_as_their_docs_run_them(
     tmp_path: Path,
 ) -> None:
@@ -208,21 +210,13 @@ def test_the_child_examples_complete_on_the_embedded_default_as_their_docs_run_t
         "x": 70, "total": 20170,
     }  # fmt: skip
 
-    # and the map of children completed, each child linked to its item both ways
+    # and the map of children completed
     assert mapped.returncode == 0, mapped.stdout + mapped.stderr
     outcome = json.loads(mapped.stdout)
     assert (outcome["status"], outcome["output"]) == (
         "completed", {"totals": [22, 42, 70], "total": 134},
     )  # fmt: skip
-    shown = json.loads(show(env, tmp_path, outcome["execution_id"], "--json"))
-    by_item = {c["item_index"]: c for c in shown["children"]}
-    assert sorted(by_item) == [0, 1, 2] and {c["node"] for c in by_item.values()} == {"each"}
-    assert [n["child"] for n in shown["nodes"]] == [None, None]  # a map's are its items'
-    listed = json.loads(show(env, tmp_path, outcome["execution_id"], "--items", "each", "--json"))
-    assert [i["child"] for i in listed] == [by_item[i]["id"] for i in range(3)]
-    assert "each[2]" in show(env, tmp_path, outcome["execution_id"])
-    child = show(env, tmp_path, by_item[1]["id"])
-    assert "(workflow map-of-children, node each, item 1, try 1)" in child
+    # (the links between a map of children and its children: tests/integration/test_children.py)
 
 
 def show(env: dict[str, str], cwd: Path, *args: str) -> str:

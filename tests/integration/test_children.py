@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select, text
+from typer.testing import CliRunner
 
 from conveyor import views
+from conveyor.cli import app
 from conveyor.engine import children, claiming, ready, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
@@ -398,6 +400,17 @@ def test_a_map_of_children_runs_a_child_per_item_and_goes_on_once_with_their_out
     assert [n["child"] for n in shown["nodes"]] == [None, None]  # a map's are its items'
     assert child["parent"] is not None and child["parent"]["item_index"] == 2
     assert child["input"] == {"x": 3}
+    # as `executions show` prints them: the parent's children by item, each item's child, and
+    # a child's item
+    cli = CliRunner()
+    parent_table = cli.invoke(app, ["executions", "show", str(row.id)], terminal_width=200)
+    items_table = cli.invoke(app, ["executions", "show", str(row.id), "--items", "each"],
+                             terminal_width=200)  # fmt: skip
+    child_shown = cli.invoke(app, ["executions", "show", child["id"]], terminal_width=200)
+    assert all(r.exit_code == 0 for r in (parent_table, items_table, child_shown))
+    assert all(f"each[{i}]" in parent_table.output for i in range(4))
+    assert "child" in items_table.output and listed[2]["child"] in items_table.output
+    assert "(workflow parent, node each, item 2, try 1)" in child_shown.output
 
 
 def test_cancelling_a_parent_mid_map_of_children_cancels_every_running_child(
