@@ -74,14 +74,15 @@ class ItemJson(TypedDict):
     attempts: int
     started_at: str | None
     finished_at: str | None
+    child: str | None  # a map of children's item: the child execution its latest try started
 
 
 class NodeJson(TypedDict):
     id: str
     status: str
     branch: str | None
-    # A workflow node: the child execution its latest try started (None: none, or another
-    # type of node)
+    # A workflow node: the child execution its latest try started (None: none, another type
+    # of node, or a map of children: its items' children are listed with their index)
     child: str | None
     attempts: int
     snoozes: int
@@ -126,13 +127,16 @@ class ParentJson(TypedDict):
     node: str
     job_id: str
     try_number: int
+    item_index: int | None  # the node maps: the item whose try started it
 
 
 class ChildJson(ExecutionSummaryJson):
-    """A child, as its parent lists it: which node and try of that node started it."""
+    """A child, as its parent lists it: which node (and item of a map) and try of that node
+    started it."""
 
     node: str
     try_number: int
+    item_index: int | None
 
 
 class FollowUpJson(TypedDict):
@@ -235,12 +239,40 @@ def execution_summary(row: Execution, workflow: str, version: int) -> ExecutionS
     }
 
 
-def child_json(row: Execution, workflow: str, version: int) -> ChildJson:
+def child_json(
+    row: Execution, workflow: str, version: int, item_index: int | None = None
+) -> ChildJson:
     return {
         **execution_summary(row, workflow, version),
         "node": row.parent_node_id or "",
         "try_number": row.parent_try or 0,
+        "item_index": item_index,
     }
+
+
+def children_json(store: SqlStore, rows: Sequence[tuple[Execution, str, int]]) -> list[ChildJson]:
+    """Children as listed, each with its item's index when a map of children started it."""
+    indices = store.item_indices({e.parent_job_id for e, _, _ in rows if e.parent_job_id})
+    return [
+        child_json(e, name, version, indices.get(e.parent_job_id) if e.parent_job_id else None)
+        for e, name, version in rows
+    ]
+
+
+def items_json(
+    store: SqlStore,
+    execution_id: uuid.UUID,
+    node_id: str,
+    *,
+    after: int | None,
+    limit: int,
+    status: JobStatus | None,
+) -> list[ItemJson]:
+    """A page of a map node's items, each with the child its latest try started (a map of
+    children's)."""
+    rows = store.execution_items(execution_id, node_id, after=after, limit=limit, status=status)
+    started = store.started_children([job.id for job, _ in rows])
+    return [item_json(job, attempts, started.get(job.id)) for job, attempts in rows]
 
 
 # The failed items of an execution's maps an execution's view lists (the counts say the rest).
@@ -254,9 +286,11 @@ def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
     row = store.execution_row(execution_id)
     nodes = store.execution_nodes(execution_id)
     mapped = any(n.items_total is not None for n in nodes)
-    parent = None
+    parent, parent_item = None, None
     if row.parent_execution_id is not None:
         parent = store.workflow_of(row.parent_execution_id)
+    if row.parent_job_id is not None:
+        parent_item = store.item_indices([row.parent_job_id]).get(row.parent_job_id)
     kids = store.list_executions(None, where=ExecutionFilter(parent=execution_id),
                                  limit=CHILDREN_SHOWN)  # fmt: skip
     return execution_json(
@@ -268,7 +302,8 @@ def execution_view(store: SqlStore, execution_id: uuid.UUID) -> ExecutionJson:
         store.item_counts(execution_id) if mapped else {},
         store.failed_items(execution_id, FAILURES_SHOWN) if mapped else [],
         parent_workflow=parent[0] if parent else None,
-        children=[child_json(e, name, version) for e, name, version in kids],
+        parent_item=parent_item,
+        children=children_json(store, kids),
         children_count=len(kids)
         if len(kids) < CHILDREN_SHOWN
         else store.children_count(execution_id),
@@ -285,13 +320,15 @@ def execution_json(
     failed_items: Sequence[Job] = (),
     *,
     parent_workflow: str | None = None,
+    parent_item: int | None = None,
     children: Sequence[ChildJson] = (),
     children_count: int = 0,
 ) -> ExecutionJson:
     by_node = {job.node_id: (job, attempts) for job, attempts in jobs if job.node_id}
     latest_child: dict[str, str] = {}
     for child in reversed(children):  # oldest first: the latest try's child stays
-        latest_child[child["node"]] = child["id"]
+        if child["item_index"] is None:  # (a map's are its items')
+            latest_child[child["node"]] = child["id"]
     now = datetime.now(UTC)
     counts = item_counts or {}
     return {
@@ -302,7 +339,7 @@ def execution_json(
         "output": row.output,
         "follow_up": _follow_up_json(row),
         "depth": row.depth,
-        "parent": _parent_json(row, parent_workflow),
+        "parent": _parent_json(row, parent_workflow, parent_item),
         "children": list(children),
         "children_count": children_count,
         "nodes": [
@@ -364,7 +401,7 @@ def _items_json(
     }
 
 
-def item_json(row: Job, attempts: list[JobAttempt]) -> ItemJson:
+def item_json(row: Job, attempts: list[JobAttempt], child: uuid.UUID | None = None) -> ItemJson:
     tries = [a for a in attempts if a.status is not AttemptStatus.SNOOZED]
     return {
         "index": row.item_index or 0,
@@ -376,10 +413,13 @@ def item_json(row: Job, attempts: list[JobAttempt]) -> ItemJson:
         "attempts": len(tries),
         "started_at": iso(attempts[0].started_at) if attempts else None,
         "finished_at": iso(row.completed_at),
+        "child": str(child) if child else None,
     }
 
 
-def _parent_json(row: Execution, workflow: str | None) -> ParentJson | None:
+def _parent_json(
+    row: Execution, workflow: str | None, item_index: int | None = None
+) -> ParentJson | None:
     if row.parent_execution_id is None or row.parent_node_id is None:
         return None
     return {
@@ -388,6 +428,7 @@ def _parent_json(row: Execution, workflow: str | None) -> ParentJson | None:
         "node": row.parent_node_id,
         "job_id": str(row.parent_job_id),
         "try_number": row.parent_try or 0,
+        "item_index": item_index,
     }
 
 
@@ -470,19 +511,34 @@ class DeadLetterJson(TypedDict):
     tenant: str
     workflow: str
     node: str | None
+    item_index: int | None  # a map's item: its index in the list (None: a node's own job)
+    # A workflow node's (or a map of children's item's): the child execution its last try
+    # started, whose failure this records
+    child_execution_id: str | None
+    # In a child execution: its parent (rerun the parent from its node, not this)
+    parent_execution_id: str | None
     status: str  # dead_letter, or discarded (the archive)
     error: str | None
     tries: int
     dead_at: str | None  # when it was dead-lettered (discarded, for the archive)
 
 
-def dead_letter_json(row: Job, workflow: str, tenant: str) -> DeadLetterJson:
+def dead_letter_json(
+    row: Job,
+    workflow: str,
+    tenant: str,
+    child_id: uuid.UUID | None = None,
+    parent_id: uuid.UUID | None = None,
+) -> DeadLetterJson:
     return {
         "job_id": str(row.id),
         "execution_id": str(row.execution_id),
         "tenant": tenant,
         "workflow": workflow,
         "node": row.node_id,
+        "item_index": row.item_index,
+        "child_execution_id": str(child_id) if child_id else None,
+        "parent_execution_id": str(parent_id) if parent_id else None,
         "status": row.status.value,
         "error": row.last_error,
         "tries": row.tries_before + row.retry_count + 1,

@@ -253,10 +253,9 @@ def list_items(
     to the last index of a page."""
     _owned(service, tenant, execution_id)
     with service.db.transaction() as store:
-        rows = store.execution_items(
-            execution_id, node_id, after=after, limit=limit, status=status_
+        return _stored(
+            views.items_json(store, execution_id, node_id, after=after, limit=limit, status=status_)
         )
-        return _stored([views.item_json(job, attempts) for job, attempts in rows])
 
 
 @router.get("/executions/{execution_id}/children", tags=["executions"])
@@ -276,7 +275,7 @@ def list_children(
     where = ExecutionFilter(parent=execution_id)
     with service.db.transaction() as store:
         rows = store.list_executions(tenant.id, where=where, after=after, limit=limit)
-        return [views.child_json(e, name, version) for e, name, version in rows]
+        return views.children_json(store, rows)
 
 
 def _stored(view: Any) -> Response:

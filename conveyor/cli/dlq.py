@@ -86,12 +86,30 @@ def dlq_list(
     if as_json:
         render.print_json(rows)
         return
-    table = Table("job", "tenant", "workflow", "node", "tries", "dead at", "error", box=None)
+    linked = any(_link(r) for r in rows)  # the column only when a row has a link
+    table = Table("job", "tenant", "workflow", "node", "tries", "dead at",
+                  *(["link"] if linked else []), "error", box=None)  # fmt: skip
     for r in rows:
         when, why = render.fmt_time(r["dead_at"]), render.short(r["error"] or "", 60)
-        table.add_row(r["job_id"], r["tenant"], r["workflow"], r["node"] or "", str(r["tries"]),
-                      when, why)  # fmt: skip
+        table.add_row(r["job_id"], r["tenant"], r["workflow"], _node(r), str(r["tries"]), when,
+                      *([_link(r)] if linked else []), why)  # fmt: skip
     render.out.print(table if rows else "no dead letters")
+
+
+def _node(row: views.DeadLetterJson) -> str:
+    """The node, and a map item's index: ``resize[3]``."""
+    node = row["node"] or ""
+    return node if row["item_index"] is None else f"{node}[{row['item_index']}]"
+
+
+def _link(row: views.DeadLetterJson) -> str:
+    """The child whose failure a workflow node's dead letter records, or the parent of a
+    dead letter in a child."""
+    if row["child_execution_id"]:
+        return f"child {row['child_execution_id']}"
+    if row["parent_execution_id"]:
+        return f"in a child of {row['parent_execution_id']}"
+    return ""
 
 
 @dlq_app.command("show")
@@ -107,9 +125,10 @@ def dlq_show(
     if as_json:
         render.print_json(view)
         return
+    link = f", {_link(view)}" if _link(view) else ""
     render.out.print(
         f"{view['status']} job {view['job_id']}: {view['tenant']}/{view['workflow']} node "
-        f"{view['node']}, execution {view['execution_id']}, {view['tries']} tries",
+        f"{_node(view)}, execution {view['execution_id']}{link}, {view['tries']} tries",
         markup=False,
     )
     table = Table("try", "status", "worker", "started", "duration", "error", box=None)

@@ -340,12 +340,9 @@ def _show_items(
 ) -> None:
     with embedded_schema(), wiring.database().transaction() as store:
         store.execution_row(execution_id)  # (an unknown execution is said so)
-        rows = [
-            views.item_json(job, attempts)
-            for job, attempts in store.execution_items(
-                execution_id, node_id, after=after, limit=limit, status=status
-            )
-        ]
+        rows = views.items_json(
+            store, execution_id, node_id, after=after, limit=limit, status=status
+        )
     if as_json:
         render.print_json(rows)
     elif rows:

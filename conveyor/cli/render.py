@@ -197,7 +197,9 @@ def failed_items_table(view: ExecutionJson) -> Table | None:
 
 
 def items_table(rows: Sequence[ItemJson]) -> Table:
-    table = Table("item", "status", "attempts", "job", "output or error", box=None)
+    children = any(item["child"] for item in rows)  # a map of children: each item's child
+    table = Table("item", "status", "attempts", "job", *(["child"] if children else []),
+                  "output or error", box=None)  # fmt: skip
     for item in rows:
         shown = (
             Text(short(item["error"]), style="red")
@@ -206,7 +208,7 @@ def items_table(rows: Sequence[ItemJson]) -> Table:
         )
         table.add_row(
             str(item["index"]), styled(item["status"]), str(item["attempts"]), item["job_id"],
-            shown,
+            *([item["child"] or ""] if children else []), shown,
         )  # fmt: skip
     return table
 
@@ -256,9 +258,10 @@ def print_execution(view: ExecutionJson) -> None:
             markup=False,
         )
     if (parent := view["parent"]) is not None:
+        item = "" if parent["item_index"] is None else f", item {parent['item_index']}"
         out.print(
             f"child of execution {parent['execution_id']} (workflow "
-            f"{parent['workflow'] or '(deleted)'}, node {parent['node']}, try "
+            f"{parent['workflow'] or '(deleted)'}, node {parent['node']}{item}, try "
             f"{parent['try_number']}), depth {view['depth']}",
             markup=False,
         )
@@ -312,8 +315,9 @@ def children_table(view: ExecutionJson) -> Table:
         "error", box=None, title=title, title_justify="left",
     )  # fmt: skip
     for c in view["children"]:
+        node = c["node"] if c["item_index"] is None else f"{c['node']}[{c['item_index']}]"
         table.add_row(
-            c["id"], c["node"], str(c["try_number"]), f"{c['workflow']} v{c['version']}",
+            c["id"], node, str(c["try_number"]), f"{c['workflow']} v{c['version']}",
             styled(c["status"]), Text(short(c["error"] or "", 50), style="red"),
         )  # fmt: skip
     return table

@@ -59,14 +59,16 @@ def stop_execution(store: Store, execution_id: uuid.UUID, now: datetime, reason:
 
 
 def stop_children(
-    store: Store, execution_id: uuid.UUID, now: datetime, reason: str
+    store: Store, execution_id: uuid.UUID, now: datetime, reason: str, node_id: str | None = None
 ) -> list[uuid.UUID]:
-    """In the transaction that finishes an execution otherwise than by completing it: its
-    children still pending or running cancelled, and theirs. Its nodes waiting for them were
-    cancelled first (:meth:`~conveyor.engine.ports.Executions.cancel_unstarted`), so their
-    finish settles nothing. The node jobs they cancelled before these ran."""
+    """In the transaction that finishes an execution otherwise than by completing it (or,
+    with ``node_id``, that failed a map of children fast): its children (that node's) still
+    pending or running cancelled, and theirs. The jobs waiting for them were cancelled first
+    (:meth:`~conveyor.engine.ports.Executions.cancel_unstarted`,
+    :meth:`~conveyor.engine.ports.MapItems.close_map`), so their finish settles nothing. The
+    node jobs they cancelled before these ran."""
     forget: list[uuid.UUID] = []
-    for child_id in store.active_children(execution_id):
+    for child_id in store.active_children(execution_id, node_id):
         why = f"its parent execution {execution_id} stopped: {reason}"
         forget += stop_execution(store, child_id, now, why).forget
     return forget

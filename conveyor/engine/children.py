@@ -6,6 +6,9 @@ the job in ``waiting_child`` and its node in ``waiting`` and creates the child a
 does (planned at once when small, its first jobs published after commit): the worker lets go
 of the job, and the gate gives back its permits, as after any try. A child is one per (job,
 try): the start is guarded by the job's current try, and the child's key by the same pair.
+A workflow node with ``map`` starts a child per item the same way, each item's job waiting
+for its own child (its input rendered with the item's ``item`` and ``index``); the node
+stays ``running``, the map's counter, until its items have settled.
 
 The transaction that finishes the child, whichever way it finishes, settles the node
 (:func:`settle_parent`, reached through :mod:`conveyor.engine.parents`): the waiting try
@@ -95,7 +98,8 @@ def start_child(
         job.id, JobStatus.PROCESSING, JobStatus.WAITING_CHILD, try_number=job.try_number
     ):
         return Started(dispatches=[])  # reclaimed meanwhile: its next try starts the child
-    store.set_node(run.execution.id, run.node.id, NodeStatus.WAITING)
+    if job.item_index is None:  # (an item's node is its map's counter: it stays running)
+        store.set_node(run.execution.id, run.node.id, NodeStatus.WAITING)
     link = ParentLink(
         execution_id=run.execution.id, node_id=run.node.id, job_id=job.id,
         try_number=job.try_number,

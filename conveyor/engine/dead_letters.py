@@ -54,7 +54,9 @@ def requeue(
     if job.item_index is not None:
         raise InvalidTransition(
             f"dead letter {job_id} is item {job.item_index} of map node {job.node_id!r}; a "
-            f"requeue does not resume a map: trigger a new execution (or discard it)"
+            f"requeue does not resume a map: rerun the execution from that node (`conveyor "
+            f"executions rerun {job.execution_id} --from {job.node_id}`), which runs its items "
+            f"again, or discard it"
         )
     if (parent := store.execution(job.execution_id).parent) is not None:
         raise InvalidTransition(
@@ -88,7 +90,9 @@ def requeue(
     if stopped:  # (raising rolls the revival back)
         raise InvalidTransition(
             f"dead letter {job_id}: its execution stopped at map node {stopped[0]!r}, which "
-            f"had made its items, and a requeue does not resume a map: trigger a new execution"
+            f"had made its items, and a requeue does not resume a map: rerun the execution "
+            f"from that node instead (`conveyor executions rerun {job.execution_id} --from "
+            f"{stopped[0]}`)"
         )
     revived = store.revive_jobs(job.execution_id, now, keep)
     store.revive_nodes(job.execution_id, {j.node_id for j in revived if j.node_id}, keep)

@@ -13,6 +13,12 @@ however long the list. The item that counts the last finishes the node, its outp
 outputs in index order (one ordered read), and settles it as any node settles; so the fan-in
 happens once, however the last items finish. An item that fails is handled as the map's
 ``on_item_failure`` says (:func:`item_dead`).
+
+A rerun through a map (:mod:`conveyor.engine.reruns`) holds its items' jobs with the node's own
+and clears its counter; when the node's own try renders the list again, each item whose index
+had a job takes that job again, its tries numbered on after the earlier ones (as a node's one
+job is taken again), and an earlier run's items past the new list are cancelled, out of the
+node's output and counts.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import bounds, templates, trigger_limits
+from conveyor.engine import bounds, node_types, templates, trigger_limits
+from conveyor.engine.cancellation import stop_children
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import ItemFailure, MapSpec, Node
 from conveyor.engine.ports import Store
@@ -126,18 +133,34 @@ def open_map(
     store.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
     room = window(node, most)
     retries = trigger_limits.retry_policy(run.workflow, node, execution.limits).max_attempts - 1
+    rerun = execution.reruns > 0  # its items may have jobs of an earlier run, taken again
     queued: list[NewJob] = []
     for start in range(0, len(items), ITEM_CHUNK):
         chunk = [
             NewItem(id=new_id(), index=i, item=items[i], held=i >= room)
             for i in range(start, min(start + ITEM_CHUNK, len(items)))
         ]
-        store.add_item_jobs(execution, node.id, chunk, retries, now)
+        kept = store.renew_items(execution, node.id, chunk, retries, now) if rerun else {}
+        store.add_item_jobs(
+            execution, node.id, [c for c in chunk if c.index not in kept], retries, now
+        )
         queued += [
-            NewJob(id=c.id, node_id=node.id, max_retries=retries) for c in chunk if not c.held
+            NewJob(id=kept.get(c.index, c.id), node_id=node.id, max_retries=retries)
+            for c in chunk
+            if not c.held
         ]
+    if rerun:
+        retire_earlier(store, run, len(items), now)
     store.open_map(execution.id, node.id, len(items))
     return node_dispatches(execution, run.workflow.name, queued, now)
+
+
+def retire_earlier(store: Store, run: NodeRun, total: int, now: datetime) -> None:
+    """In a re-run execution, the items of an earlier run of the map past the ``total`` of
+    its list now: cancelled, out of its output and its counts (their tries stay)."""
+    if run.execution.reruns:
+        error = f"not in the map's list since a rerun ({total} item(s) now)"
+        store.retire_items(run.execution.id, run.node.id, total, now, error)
 
 
 def complete_alone(
@@ -174,15 +197,17 @@ def complete_item(
 
 def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> list[Dispatch]:
     """An item whose job was just dead-lettered (its tries spent): with ``fail_fast`` the
-    node fails at once (once, whichever item is first), its items not started cancelled, and
-    the execution fails unless the node continues on failure; otherwise the item counts as
-    settled, failed, and the map goes on."""
+    node fails at once (once, whichever item is first), its items not started cancelled (and
+    a map of children's children stopped), and the execution fails unless the node continues
+    on failure; otherwise the item counts as settled, failed, and the map goes on."""
     node, execution_id = run.node, run.execution.id
     if spec(node).on_item_failure is not ItemFailure.FAIL_FAST:
         return settled(store, run, now, failed=True)
     error = f"item {run.job.item_index} failed after {run.job.attempt} attempt(s): {message}"
     if store.close_map(execution_id, node.id, now, error) is None:
         return []  # it had failed already (another item first)
+    if node_types.starts_child(node):  # the children its items wait for stop with the map
+        stop_children(store, execution_id, now, f"map node {node.id!r} failed: {error}", node.id)
     return node_failed(store, run, now, f"node {node.id!r} failed: {error}")
 
 

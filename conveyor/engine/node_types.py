@@ -167,7 +167,8 @@ class NodeType:
     reads_inputs: bool = True
 
     # Whether a node of this type may carry ``map`` (a try per item of a list): a type whose
-    # try runs a function or a request; not one that waits, nor one whose output picks a branch.
+    # try runs a function, a request or a child workflow (a child per item); not one that
+    # waits for a time, nor one whose output picks a branch.
     maps: bool = False
 
     # Its try starts a child execution of the workflow its config names and waits for it,
@@ -438,5 +439,6 @@ register(
         config_keys=frozenset({"workflow", "version"}),
         check=_workflow_problems,
         starts_child=True,
+        maps=True,  # a child per item, each item's try waiting for its own child
     )
 )

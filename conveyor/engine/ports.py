@@ -229,8 +229,11 @@ class Executions(Protocol):
         """Its status, output, error and first dead letter (None: no such execution)."""
         ...
 
-    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
-        """Its children still pending or running, oldest first."""
+    def active_children(
+        self, execution_id: uuid.UUID, node_id: str | None = None
+    ) -> list[uuid.UUID]:
+        """Its children still pending or running, oldest first; with ``node_id``, only those
+        that node started (a map of children's)."""
         ...
 
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
@@ -429,7 +432,31 @@ class MapItems(Protocol):
         ...
 
     def item_outputs(self, execution_id: uuid.UUID, node_id: str) -> list[ItemRow]:
-        """Every item of the map, in index order, with its status, output and last error."""
+        """Every item of the map, in index order, with its status, output and last error
+        (those of its list only: below its node's ``items_total``, not an earlier run's)."""
+        ...
+
+    def renew_items(
+        self,
+        execution: ExecutionRecord,
+        node_id: str,
+        items: Sequence[NewItem],
+        max_retries: int,
+        now: datetime,
+    ) -> dict[int, uuid.UUID]:
+        """A re-run map opened again: each of ``items`` (a chunk of consecutive indices) whose
+        index has a job from an earlier run takes that job, as :meth:`add_item_jobs` would
+        make it (its item, queued or held, its output and error cleared), with a fresh set
+        of tries numbered on after the ones it made (their rows stay). Those jobs' ids by
+        index; the other items are for :meth:`add_item_jobs`."""
+        ...
+
+    def retire_items(
+        self, execution_id: uuid.UUID, node_id: str, total: int, now: datetime, error: str
+    ) -> None:
+        """The jobs of a re-run map's items at index ``total`` and past (an earlier run's
+        list was longer) -> cancelled with ``error``; no read of the map's items counts them
+        again."""
         ...
 
 
@@ -496,14 +523,21 @@ class Reruns(Protocol):
         ...
 
     def hold_jobs(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> None:
-        """The node jobs of ``node_ids`` that are not in flight (completed, dead-lettered,
-        discarded, cancelled or held) -> held, with a fresh set of tries numbered on after
-        the ones they made (their attempt rows stay) and their last error cleared."""
+        """The node jobs of ``node_ids`` (a map's items too) that are not in flight
+        (completed, dead-lettered, discarded, cancelled or held) -> held, with a fresh set of
+        tries numbered on after the ones they made (their attempt rows stay) and their last
+        error and an item's output cleared."""
         ...
 
     def reset_nodes(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> None:
-        """Nodes that run again -> pending, their output, branch, error and times cleared
-        (the caller recounts what they wait on)."""
+        """Nodes that run again -> pending, their output, branch, error, times and a map's
+        counter cleared (the caller recounts what they wait on)."""
+        ...
+
+    def items_in_flight(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> list[str]:
+        """The nodes among ``node_ids`` with a map item not settled (queued, parked,
+        processing, waiting for a child or for its retry): a try begun before the execution
+        ended, or one to come. Sorted."""
         ...
 
     def take_held_jobs(

@@ -12,13 +12,17 @@ The history stays: a node keeps its one job (the key of ``jobs`` is one a node),
 rerun holds (``held``) with a fresh set of tries numbered on after the ones it made, so every
 earlier try keeps its row; once the node's needs have settled the held job is queued (or
 scheduled, for a delay) as a new job would be, with its permits, priority, limits and trace.
+A map node's items are held with it and its counter cleared: its own try renders the list
+again, and each item takes its index's job again (see :mod:`conveyor.engine.mapping`). A rerun
+waits until every item of such a map has settled.
 
-``input`` is given to the node in place of its rendered inputs. It is stored once, on the
-rerun's record (``execution_reruns``, with who asked and when): the claim of the node reads the
-execution's latest rerun and takes its input when that rerun was from this node (only in an
-execution that was re-run: no other claim reads it). One row holds the input, whatever job or
-try runs the node (a retry, a requeue of its dead letter), and nothing else needs to change when
-the node has no job yet; a later rerun from another node ends it.
+``input`` is given to the node in place of its rendered inputs (not to a map node: each of
+its items renders its own). It is stored once, on the rerun's record (``execution_reruns``,
+with who asked and when): the claim of the node reads the execution's latest rerun and takes
+its input when that rerun was from this node (only in an execution that was re-run: no other
+claim reads it). One row holds the input, whatever job or try runs the node (a retry, a
+requeue of its dead letter), and nothing else needs to change when the node has no job yet; a
+later rerun from another node ends it.
 
 An execution with a deduplication key is active again: while it runs, a trigger with its key
 finds it, as it finds any active execution with the key (its workflow's dedupe policy decides).
@@ -95,7 +99,7 @@ def rerun(
     states = _states(store, execution_id, workflow)
     _refuse_holder(store, execution_id)
     nodes = planning.rerun_reach(workflow, shape, node.id, states)
-    _refuse_maps(workflow, nodes)
+    _refuse_items_in_flight(store, execution_id, workflow, nodes)
     _reopen(store, execution_id)
     store.add_rerun(execution_id, node.id, input, requested_by, now)
     store.hold_jobs(execution_id, nodes)
@@ -166,18 +170,25 @@ def _node(workflow: Workflow, node_id: str, input: dict[str, Any] | None) -> Nod
             f"node {node.id!r} is a {node.type} node, which reads no inputs (its templates "
             f"are in its config); rerun it without an input"
         )
+    if node.map is not None:
+        raise RerunError(
+            f"node {node.id!r} maps over a list, and each item's inputs are rendered from its "
+            f"item: one input cannot stand in for them all; rerun it without an input (its "
+            f"list is rendered again), or with one from the node whose output it maps over"
+        )
     return node
 
 
-def _refuse_maps(workflow: Workflow, nodes: list[str]) -> None:
-    """A map node's items keep their jobs and outputs, which a reset would have to undo:
-    not done yet, so a rerun that would run a map again is refused, changing nothing."""
+def _refuse_items_in_flight(
+    store: Store, execution_id: uuid.UUID, workflow: Workflow, nodes: list[str]
+) -> None:
+    """A map node whose items have not all settled (a try begun before the execution ended,
+    or a retry still to come) cannot have its items reset under them."""
     mapped = [n for n in nodes if workflow.node(n).map is not None]
-    if mapped:
-        raise RerunError(
-            f"the rerun would run map node(s) {', '.join(map(repr, mapped))} again, which "
-            f"reruns do not do yet; rerun from a node downstream of them, or trigger a new "
-            f"execution"
+    if busy := store.items_in_flight(execution_id, mapped) if mapped else []:
+        raise InvalidTransition(
+            f"execution {execution_id} still has items of map node(s) {', '.join(busy)} in "
+            f"flight (begun before it ended); rerun once they have stopped"
         )
 
 

@@ -115,5 +115,6 @@ def expand(
     empty list completes the node at once with the output [] (its successors go on); else a
     job per item is made, ``window`` at most queued (see :mod:`conveyor.engine.mapping`)."""
     if not items:
+        mapping.retire_earlier(store, run, 0, now)  # a re-run map's items of a longer list
         return complete_node(store, run, [], now, duration)
     return mapping.open_map(store, run, items, now, duration, window)

@@ -264,8 +264,8 @@ def _map_errors(node: Mapping[str, Any]) -> list[str]:
     if not node_types.maps(kind):
         mappable = ", ".join(n for n in node_types.names() if node_types.maps(n))
         return [
-            f"map: a {kind} node cannot map; only nodes that run a function or a request can "
-            f"({mappable}): remove map, or map a node of one of those types"
+            f"map: a {kind} node cannot map; only nodes that run a function, a request or a "
+            f"child workflow can ({mappable}): remove map, or map a node of one of those types"
         ]
     over = spec.get("over")
     if not isinstance(over, str) or not over:

@@ -244,13 +244,13 @@ class Workers(ServiceBase):
             **tracing.log_fields(),
         )
         job_log.info("job received")
-        if node_types.starts_child(run.node):
+        expands = mapping.makes_items(run)  # a map node's own try: it makes the items
+        if node_types.starts_child(run.node) and not expands:  # (an item's: a child each)
             return self._start_child(run, job_log)
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt,
             item=run.job.item, index=run.job.item_index,
         )  # fmt: skip
-        expands = mapping.makes_items(run)  # a map node's own try: it makes the items
         self.watcher.watch(run.job.id, run.execution.id, ctx)
         ran = Ran(
             job_id=run.job.id,

@@ -7,10 +7,11 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import and_, case, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from conveyor.engine.records import JobRecord
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus, NodeStatus
@@ -33,17 +34,45 @@ class DeadLetterFilter:
     discarded: bool = False  # the archive of discarded ones instead
 
 
+class DeadLetterRow(NamedTuple):
+    """A dead letter as listed, with its links: ``job.item_index`` for a map's item."""
+
+    job: Job
+    workflow: str
+    tenant: str
+    # The child execution the job's last try started (a workflow node's, or a map of
+    # children's item's): the failure the dead letter records is that child's.
+    child_id: uuid.UUID | None
+    # The parent execution, when the dead letter is in a child (whose dead letters are not
+    # requeued: rerun the parent from its workflow node).
+    parent_id: uuid.UUID | None
+
+
+_CHILD = aliased(Execution)
+_OWN = aliased(Execution)
+_DEAD_LETTERS = (
+    select(Job, WorkflowVersion.name, Tenant.name, _CHILD.id, _OWN.parent_execution_id)
+    .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
+    .join(Tenant, Tenant.id == Job.tenant_id)
+    .join(_OWN, _OWN.id == Job.execution_id)
+    .outerjoin(
+        _CHILD,
+        and_(
+            _CHILD.parent_job_id == Job.id,
+            _CHILD.parent_try == Job.tries_before + Job.retry_count + 1,
+        ),
+    )
+)
+
+
 class DeadLetterQueries:
     session: Session
 
-    def dead_letter_rows(self, where: DeadLetterFilter, limit: int) -> list[tuple[Job, str, str]]:
-        """(job, workflow name, tenant name), the most recent first."""
+    def dead_letter_rows(self, where: DeadLetterFilter, limit: int) -> list[DeadLetterRow]:
+        """The dead letters the filter finds, the most recent first."""
         status = JobStatus.DISCARDED if where.discarded else JobStatus.DEAD_LETTER
         query = (
-            select(Job, WorkflowVersion.name, Tenant.name)
-            .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
-            .join(Tenant, Tenant.id == Job.tenant_id)
-            .where(Job.status == status)
+            _DEAD_LETTERS.where(Job.status == status)
             .order_by(Job.completed_at.desc(), Job.id)
             .limit(limit)
         )
@@ -57,18 +86,13 @@ class DeadLetterQueries:
             query = query.where(Job.last_error.ilike(f"%{_escaped(where.error)}%", escape="\\"))
         if where.before is not None:
             query = query.where(Job.completed_at < where.before)
-        return [(r[0], r[1], r[2]) for r in self.session.execute(query)]
+        return [DeadLetterRow(*r) for r in self.session.execute(query)]
 
     def dead_letter_history(
         self, job_id: uuid.UUID
-    ) -> list[tuple[tuple[Job, str, str], list[JobAttempt]]]:
-        """The job with its workflow and tenant names, and every attempt, oldest first."""
-        row = self.session.execute(
-            select(Job, WorkflowVersion.name, Tenant.name)
-            .join(WorkflowVersion, WorkflowVersion.id == Job.workflow_id)
-            .join(Tenant, Tenant.id == Job.tenant_id)
-            .where(Job.id == job_id)
-        ).one_or_none()
+    ) -> list[tuple[DeadLetterRow, list[JobAttempt]]]:
+        """The dead letter as listed, and every attempt, oldest first."""
+        row = self.session.execute(_DEAD_LETTERS.where(Job.id == job_id)).one_or_none()
         if row is None:
             return []
         attempts = self.session.scalars(
@@ -76,7 +100,7 @@ class DeadLetterQueries:
             .where(JobAttempt.job_id == job_id)
             .order_by(JobAttempt.attempt_number)
         )
-        return [((row[0], row[1], row[2]), list(attempts))]
+        return [(DeadLetterRow(*row), list(attempts))]
 
     def dead_letter(self, job_id: uuid.UUID, tenant_id: uuid.UUID | None) -> JobRecord | None:
         """A dead-lettered (or discarded) node job, locked; None if there is none (of that

@@ -280,17 +280,16 @@ class ExecutionQueries(StoreCore):
             dead_letter=(dead.id, dead.node_id) if dead is not None else None,
         )  # fmt: skip
 
-    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
-        return list(
-            self.session.scalars(
-                select(EXECUTIONS.c.id)
-                .where(
-                    EXECUTIONS.c.parent_execution_id == execution_id,
-                    EXECUTIONS.c.status.in_(ACTIVE_EXECUTION),
-                )
-                .order_by(EXECUTIONS.c.created_at, EXECUTIONS.c.id)
-            )
+    def active_children(
+        self, execution_id: uuid.UUID, node_id: str | None = None
+    ) -> list[uuid.UUID]:
+        found = select(EXECUTIONS.c.id).where(
+            EXECUTIONS.c.parent_execution_id == execution_id,
+            EXECUTIONS.c.status.in_(ACTIVE_EXECUTION),
         )
+        if node_id is not None:
+            found = found.where(EXECUTIONS.c.parent_node_id == node_id)
+        return list(self.session.scalars(found.order_by(EXECUTIONS.c.created_at, EXECUTIONS.c.id)))
 
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
         """Found from the jobs waiting (few), each child by its parent's key."""

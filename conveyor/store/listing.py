@@ -4,12 +4,12 @@ the API and the CLI show them (part of :class:`~conveyor.store.sql_store.SqlStor
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVarTuple
 
-from sqlalchemy import Select, exists, func, select, text, tuple_
+from sqlalchemy import Select, and_, exists, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
@@ -291,12 +291,39 @@ class ListingQueries:
             attempts[attempt.job_id].append(attempt)
         return [attempts[j.id] for j in jobs]
 
+    def item_indices(self, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, int]:
+        """Which of these jobs are a map's items (children's parent jobs), with their indices."""
+        if not job_ids:
+            return {}
+        found = self.session.execute(
+            select(Job.id, Job.item_index).where(
+                Job.id.in_(list(job_ids)), Job.item_index.is_not(None)
+            )
+        )
+        return {job_id: index for job_id, index in found if index is not None}
+
+    def started_children(self, job_ids: Collection[uuid.UUID]) -> dict[uuid.UUID, uuid.UUID]:
+        """The child execution each of these jobs' current try started (a workflow node's,
+        or a map of children's item's), by job."""
+        if not job_ids:
+            return {}
+        found = self.session.execute(
+            select(Execution.parent_job_id, Execution.id)
+            .join(Job, Job.id == Execution.parent_job_id)
+            .where(
+                Execution.parent_job_id.in_(list(job_ids)),
+                Execution.parent_try == Job.tries_before + Job.retry_count + 1,
+            )
+        )
+        return {job_id: child for job_id, child in found if job_id is not None}
+
     def item_counts(self, execution_id: uuid.UUID) -> dict[str, dict[JobStatus, int]]:
         """Each map node's items counted by their jobs' status (one grouped read)."""
         counted: dict[str, dict[JobStatus, int]] = {}
         for node_id, status, count in self.session.execute(
             select(Job.node_id, Job.status, func.count())
-            .where(Job.execution_id == execution_id, Job.item_index.is_not(None))
+            .join(*_ITS_MAP)
+            .where(Job.execution_id == execution_id, *_IN_ITS_LIST)
             .group_by(Job.node_id, Job.status)
         ):
             counted.setdefault(node_id or "", {})[status] = count
@@ -308,9 +335,10 @@ class ListingQueries:
         return list(
             self.session.scalars(
                 select(Job)
+                .join(*_ITS_MAP)
                 .where(
                     Job.execution_id == execution_id,
-                    Job.item_index.is_not(None),
+                    *_IN_ITS_LIST,
                     Job.status.in_([JobStatus.DEAD_LETTER, JobStatus.DISCARDED]),
                 )
                 .order_by(Job.node_id, Job.item_index)
@@ -331,11 +359,8 @@ class ListingQueries:
         their tries."""
         query = (
             select(Job)
-            .where(
-                Job.execution_id == execution_id,
-                Job.node_id == node_id,
-                Job.item_index.is_not(None),
-            )
+            .join(*_ITS_MAP)
+            .where(Job.execution_id == execution_id, Job.node_id == node_id, *_IN_ITS_LIST)
             .order_by(Job.item_index)
             .limit(limit)
         )
@@ -345,3 +370,12 @@ class ListingQueries:
             query = query.where(Job.status == status)
         jobs = list(self.session.scalars(query))
         return [(j, tries) for j, tries in zip(jobs, self._attempts(jobs), strict=True)]
+
+
+# A map's items joined to their node's state: those of its list (an earlier run's past it, a
+# re-run map's, are not; nor any before the list is rendered again).
+_ITS_MAP = (
+    NodeState,
+    and_(NodeState.execution_id == Job.execution_id, NodeState.node_id == Job.node_id),
+)
+_IN_ITS_LIST = (Job.item_index.is_not(None), Job.item_index < NodeState.items_total)

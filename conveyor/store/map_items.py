@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
@@ -21,8 +21,9 @@ from conveyor.engine.states import (
     NodeStatus,
 )
 from conveyor.models import Job
+from conveyor.models.base import JsonType
 from conveyor.store.jobs import HELD, JobQueries, cancel_unstarted_jobs, current_try
-from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES, unindexed
+from conveyor.store.session import ATTEMPTS, EXECUTIONS, JOBS, NODE_STATES, unindexed
 
 
 class MapItemQueries(JobQueries):
@@ -145,12 +146,18 @@ class MapItemQueries(JobQueries):
         )
 
     def item_outputs(self, execution_id: uuid.UUID, node_id: str) -> list[ItemRow]:
+        total = (
+            select(NODE_STATES.c.items_total)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .scalar_subquery()
+        )
         rows = self._core(
             select(JOBS.c.item_index, JOBS.c.status, JOBS.c.output, JOBS.c.last_error)
             .where(
                 JOBS.c.execution_id == execution_id,
                 JOBS.c.node_id == node_id,
                 JOBS.c.item_index.is_not(None),
+                JOBS.c.item_index < total,
             )
             .order_by(JOBS.c.item_index)
         )
@@ -158,6 +165,69 @@ class MapItemQueries(JobQueries):
             ItemRow(index=r.item_index, status=r.status, output=r.output, error=r.last_error)
             for r in rows
         ]
+
+    def renew_items(
+        self,
+        execution: ExecutionRecord,
+        node_id: str,
+        items: Sequence[NewItem],
+        max_retries: int,
+        now: datetime,
+    ) -> dict[int, uuid.UUID]:
+        """Two statements a chunk: its indices' jobs found, then each changed by its id (one
+        UPDATE, run for every row)."""
+        if not items:
+            return {}
+        found = {
+            r.item_index: r.id
+            for r in self._core(
+                select(JOBS.c.id, JOBS.c.item_index).where(
+                    JOBS.c.execution_id == execution.id,
+                    JOBS.c.node_id == node_id,
+                    JOBS.c.item_index.between(items[0].index, items[-1].index),
+                )
+            )
+        }
+        rows = [
+            {"job_id": found[i.index], "new_item": i.item,
+             "new_status": JobStatus.HELD if i.held else JobStatus.QUEUED}
+            for i in items if i.index in found
+        ]  # fmt: skip
+        if not rows:
+            return {}
+        tried = (
+            select(func.count())
+            .where(ATTEMPTS.c.job_id == JOBS.c.id)
+            .correlate(JOBS)
+            .scalar_subquery()
+        )
+        self._core(
+            update(JOBS)
+            .where(JOBS.c.id == bindparam("job_id"))
+            .values(
+                status=bindparam("new_status"), item=bindparam("new_item", type_=JsonType),
+                output=None, last_error=None, completed_at=None, next_run_at=None,
+                retry_count=0, tries_before=tried, max_retries=max_retries,
+                priority=execution.priority, enqueued_at=now,
+            ),
+            rows,
+        )  # fmt: skip
+        return {i.index: found[i.index] for i in items if i.index in found}
+
+    def retire_items(
+        self, execution_id: uuid.UUID, node_id: str, total: int, now: datetime, error: str
+    ) -> None:
+        self._core(
+            update(JOBS)
+            .where(
+                JOBS.c.execution_id == execution_id,
+                JOBS.c.node_id == node_id,
+                JOBS.c.item_index >= total,
+            )
+            .values(
+                status=JobStatus.CANCELLED, completed_at=now, output=None, last_error=error
+            )
+        )  # fmt: skip
 
 
 def item_job_row(

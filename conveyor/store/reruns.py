@@ -102,9 +102,23 @@ class RerunQueries(StoreCore):
                 next_run_at=None,
                 completed_at=None,
                 last_error=None,
+                output=None,
             ),
             execution_options={"synchronize_session": False},
         )
+
+    def items_in_flight(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> list[str]:
+        found = self.session.scalars(
+            select(Job.node_id)
+            .where(
+                Job.execution_id == execution_id,
+                Job.node_id.in_(list(node_ids)),
+                Job.item_index.is_not(None),
+                Job.status.not_in(_HOLDABLE),
+            )
+            .distinct()
+        )
+        return sorted(n for n in found if n is not None)
 
     def reset_nodes(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> None:
         self.session.execute(
@@ -117,6 +131,9 @@ class RerunQueries(StoreCore):
                 error=None,
                 started_at=None,
                 finished_at=None,
+                items_total=None,
+                items_left=None,
+                items_failed=None,
             ),
             execution_options={"synchronize_session": False},
         )

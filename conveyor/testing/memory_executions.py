@@ -386,10 +386,13 @@ class MemoryExecutions(MemoryCatalog):
             dead_letter=(dead[0].id, dead[0].node_id or "") if dead else None,
         )  # fmt: skip
 
-    def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
+    def active_children(
+        self, execution_id: uuid.UUID, node_id: str | None = None
+    ) -> list[uuid.UUID]:
         found = (
             e for e in self.tables.executions.values()
             if e.parent_execution_id == execution_id and e.status in ACTIVE_EXECUTION
+            and node_id in (None, e.parent_node_id)
         )  # fmt: skip
         return [e.id for e in sorted(found, key=lambda e: (e.created_at, e.id))]
 

@@ -98,11 +98,46 @@ class MemoryMapItems(MemoryJobs):
         )
 
     def item_outputs(self, execution_id: uuid.UUID, node_id: str) -> list[ItemRow]:
+        node = self.tables.node_states.get((execution_id, node_id))
+        total = node.items_total if node is not None else None
         return [
             ItemRow(index=j.item_index, status=j.status, output=j.output, error=j.last_error)
             for j in self._items(execution_id, node_id)
-            if j.item_index is not None
+            if j.item_index is not None and total is not None and j.item_index < total
         ]
+
+    def renew_items(
+        self,
+        execution: ExecutionRecord,
+        node_id: str,
+        items: Sequence[NewItem],
+        max_retries: int,
+        now: datetime,
+    ) -> dict[int, uuid.UUID]:
+        wanted = {i.index: i for i in items}
+        renewed: dict[int, uuid.UUID] = {}
+        for job in self._items(execution.id, node_id):
+            if (item := wanted.get(job.item_index or 0)) is None:
+                continue
+            tried = sum(1 for job_id, _ in self.tables.attempts if job_id == job.id)
+            self._set_job(
+                job, status=JobStatus.HELD if item.held else JobStatus.QUEUED,
+                item=stored(item.item), output=None, last_error=None, completed_at=None,
+                next_run_at=None, retry_count=0, tries_before=tried, max_retries=max_retries,
+                priority=execution.priority, enqueued_at=now,
+            )  # fmt: skip
+            renewed[item.index] = job.id
+        return renewed
+
+    def retire_items(
+        self, execution_id: uuid.UUID, node_id: str, total: int, now: datetime, error: str
+    ) -> None:
+        for job in self._items(execution_id, node_id):
+            if (job.item_index or 0) >= total:
+                self._set_job(
+                    job, status=JobStatus.CANCELLED, completed_at=now, output=None,
+                    last_error=error,
+                )  # fmt: skip
 
     def _items(self, execution_id: uuid.UUID, node_id: str) -> list[JobRow]:
         """The map's item jobs, in index order."""

@@ -74,15 +74,29 @@ class MemoryReruns(MemoryDeadLetters):
                 tried = sum(1 for job_id, _ in self.tables.attempts if job_id == job.id)
                 self._set_job(
                     job, status=JobStatus.HELD, tries_before=tried, retry_count=0,
-                    next_run_at=None, completed_at=None, last_error=None,
+                    next_run_at=None, completed_at=None, last_error=None, output=None,
                 )  # fmt: skip
+
+    def items_in_flight(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> list[str]:
+        return sorted(
+            {
+                job.node_id
+                for job in self.tables.jobs.values()
+                if job.execution_id == execution_id
+                and job.node_id is not None
+                and job.node_id in node_ids
+                and job.item_index is not None
+                and job.status not in _HOLDABLE
+            }
+        )
 
     def reset_nodes(self, execution_id: uuid.UUID, node_ids: Collection[str]) -> None:
         for node_id in node_ids:
             if (node := self.tables.node_states.get((execution_id, node_id))) is not None:
                 self._set_node(
                     node, status=NodeStatus.PENDING, output=None, branch=None, error=None,
-                    started_at=None, finished_at=None,
+                    started_at=None, finished_at=None, items_total=None, items_left=None,
+                    items_failed=None,
                 )  # fmt: skip
 
     def take_held_jobs(

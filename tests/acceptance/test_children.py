@@ -1,6 +1,6 @@
 """Child workflows with real `celery worker` processes (a parent whose child is a diamond; a
-parent cancelled while its child runs), and the child example as its docs run it on the
-embedded default."""
+parent cancelled while its child runs; a map of children, each holding a map of its own), and
+the child examples as their docs run them on the embedded default."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ROOT
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ROOT, await_ready
 from tests.support.services import effects, wait_for
 
 
@@ -117,7 +119,52 @@ def test_a_parent_cancelled_while_its_child_runs_cancels_the_child(
     assert nodes == {"child": "cancelled", "after": "cancelled"}
 
 
-def test_the_child_example_completes_on_the_embedded_default_as_its_docs_run_it(
+def test_a_map_of_children_each_holding_a_map_runs_every_item_once_on_real_workers(
+    start_worker: Callable[..., Popen[str]], client: Conveyor
+) -> None:
+    # Given two worker processes, a child that maps over its rows and totals them, and a
+    # parent that maps over groups of rows, a child per group, then totals the children's
+    await_ready(*(
+        start_worker("workflow-execution,workflow-node", concurrency=2, name=name, wait=False)
+        for name in ("a", "b")
+    ))  # fmt: skip
+    apply(
+        client,
+        "rows",
+        {**py("each", "item", value="{{ item * 10 }}"), "map": {"over": "{{ input.rows }}"}},
+        py("total", "collect", "each", values="{{ nodes.each | map(attribute='value') | list }}"),
+    )
+    apply(client, "groups",
+          call("group", "rows", map={"over": "{{ input.groups }}", "concurrency": 2},
+               inputs={"rows": "{{ item }}"}),
+          py("all", "collect", "group",
+             values="{{ nodes.group | map(attribute='total.values') | list }}"))  # fmt: skip
+    groups = [[1, 2, 3], [4], [5, 6], [], [7, 8, 9, 10]]
+
+    # When the parent runs over five groups
+    row = wait_for(client, client.trigger("groups", {"groups": groups}), timeout=120)
+
+    # Then every group's child completed with its map's output, in group order, and every
+    # item and every successor ran exactly once (counted by the node functions)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert row.output == {"all": {"values": [[r * 10 for r in g] for g in groups]}}
+    kids = children_of(client, row.id)
+    assert sorted(k.input["rows"] for k in kids) == sorted(groups)
+    assert {(k.status, k.parent_node_id, k.depth) for k in kids} == {
+        (ExecutionStatus.COMPLETED, "group", 1)
+    }
+    found = effects(ACCEPTANCE_DB_URL)
+    each = Counter(e["idempotency_key"] for e in found if e["node_id"] == "each")
+    assert each == Counter(
+        {f"{k.id}:each:{i}": 1 for k in kids for i in range(len(k.input["rows"]))}
+    )
+    assert Counter(e["node_id"] for e in found if e["node_id"] != "each") == {
+        "total": len(groups), "all": 1,
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(240)  # seven `conveyor` processes in a row, each importing the CLI
+def test_the_child_examples_complete_on_the_embedded_default_as_their_docs_run_them(
     tmp_path: Path,
 ) -> None:
     # Given a fresh directory with the examples, no CONVEYOR_* settings but the demo's nodes
@@ -135,6 +182,10 @@ def test_the_child_example_completes_on_the_embedded_default_as_its_docs_run_it(
     applied = shell("conveyor workflow apply examples/diamond.yaml")
     run = shell(
         'conveyor run examples/child.yaml --input "$(cat examples/child.input.json)" --wait --json'
+    )
+    mapped = shell(
+        "conveyor run examples/map-of-children.yaml --input "
+        '"$(cat examples/map-of-children.input.json)" --wait --json'
     )
 
     # Then it completed, and `executions show` links the parent and its children both ways
@@ -158,6 +209,14 @@ def test_the_child_example_completes_on_the_embedded_default_as_its_docs_run_it(
     assert json.loads(show(env, tmp_path, by_node["again"]["id"], "--json"))["output"] == {
         "x": 70, "total": 20170,
     }  # fmt: skip
+
+    # and the map of children completed
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    outcome = json.loads(mapped.stdout)
+    assert (outcome["status"], outcome["output"]) == (
+        "completed", {"totals": [22, 42, 70], "total": 134},
+    )  # fmt: skip
+    # (the links between a map of children and its children: tests/integration/test_children.py)
 
 
 def show(env: dict[str, str], cwd: Path, *args: str) -> str:

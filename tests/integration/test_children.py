@@ -9,11 +9,15 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select, text
+from typer.testing import CliRunner
 
+from conveyor import views
+from conveyor.cli import app
 from conveyor.engine import children, claiming, ready, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
@@ -355,3 +359,142 @@ def test_the_api_refuses_a_circle_of_workflows_naming_it(
         "(pong -> ping -> pong); workflows may not start each other in a circle: remove one "
         "of these workflow nodes, or start another workflow"
     ]
+
+
+def test_a_map_of_children_runs_a_child_per_item_and_goes_on_once_with_their_outputs(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a parent whose workflow node maps over its input, a diamond child per row
+    apply(conveyor_service, "diamond", *DIAMOND)
+    apply(conveyor_service, "parent",
+          call("each", "diamond", map={"over": "{{ input.rows }}", "concurrency": 2},
+               inputs={"x": "{{ item }}"}),
+          py("after", "add", "each", a="{{ nodes.each | map(attribute='join.sum') | sum }}",
+             b=0))  # fmt: skip
+
+    # When it runs over four rows
+    row = wait_for(conveyor_service, conveyor_service.trigger("parent", {"rows": [1, 2, 3, 4]}))
+
+    # Then a child per row completed, and the node's output is theirs in row order
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    kids = children_of(conveyor_service, row.id)
+    assert sorted(k.input["x"] for k in kids) == [1, 2, 3, 4]
+    assert {(k.status, k.parent_node_id, k.parent_try) for k in kids} == {
+        (ExecutionStatus.COMPLETED, "each", 1)
+    }
+    with conveyor_service.db.transaction() as store:
+        each = {n.node_id: n for n in store.execution_nodes(row.id)}["each"]
+    # a diamond on x gives (x + 1 + 10) + (x + 1 + 20) = 2x + 32
+    assert each.output == [{"join": {"sum": 2 * x + 32}} for x in (1, 2, 3, 4)]
+    assert row.output == {"after": {"sum": 148}}
+    # every node of every child ran once, and the successor once
+    ran = sorted(e["node_id"] for e in effects(TEST_DB_URL))
+    assert ran == sorted(["after"] + ["join", "left", "right", "start"] * 4)
+    # and the views link each child and its item both ways
+    with conveyor_service.db.transaction() as store:
+        shown = views.execution_view(store, row.id)
+        listed = views.items_json(store, row.id, "each", after=None, limit=10, status=None)
+        child = views.execution_view(store, uuid.UUID(listed[2]["child"] or ""))
+    by_item = {c["item_index"]: c["id"] for c in shown["children"]}
+    assert [i["child"] for i in listed] == [by_item[i] for i in range(4)]
+    assert [n["child"] for n in shown["nodes"]] == [None, None]  # a map's are its items'
+    assert child["parent"] is not None and child["parent"]["item_index"] == 2
+    assert child["input"] == {"x": 3}
+    # as `executions show` prints them: the parent's children by item, each item's child, and
+    # a child's item
+    cli = CliRunner()
+    parent_table = cli.invoke(app, ["executions", "show", str(row.id)], terminal_width=200)
+    items_table = cli.invoke(app, ["executions", "show", str(row.id), "--items", "each"],
+                             terminal_width=200)  # fmt: skip
+    child_shown = cli.invoke(app, ["executions", "show", child["id"]], terminal_width=200)
+    assert all(r.exit_code == 0 for r in (parent_table, items_table, child_shown))
+    assert all(f"each[{i}]" in parent_table.output for i in range(4))
+    assert "child" in items_table.output and listed[2]["child"] in items_table.output
+    assert "(workflow parent, node each, item 2, try 1)" in child_shown.output
+
+
+def test_cancelling_a_parent_mid_map_of_children_cancels_every_running_child(
+    conveyor_service: Conveyor,
+) -> None:
+    apply(conveyor_service, "slow", py("nap", "sleep", seconds=30))
+    apply(conveyor_service, "parent",
+          call("each", "slow", map={"over": "{{ input.rows }}", "concurrency": 2}))  # fmt: skip
+    parent_id = conveyor_service.trigger("parent", {"rows": [1, 2, 3]})
+    kids = wait_until(lambda: len(found := children_of(conveyor_service, parent_id)) == 2 and found)
+    for kid in kids:
+        wait_until(
+            lambda k=kid: job_of(conveyor_service, k.id, "nap").status is JobStatus.PROCESSING
+        )
+
+    conveyor_service.cancel(parent_id)
+
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.CANCELLED
+    for kid in kids:
+        assert wait_for(conveyor_service, kid.id).status is ExecutionStatus.CANCELLED
+        wait_until(
+            lambda k=kid: job_of(conveyor_service, k.id, "nap").status is JobStatus.CANCELLED
+        )
+    # the third row never started a child; every item of the map is cancelled
+    assert len(children_of(conveyor_service, parent_id)) == 2
+    with conveyor_service.db.transaction() as store:
+        counts = store.item_counts(parent_id)
+    assert counts == {"each": {JobStatus.CANCELLED: 3}}
+
+
+def test_a_rerun_from_a_workflow_node_starts_a_new_child_and_the_parent_completes(
+    conveyor_service: Conveyor, tmp_path: Path
+) -> None:
+    # Given a parent whose child failed (its file is missing), failing the parent
+    once = {"retry": {"max_attempts": 1}}
+    apply(conveyor_service, "kid", py("x", "until_file", path=str(tmp_path / "fixed")),
+          defaults=once)  # fmt: skip
+    apply(conveyor_service, "parent", call("child", "kid"),
+          py("after", "add", "child", a=1, b=2), defaults=once)  # fmt: skip
+    parent_id = conveyor_service.trigger("parent")
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.FAILED
+
+    # When the cause is fixed and the parent is rerun from its workflow node
+    (tmp_path / "fixed").touch()
+    done = conveyor_service.rerun(parent_id, "child", requested_by="cli:ops")
+
+    # Then a new child runs for the node's next try, and the parent completes
+    assert done.nodes == ["child", "after"]
+    row = wait_for(conveyor_service, parent_id)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    first, second = children_of(conveyor_service, parent_id)
+    assert [(c.status, c.parent_try) for c in (first, second)] == [
+        (ExecutionStatus.FAILED, 1), (ExecutionStatus.COMPLETED, 2),
+    ]  # fmt: skip
+    assert job_of(conveyor_service, parent_id, "child").status is JobStatus.COMPLETED
+    assert sorted(e["node_id"] for e in effects(TEST_DB_URL)) == ["after", "x", "x"]
+
+
+def test_a_rerun_through_a_map_of_children_starts_a_new_child_per_item(
+    conveyor_service: Conveyor, tmp_path: Path
+) -> None:
+    # Given a map of children over two files, one missing: its child fails, and the map
+    once = {"retry": {"max_attempts": 1}}
+    (tmp_path / "a").touch()
+    apply(conveyor_service, "kid", py("x", "until_file", path="{{ input.path }}"),
+          defaults=once)  # fmt: skip
+    apply(conveyor_service, "parent",
+          call("each", "kid", map={"over": "{{ input.names }}"},
+               inputs={"path": f"{tmp_path}/{{{{ item }}}}"}),
+          defaults=once)  # fmt: skip
+    parent_id = conveyor_service.trigger("parent", {"names": ["a", "b"]})
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.FAILED
+    wait_until(lambda: all(c.status.finished for c in children_of(conveyor_service, parent_id)))
+    earlier = {c.id for c in children_of(conveyor_service, parent_id)}
+
+    # When the file is there and the map is rerun
+    (tmp_path / "b").touch()
+    conveyor_service.rerun(parent_id, "each", requested_by="cli:ops")
+
+    # Then each item starts a new child in its next try, and the parent completes
+    row = wait_for(conveyor_service, parent_id)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert row.output == {"each": [{"x": {"on": True}}, {"x": {"on": True}}]}
+    new = [c for c in children_of(conveyor_service, parent_id) if c.id not in earlier]
+    assert sorted((c.status, c.input["path"][-1]) for c in new) == [
+        (ExecutionStatus.COMPLETED, "a"), (ExecutionStatus.COMPLETED, "b"),
+    ]  # fmt: skip

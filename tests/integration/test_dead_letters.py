@@ -17,6 +17,7 @@ import httpx
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
+from conveyor.store.listing import ExecutionFilter
 from tests.support import nodes as test_nodes
 from tests.support.services import wait_for
 
@@ -208,3 +209,69 @@ def test_requeue_is_refused_when_a_dead_letter_of_the_execution_was_discarded(
 
     assert "another dead letter of its execution was discarded" in (outcomes[second] or "")
     assert wait_for(conveyor_service, execution_id).status is ExecutionStatus.FAILED
+
+
+def test_dlq_list_shows_a_map_item_s_index_and_links_a_child_s_dead_letters_both_ways(
+    conveyor_service: Conveyor, api_url: str, make_key: Callable[[str], str], tmp_path: Path
+) -> None:
+    # Given a map whose item 1 dies, and a map of children whose second child's node dies
+    # (both run on: continue), for the tenant of an API key
+    key = make_key("links")
+    once = {"retry": {"max_attempts": 1}}
+    (tmp_path / "here").touch()
+    conveyor_service.apply(parse_workflow({"name": "kid", "defaults": once, "nodes": [
+        {"id": "x", "type": "python", "config": {"function": "test.until_file"},
+         "inputs": {"path": "{{ input.path }}"}},
+    ]}), "links")  # fmt: skip
+    conveyor_service.apply(parse_workflow({"name": "maps", "defaults": once, "nodes": [
+        {"id": "m", "type": "python", "config": {"function": "test.item"},
+         "map": {"over": "{{ input.rows }}", "on_item_failure": "continue"},
+         "inputs": {"value": "{{ item }}", "fail_on": [1]}},
+        {"id": "each", "type": "workflow", "config": {"workflow": "kid"},
+         "map": {"over": "{{ input.paths }}", "on_item_failure": "continue"},
+         "inputs": {"path": "{{ item }}"}},
+    ]}), "links")  # fmt: skip
+    made = conveyor_service.submit(
+        "maps", {"rows": [0, 1, 2], "paths": [str(tmp_path / "here"), str(tmp_path / "gone")]},
+        tenant="links",
+    )  # fmt: skip
+    parent_id = made.execution_id
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.COMPLETED
+    with conveyor_service.db.transaction() as store:
+        (child,) = [e for e, _, _ in store.list_executions(None, where=ExecutionFilter(
+            parent=parent_id, status=ExecutionStatus.FAILED), limit=5)]  # fmt: skip
+    env = dict(os.environ)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([*CONVEYOR, "dlq", *args], env=env, text=True,
+                              capture_output=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    # When an operator lists them, and shows the item's
+    listed = json.loads(cli("list", "--tenant", "links", "--json"))
+    human = cli("list", "--tenant", "links")
+    with httpx.Client(base_url=api_url, timeout=30) as http:
+        api = http.get("/v1/dead-letters", headers={"Authorization": f"Bearer {key}"}).json()
+
+    # Then the map's item shows its index; the workflow node's item names its child, and the
+    # child's own dead letter its parent
+    links = {
+        (r["execution_id"], r["node"], r["item_index"]): (
+            r["child_execution_id"],
+            r["parent_execution_id"],
+        )
+        for r in listed
+    }
+    assert links == {
+        (str(parent_id), "m", 1): (None, None),
+        (str(parent_id), "each", 1): (str(child.id), None),
+        (str(child.id), "x", None): (None, str(parent_id)),
+    }
+    assert sorted(r["job_id"] for r in api) == sorted(r["job_id"] for r in listed)
+    assert {(r["node"], r["item_index"]) for r in api} == {("m", 1), ("each", 1), ("x", None)}
+    assert "m[1]" in human and "each[1]" in human
+    assert f"child {child.id}" in human and f"in a child of {parent_id}" in human
+    (item,) = [r for r in listed if r["node"] == "m"]
+    shown = cli("show", item["job_id"])
+    assert f"node m[1], execution {parent_id}, 1 tries" in shown

@@ -261,7 +261,7 @@ def test_the_execution_s_view_sums_a_map_s_items_up_and_a_route_and_show_items_p
         assert page[0] | {"job_id": "", "started_at": "", "finished_at": ""} == {
             "index": 10, "job_id": "", "status": "completed", "item": 10,
             "output": {"value": 10, "index": 10, "item": 10}, "error": None, "attempts": 1,
-            "started_at": "", "finished_at": "",
+            "started_at": "", "finished_at": "", "child": None,
         }  # fmt: skip
         dead = api.get(
             f"/v1/executions/{execution_id}/nodes/m/items", params={"status": "dead_letter"}

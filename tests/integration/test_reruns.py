@@ -279,3 +279,44 @@ def test_over_the_api_a_tenant_reruns_only_its_own_executions(
         "broken", {"path": fixed}, "test",
     )  # fmt: skip
     assert runs(theirs) == {"start": 1, "broken": 2, "side": 1, "join": 1}
+
+
+def test_a_rerun_through_a_failed_map_runs_its_items_again_on_their_jobs_and_completes(
+    conveyor_service: Conveyor, tmp_path: Path
+) -> None:
+    # Given a map whose item "b" fails (its file is missing), every item run (run_all)
+    for name in ("a", "c"):
+        (tmp_path / name).touch()
+    conveyor_service.apply(parse_workflow({
+        "name": "files", "defaults": {"retry": {"max_attempts": 1}},
+        "nodes": [
+            {"id": "m", "type": "python", "config": {"function": "test.until_file"},
+             "map": {"over": "{{ input.names }}", "on_item_failure": "run_all"},
+             "inputs": {"path": f"{tmp_path}/{{{{ item }}}}"}},
+            py("after", "collect", "m", values="{{ nodes.m | map(attribute='on') | list }}"),
+        ],
+    }))  # fmt: skip
+    execution_id = conveyor_service.trigger("files", {"names": ["a", "b", "c"]})
+    failed = wait_for(conveyor_service, execution_id)
+    assert failed.status is ExecutionStatus.FAILED
+    assert "1 of 3 items failed (indices 1)" in (failed.error or "")
+    with conveyor_service.db.transaction() as store:
+        before = [j.id for j, _ in store.execution_items(execution_id, "m", limit=10)]
+
+    # When the file is there and the map is rerun
+    (tmp_path / "b").touch()
+    conveyor_service.rerun(execution_id, "m", requested_by="cli:ops")
+
+    # Then every item ran again on its own job, and the successor once, on their outputs
+    done = wait_for(conveyor_service, execution_id)
+    assert done.status is ExecutionStatus.COMPLETED, done.error
+    assert done.output == {"after": {"values": [True, True, True]}}
+    assert runs(execution_id) == {"m": 6, "after": 1}
+    with conveyor_service.db.transaction() as store:
+        found = store.execution_items(execution_id, "m", limit=10)
+    assert [j.id for j, _ in found] == before
+    assert [[(a.attempt_number, a.status.value) for a in tries] for _, tries in found] == [
+        [(1, "succeeded"), (2, "succeeded")],
+        [(1, "failed"), (2, "succeeded")],
+        [(1, "succeeded"), (2, "succeeded")],
+    ]

@@ -23,8 +23,12 @@ def errors(*nodes: dict[str, Any]) -> list[str]:
     return validate({"name": "wf", "nodes": list(nodes)})
 
 
-def test_a_python_or_http_node_may_map_with_each_setting() -> None:
-    assert errors(mapped(concurrency=3, on_item_failure="run_all"), mapped("h", type="http")) == []
+def test_a_python_http_or_workflow_node_may_map_with_each_setting() -> None:
+    child = {**mapped("w", type="workflow"), "config": {"workflow": "kid"}}
+    assert (
+        errors(mapped(concurrency=3, on_item_failure="run_all"), mapped("h", type="http"), child)
+        == []
+    )
 
 
 @pytest.mark.parametrize("kind", ["delay", "condition"])
@@ -34,8 +38,9 @@ def test_a_delay_or_a_condition_node_cannot_map(kind: str) -> None:
     found = errors(node, {"id": "x", "type": "python", "needs": ["d"], "config": {"function": "f"}})
 
     assert found == [
-        f"node 'd': map: a {kind} node cannot map; only nodes that run a function or a request "
-        f"can (python, http): remove map, or map a node of one of those types"
+        f"node 'd': map: a {kind} node cannot map; only nodes that run a function, a request "
+        f"or a child workflow can (python, http, workflow): remove map, or map a node of one "
+        f"of those types"
     ]
 
 
@@ -86,5 +91,5 @@ def test_an_item_s_context_carries_its_item_and_index_and_keys_its_effects_by_th
 
 
 def test_the_types_that_map_are_the_registry_s_to_say() -> None:
-    assert [n for n in node_types.names() if node_types.maps(n)] == ["python", "http"]
+    assert [n for n in node_types.names() if node_types.maps(n)] == ["python", "http", "workflow"]
     assert not node_types.maps("nonesuch")

@@ -35,8 +35,10 @@ def start(
     return made.execution_id, expand(bench, made.execution_id, window)
 
 
-def expand(bench: Bench, execution_id: uuid.UUID, window: int = 1000) -> list[Dispatch]:
-    run = bench.claimed(own_job(bench, execution_id).id)
+def expand(
+    bench: Bench, execution_id: uuid.UUID, window: int = 1000, node_id: str = "m"
+) -> list[Dispatch]:
+    run = bench.claimed(own_job(bench, execution_id, node_id).id)
     items = mapping.items_of(run)
     return bench.units.run(
         lambda s: success.expand(s, run, items, bench.clock(), 0.01, window)
@@ -488,6 +490,7 @@ def test_item_outputs_are_read_in_index_order_whatever_order_they_were_added_in(
     added = [NewItem(id=uuid.uuid4(), index=i, item=i, held=True) for i in (7, 3, 5)]
     with bench.store() as store:
         store.add_item_jobs(execution, "m", added, 2, bench.clock())
+        store.open_map(execution_id, "m", 8)  # a list of 8 (no item past it is read)
 
     with bench.store() as store:
         rows = store.item_outputs(execution_id, "m")

@@ -21,7 +21,9 @@ from conveyor.exceptions import (
 )
 from conveyor.ids import new_id
 from tests.support.bench import Bench, condition, node
+from tests.unit.transitions.test_mapping import expand, item_run, items, own_job
 
+NO_RETRY = {"retry": {"max_attempts": 1}}
 DIAMOND = (node("a"), node("b", "a"), node("c", "a"), node("d", "b", "c"))
 
 
@@ -450,15 +452,160 @@ def test_reset_nodes_clears_what_the_nodes_did(bench: Bench) -> None:
     assert bench.probe.nodes(made.execution_id)["b"].status is NodeStatus.QUEUED
 
 
-def test_a_rerun_that_would_run_a_map_again_is_refused_and_changes_nothing(bench: Bench) -> None:
+# -- through a map ----------------------------------------------------------------------------
+
+
+def failed_map(bench: Bench) -> uuid.UUID:
+    """a gives rows, m maps over them (fail_fast), z after: item 1 of three died (item 0
+    completed, item 2 was cancelled by the map's failure); the execution failed."""
     name = bench.apply(
-        "mapped", node("a"), node("m", "a", map={"over": "{{ nodes.a.rows }}"}), node("z", "m")
-    ).name
+        "mapped", node("a"), node("m", "a", map={"over": "{{ nodes.a.rows }}", "concurrency": 2}),
+        node("z", "m"), defaults=NO_RETRY,
+    ).name  # fmt: skip
     execution_id = bench.trigger(name).execution_id
-    bench.fail(bench.claim_node(execution_id, "a"), NonRetryableError("bad a"))
-    before = bench.rows(execution_id)
+    bench.succeed(bench.claim_node(execution_id, "a"), {"rows": [1, 2, 3]})
+    expand(bench, execution_id)
+    bench.complete(item_run(bench, execution_id, 0), "one")
+    bench.fail(item_run(bench, execution_id, 1), NonRetryableError("bad row"))
+    return execution_id
 
-    with pytest.raises(RerunError, match=r"map node\(s\) 'm' again"):
-        rerun(bench, execution_id, "a")
 
-    assert bench.rows(execution_id) == before
+def test_a_rerun_through_a_map_runs_its_items_again_on_their_jobs_keeping_their_tries(
+    bench: Bench,
+) -> None:
+    execution_id = failed_map(bench)
+    assert [j.status.value for j in items(bench, execution_id)] == [
+        "completed", "dead_letter", "cancelled",
+    ]  # fmt: skip
+    earlier = [j.id for j in items(bench, execution_id)]
+
+    done = rerun(bench, execution_id, "m")
+
+    # Then the map node and its items are reset: held, outputs and errors cleared, no counter
+    assert (done.nodes, done.queued) == (["m", "z"], ["m"])
+    assert [d.job_id for d in done.dispatches] == [own_job(bench, execution_id).id]
+    reset = items(bench, execution_id)
+    assert [(j.status, j.output, j.last_error) for j in reset] == [(JobStatus.HELD, None, None)] * 3
+    assert [j.tries_before for j in reset] == [1, 1, 0]
+    m = bench.probe.nodes(execution_id)["m"]
+    assert (m.status, m.output, m.items_total, m.items_left, m.items_failed) == (
+        NodeStatus.QUEUED, None, None, None, None,
+    )  # fmt: skip
+
+    # When its own try renders the list again: each item takes its index's job again
+    published = expand(bench, execution_id)
+    assert [d.job_id for d in published] == earlier[:2]  # the window of two
+    assert [j.id for j in items(bench, execution_id)] == earlier
+    assert [j.status.value for j in items(bench, execution_id)] == ["queued", "queued", "held"]
+    again = [item_run(bench, execution_id, i) for i in (0, 1)]
+    assert [r.job.try_number for r in again] == [2, 2]  # numbered on after the earlier tries
+    bench.complete(again[1], "TWO")
+    bench.complete(again[0], "ONE")
+    (z,) = bench.complete(item_run(bench, execution_id, 2), "THREE")
+
+    # Then it completes with the new outputs, and every earlier try is kept
+    assert bench.probe.nodes(execution_id)["m"].output == ["ONE", "TWO", "THREE"]
+    bench.succeed(bench.claimed(z.job_id), {"z": 1})
+    assert bench.probe.execution(execution_id).status is ExecutionStatus.COMPLETED
+    tries = [[a.status.value for a in bench.probe.attempts(j)] for j in earlier]
+    assert tries == [["succeeded", "succeeded"], ["failed", "succeeded"], ["succeeded"]]
+
+
+def test_a_rerun_from_upstream_of_a_map_maps_over_its_new_list_shorter_or_longer(
+    bench: Bench,
+) -> None:
+    # Given a completed run over three rows
+    name = bench.apply("mapped", node("a"), node("m", "a", map={"over": "{{ nodes.a.rows }}"}),
+                       defaults=NO_RETRY).name  # fmt: skip
+    execution_id = bench.trigger(name).execution_id
+
+    def run_over(rows: list[int]) -> None:
+        bench.succeed(bench.claim_node(execution_id, "a"), {"rows": rows})
+        expand(bench, execution_id)
+        for i, row in enumerate(rows):
+            bench.complete(item_run(bench, execution_id, i), row * 10)
+
+    run_over([1, 2, 3])
+    first = [j.id for j in items(bench, execution_id)]
+
+    # When it is rerun from a, which gives two rows now
+    rerun(bench, execution_id, "a")
+    run_over([7, 8])
+
+    # Then the map's output is the two rows', on the first two jobs; the third is retired
+    done = bench.probe.execution(execution_id)
+    assert (done.status, done.output) == (ExecutionStatus.COMPLETED, {"m": [70, 80]})
+    third = items(bench, execution_id)[2]
+    assert (third.id, third.status, third.output) == (first[2], JobStatus.CANCELLED, None)
+    assert third.last_error == "not in the map's list since a rerun (2 item(s) now)"
+    outputs = bench.units.run(lambda s: s.item_outputs(execution_id, "m"))
+    assert [(r.index, r.output) for r in outputs] == [(0, 70), (1, 80)]
+
+    # When it is rerun again over four rows: the three jobs again, and a new one
+    rerun(bench, execution_id, "a")
+    run_over([4, 5, 6, 7])
+
+    assert bench.probe.execution(execution_id).output == {"m": [40, 50, 60, 70]}
+    found = items(bench, execution_id)
+    assert [j.id for j in found[:3]] == first and found[3].id not in first
+    assert [len(bench.probe.attempts(j.id)) for j in found] == [3, 3, 2, 1]
+
+
+def test_a_rerun_over_an_empty_list_now_retires_every_earlier_item(bench: Bench) -> None:
+    name = bench.apply("mapped", node("a"), node("m", "a", map={"over": "{{ nodes.a.rows }}"}),
+                       defaults=NO_RETRY).name  # fmt: skip
+    execution_id = bench.trigger(name).execution_id
+    bench.succeed(bench.claim_node(execution_id, "a"), {"rows": [1]})
+    expand(bench, execution_id)
+    bench.complete(item_run(bench, execution_id, 0), "one")
+
+    rerun(bench, execution_id, "a")
+    bench.succeed(bench.claim_node(execution_id, "a"), {"rows": []})
+    expand(bench, execution_id)
+
+    assert bench.probe.execution(execution_id).output == {"m": []}
+    assert [j.status for j in items(bench, execution_id)] == [JobStatus.CANCELLED]
+
+
+def test_a_rerun_input_for_a_map_node_is_refused_and_changes_nothing(bench: Bench) -> None:
+    execution_id = failed_map(bench)
+    before = bench.probe.nodes(execution_id), items(bench, execution_id)
+
+    with pytest.raises(RerunError, match=r"node 'm' maps over a list, and each item's inputs"):
+        rerun(bench, execution_id, "m", input={"x": 1})
+
+    assert (bench.probe.nodes(execution_id), items(bench, execution_id)) == before
+
+
+def test_a_rerun_waits_for_the_items_a_cancel_left_running(bench: Bench) -> None:
+    name = bench.apply("mapped", node("m", map={"over": "{{ input.rows }}"})).name
+    execution_id = bench.trigger(name, {"rows": [1, 2]}).execution_id
+    expand(bench, execution_id)
+    running = item_run(bench, execution_id, 0)
+    bench.units.run(lambda s: cancellation.cancel_execution(s, execution_id, bench.clock()))
+    before = bench.probe.nodes(execution_id), items(bench, execution_id)
+
+    with pytest.raises(InvalidTransition, match=r"still has items of map node\(s\) m in flight"):
+        rerun(bench, execution_id, "m")
+    assert (bench.probe.nodes(execution_id), items(bench, execution_id)) == before
+
+    bench.complete(running, "late")  # it reports: cancelled, its output kept
+    rerun(bench, execution_id, "m")
+    assert [j.status for j in items(bench, execution_id)] == [JobStatus.HELD] * 2
+
+
+def test_items_in_flight_names_the_maps_with_an_item_not_settled(bench: Bench) -> None:
+    name = bench.apply("two_maps", node("m", map={"over": "{{ input.rows }}"}),
+                       node("n", map={"over": "{{ input.rows }}"})).name  # fmt: skip
+    execution_id = bench.trigger(name, {"rows": [1, 2]}).execution_id
+    expand(bench, execution_id, node_id="m")
+    expand(bench, execution_id, node_id="n")
+    bench.complete(item_run(bench, execution_id, 0, "n"), 1)
+    bench.complete(item_run(bench, execution_id, 1, "n"), 2)
+
+    def busy() -> list[str]:
+        return bench.units.run(lambda s: s.items_in_flight(execution_id, ["m", "n"]))
+
+    assert busy() == ["m"]
+    item_run(bench, execution_id, 0)  # processing
+    assert busy() == ["m"]
