@@ -23,6 +23,7 @@ from sqlalchemy import (
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
 from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
     RUNNABLE_JOB,
     STOPPABLE_JOB,
     WAITING_JOB,
@@ -33,7 +34,15 @@ from conveyor.engine.states import (
 )
 from conveyor.models import Job
 from conveyor.store.rows import job_record
-from conveyor.store.session import ATTEMPTS, JOBS, TENANTS, WORKFLOWS, StoreCore, unindexed
+from conveyor.store.session import (
+    ATTEMPTS,
+    EXECUTIONS,
+    JOBS,
+    TENANTS,
+    WORKFLOWS,
+    StoreCore,
+    unindexed,
+)
 
 
 class JobQueries(StoreCore):
@@ -327,6 +336,17 @@ def current_try(try_number: int | None) -> list[ColumnElement[bool]]:
     if try_number is None:
         return []
     return [JOBS.c.tries_before + JOBS.c.retry_count + 1 == try_number]
+
+
+def execution_runs(execution_id: uuid.UUID) -> ColumnElement[bool]:
+    """The execution is still pending or running: a try's success is recorded as its job's
+    only then (one that ends after its execution did is recorded cancelled instead)."""
+    return (
+        select(EXECUTIONS.c.status)
+        .where(EXECUTIONS.c.id == execution_id)
+        .scalar_subquery()
+        .in_(ACTIVE_EXECUTION)
+    )
 
 
 # Held jobs, as the partial index ix_jobs_held has them: the status a literal, not a parameter,

@@ -14,15 +14,20 @@ from sqlalchemy import insert, select, update
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
 from conveyor.engine.states import (
-    ACTIVE_EXECUTION,
     AttemptStatus,
     JobKind,
     JobStatus,
     NodeStatus,
 )
 from conveyor.models import Job
-from conveyor.store.jobs import HELD, JobQueries, cancel_unstarted_jobs, current_try
-from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES, unindexed
+from conveyor.store.jobs import (
+    HELD,
+    JobQueries,
+    cancel_unstarted_jobs,
+    current_try,
+    execution_runs,
+)
+from conveyor.store.session import JOBS, NODE_STATES, unindexed
 
 
 class MapItemQueries(JobQueries):
@@ -50,19 +55,13 @@ class MapItemQueries(JobQueries):
         )
 
     def complete_item(self, job: JobRecord, output: Any, now: datetime, duration: float) -> bool:
-        running = (
-            select(EXECUTIONS.c.status)
-            .where(EXECUTIONS.c.id == job.execution_id)
-            .scalar_subquery()
-            .in_(ACTIVE_EXECUTION)
-        )
         completed = self._core(
             update(JOBS)
             .where(
                 JOBS.c.id == job.id,
                 unindexed(JOBS.c.status) == JobStatus.PROCESSING,
                 *current_try(job.try_number),
-                running,
+                execution_runs(job.execution_id),
             )
             .values(status=JobStatus.COMPLETED, completed_at=now, last_error=None, output=output)
         )
