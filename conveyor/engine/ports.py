@@ -220,9 +220,10 @@ class Executions(Protocol):
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
         """Cancel the jobs and nodes that have not started (jobs queued, parked, held or
-        waiting for their time, and those waiting for a child: the caller stops the children;
-        nodes pending, queued or waiting, and the map nodes whose items run); the node jobs
-        among them that the limiter may know (not the held items)."""
+        waiting for their time, and those waiting for a child, the try each waits in ended
+        ``cancelled``: the caller stops the children; nodes pending, queued or waiting, and
+        the map nodes whose items run); the node jobs among them that the limiter may know
+        (not the held items)."""
         ...
 
     def execution_outcome(self, execution_id: uuid.UUID) -> ExecutionOutcome | None:

@@ -359,15 +359,58 @@ def cancel_unstarted_jobs(
 ) -> list[uuid.UUID]:
     """Cancel the jobs ``where`` selects that have not started: the held map items first (one
     statement on their index, not returned: no message, no permit ever had them), then those
-    queued, parked or waiting; the node jobs among the latter (the limiter may know them). A
+    waiting for a child (their tries ended, :func:`_end_waits`), then those queued, parked or
+    waiting for their time; the node jobs among the latter two (the limiter may know them). A
     rerun's held node job stays held: a requeue of the dead letter that failed the execution
     resumes it, and its node runs once its needs settle."""
     cancelled = {"status": JobStatus.CANCELLED, "completed_at": now}
     store._core(update(JOBS).where(*where, HELD, JOBS.c.item_index.is_not(None)).values(cancelled))
+    waited = _end_waits(store, where, now)
     rows = store._core(
         update(JOBS)
         .where(*where, JOBS.c.status.in_(STOPPABLE_JOB))
         .values(cancelled)
         .returning(JOBS.c.id, JOBS.c.kind)
     ).all()
-    return [r.id for r in rows if r.kind is JobKind.NODE]
+    return waited + [r.id for r in rows if r.kind is JobKind.NODE]
+
+
+def _end_waits(
+    store: StoreCore, where: list[ColumnElement[bool]], now: datetime
+) -> list[uuid.UUID]:
+    """The jobs ``where`` selects that wait for a child, cancelled, and the try each waits in
+    ended ``cancelled`` with them: its attempt, started by the claim, would stay ``running``
+    (the caller stops the children, whose finish then settles nothing)."""
+    waits = store._core(
+        update(JOBS)
+        .where(*where, JOBS.c.status == JobStatus.WAITING_CHILD)
+        .values(status=JobStatus.CANCELLED, completed_at=now)
+        .returning(
+            JOBS.c.id,
+            (JOBS.c.tries_before + JOBS.c.retry_count + 1).label("try_number"),
+            JOBS.c.processed_at,  # when its claim started the try
+        )
+    ).all()
+    if waits:
+        store._core(
+            update(ATTEMPTS)
+            .where(
+                ATTEMPTS.c.job_id == bindparam("waiting_job"),
+                ATTEMPTS.c.attempt_number == bindparam("waiting_try"),
+                ATTEMPTS.c.status == AttemptStatus.RUNNING,
+            )
+            .values(status=AttemptStatus.CANCELLED, finished_at=now, duration=bindparam("took")),
+            [
+                {
+                    "waiting_job": w.id,
+                    "waiting_try": w.try_number,
+                    "took": _took(w.processed_at, now),
+                }
+                for w in waits
+            ],
+        )
+    return [w.id for w in waits]
+
+
+def _took(started: datetime | None, now: datetime) -> float | None:
+    return max(0.0, (now - started).total_seconds()) if started is not None else None
