@@ -278,6 +278,28 @@ def test_fail_fast_fails_the_node_at_the_first_dead_item_and_cancels_the_items_n
     assert bench.probe.nodes(execution_id)["m"].status is NodeStatus.FAILED
 
 
+def test_an_item_claimed_after_its_execution_failed_leaves_its_failed_map_as_it_failed(
+    bench: Bench,
+) -> None:
+    # Given a map failed fast, its execution with it, and an item queued all the same (as a
+    # release racing the failure may leave it on PostgreSQL)
+    execution_id, _ = start(bench, [0, 1, 2])
+    bench.fail(item_run(bench, execution_id, 0), NonRetryableError("bad item"))
+    late = items(bench, execution_id)[2]
+    with bench.store() as store:
+        assert store.transition_job(late.id, JobStatus.CANCELLED, JobStatus.QUEUED)
+
+    # When its message is claimed
+    assert bench.claim(late.id) is None
+
+    # Then the item is cancelled, and the map keeps its failure and its error
+    assert bench.probe.job(late.id).status is JobStatus.CANCELLED
+    m = bench.probe.nodes(execution_id)["m"]
+    assert (m.status, m.error) == (
+        NodeStatus.FAILED, "item 0 failed after 1 attempt(s): bad item",
+    )  # fmt: skip
+
+
 def test_fail_fast_fails_the_node_once_when_two_items_die(bench: Bench) -> None:
     name = bench.apply(
         "mapping", {**mapped(), "continue_on_failure": True}, node("after", "m"),
