@@ -72,7 +72,8 @@ def fail_node(
     duration: float,
     rng: random.Random | None = None,
 ) -> Failed:
-    """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
+    """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run. A
+    map's item is not retried once its map has failed (:func:`drop_item`)."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     item = job.item_index is not None  # a map's item: its node is the map's counter
     message = describe(error)
@@ -110,6 +111,8 @@ def fail_node(
         )
     )
     if decision.retry_in is not None:
+        if item and not store.map_runs(execution_id, node_id):  # it failed fast meanwhile
+            return drop_item(store, run, now, f"{message} (not retried: {map_stopped(run)})")
         due = now + timedelta(seconds=decision.retry_in)
         if not store.schedule_retry(job.id, due, message, try_number=job.try_number):
             return Failed(dispatches=[], outcome=None)
@@ -132,6 +135,24 @@ def fail_node(
     store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
     failed = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
     return Failed(dispatches=node_failed(store, run, now, failed), outcome=JobStatus.DEAD_LETTER)
+
+
+def drop_item(store: Store, run: NodeRun, now: datetime, error: str) -> Failed:
+    """A map's item that would run again after its map stopped running (it failed fast, and
+    its execution goes on: the node continues on failure): its job ends cancelled with
+    ``error`` and no try follows, as the items not started were cancelled; another try
+    would only repeat the item's effects for a map whose outcome is settled."""
+    job = run.job
+    if not store.transition_job(
+        job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,
+        completed_at=now, last_error=error,
+    ):  # fmt: skip
+        return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
+    return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
+
+
+def map_stopped(run: NodeRun) -> str:
+    return f"its map node {run.node.id!r} failed while it ran"
 
 
 def reclaim(

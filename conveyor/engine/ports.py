@@ -422,6 +422,12 @@ class MapItems(Protocol):
         None, nothing changed, when the node does not run any more (it failed fast)."""
         ...
 
+    def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:
+        """Whether the map node still runs, so that its items may try again: read under a
+        share of the node state's row lock, so that a :meth:`close_map` comes wholly before
+        this transaction (False) or after it (and then cancels the retry it schedules)."""
+        ...
+
     def close_map(
         self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str
     ) -> list[uuid.UUID] | None:

@@ -124,6 +124,16 @@ class MapItemQueries(JobQueries):
             released=released[0] if released else None,
         )
 
+    def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:
+        """FOR SHARE (PostgreSQL): close_map's UPDATE of the row waits for this transaction,
+        or this read for close_map's, and then sees the row it left."""
+        status = self._core(
+            select(NODE_STATES.c.status)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .with_for_update(read=True)
+        ).scalar()
+        return status is NodeStatus.RUNNING
+
     def close_map(
         self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str
     ) -> list[uuid.UUID] | None:

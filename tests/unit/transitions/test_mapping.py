@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from conveyor.engine import cancellation, dead_letters, mapping, success
+from conveyor.engine import cancellation, dead_letters, mapping, outcomes, success
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.records import Dispatch, NewItem
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobStatus, NodeStatus
-from conveyor.exceptions import InvalidTransition, NonRetryableError, Skip
+from conveyor.exceptions import InvalidTransition, NonRetryableError, Skip, Snooze
 from conveyor.testing import JobRow
 from tests.support.bench import Bench, node
 
@@ -370,9 +370,48 @@ def test_an_item_s_retry_waits_as_any_job_s_and_leaves_its_node_running(bench: B
     assert (m.status, m.error, m.items_left) == (NodeStatus.RUNNING, None, 2)
 
 
-def test_an_item_that_skips_itself_settles_with_none_in_its_slot(bench: Bench) -> None:
-    from conveyor.engine import outcomes
+@pytest.mark.parametrize(
+    ("outcome", "error"),
+    [
+        (
+            "a retryable failure",
+            "RuntimeError: flaky (not retried: its map node 'm' failed while it ran)",
+        ),
+        ("a snooze", "snoozed, not run again: its map node 'm' failed while it ran"),
+    ],
+)
+def test_an_item_of_a_map_that_failed_fast_is_not_tried_again(
+    bench: Bench, outcome: str, error: str
+) -> None:
+    # Given a map failed fast by its first item, its execution going on (the node continues
+    # on failure), and another item running with tries to spare
+    name = bench.apply(
+        "mapping", {**mapped(), "continue_on_failure": True}, node("after", "m"),
+        defaults={"retry": {"max_attempts": 3}},
+    ).name  # fmt: skip
+    made = bench.trigger(name, {"rows": [1, 2, 3]})
+    expand(bench, made.execution_id)
+    dead, running = item_run(bench, made.execution_id, 0), item_run(bench, made.execution_id, 1)
+    bench.fail(dead, NonRetryableError("bad item"))
 
+    # When the running item fails as a retry would follow, or snoozes
+    if outcome == "a snooze":
+        failed = bench.units.run(
+            lambda s: outcomes.snooze_node(s, running, Snooze(1), bench.clock(), 0.01)
+        )
+    else:
+        failed = bench.fail(running, RuntimeError("flaky"))
+
+    # Then its job ends cancelled: no try follows
+    assert failed.outcome is JobStatus.CANCELLED
+    assert statuses(bench, made.execution_id) == ["dead_letter", "cancelled", "cancelled"]
+    assert items(bench, made.execution_id)[1].last_error == error
+    assert len(bench.probe.attempts(running.job.id)) == 1
+    assert bench.probe.nodes(made.execution_id)["m"].status is NodeStatus.FAILED
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.RUNNING
+
+
+def test_an_item_that_skips_itself_settles_with_none_in_its_slot(bench: Bench) -> None:
     execution_id, _ = start(bench, [1, 2])
     run = item_run(bench, execution_id, 0)
 
@@ -480,17 +519,20 @@ def test_a_requeue_leaves_a_finished_map_s_dead_items_dead(bench: Bench) -> None
 # -- the port's item methods, each on its own ------------------------------------------------
 
 
-def test_settle_item_counts_only_while_the_map_runs(bench: Bench) -> None:
+def test_settle_item_counts_and_map_runs_says_so_only_while_the_map_runs(bench: Bench) -> None:
     execution_id, _ = start(bench, [1, 2, 3], window=1)
 
     with bench.store() as store:
         counted = store.settle_item(execution_id, "m", True, bench.clock())
+        runs = store.map_runs(execution_id, "m")
     with bench.store() as store:
         closed = store.close_map(execution_id, "m", bench.clock(), "stop")
     with bench.store() as store:
         again = store.close_map(execution_id, "m", bench.clock(), "stop again")
         after = store.settle_item(execution_id, "m", False, bench.clock())
+        runs_after = store.map_runs(execution_id, "m")
 
+    assert (runs, runs_after) == (True, False)
     assert counted is not None and (counted.left, counted.failed) == (2, 1)
     assert counted.released is not None and counted.released.item_index == 1
     assert counted.released.status is JobStatus.QUEUED and counted.released.workflow == "mapping"
