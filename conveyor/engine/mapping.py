@@ -107,9 +107,12 @@ def open_map(
 ) -> list[Dispatch]:
     """The map node's own try succeeded with a non-empty list: the try recorded, a job per
     item (those past the window held), the node's counter set; the queued items' messages.
-    The node stays running until its items have settled."""
+    The node stays running until its items have settled. The execution's status is read
+    under its row lock first, so that a stop (a cancel, a failure elsewhere) comes wholly
+    before this transaction, which then makes no item (the try ends cancelled), or after
+    it, and then cancels the items made."""
     job, execution, node = run.job, run.execution, run.node
-    status = outcome_status(store, execution.id)
+    status = store.execution_status(execution.id, lock=True)  # a stop: before or after
     if status is None or status.finished:  # as a try that ends after its execution did
         if store.transition_job(
             job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,

@@ -223,7 +223,9 @@ class Executions(Protocol):
         waiting for their time, and those waiting for a child, the try each waits in ended
         ``cancelled``: the caller stops the children; nodes pending, queued or waiting, and
         the map nodes whose items run); the node jobs among them that the limiter may know
-        (not the held items)."""
+        (not the held items). It takes a share of the execution's row lock first, one that
+        waits for, and holds back, a transaction that read the status under the row lock
+        (:meth:`execution_status`), so that a stop comes wholly before or after one."""
         ...
 
     def execution_outcome(self, execution_id: uuid.UUID) -> ExecutionOutcome | None:

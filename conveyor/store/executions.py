@@ -242,7 +242,14 @@ class ExecutionQueries(StoreCore):
         """Cancel the jobs and nodes of an execution that have not started running (those
         waiting for a child too: the caller stops the children; and its map nodes whose items
         run: their items not started are cancelled); returns the cancelled node jobs the
-        limiter may know."""
+        limiter may know.
+
+        First the execution's row, FOR KEY SHARE (PostgreSQL): a transaction that read its
+        status under the row's lock (FOR UPDATE: a map's items made, a child started) is then
+        wholly before this one, its rows seen here, or after it, and sees the stop. It waits
+        for no success (theirs is FOR NO KEY UPDATE, at their end), which hold rows this
+        cancels before they want the execution's."""
+        self._core(_HOLD_KEY, {"execution_id": execution_id})
         cancelled = cancel_unstarted_jobs(self, [JOBS.c.execution_id == execution_id], now)
         mapping = (NodeState.status == NodeStatus.RUNNING) & NodeState.items_total.is_not(None)
         self.session.execute(
@@ -445,3 +452,8 @@ _SETTLE_OR_FINISH = _SETTLE.values(
 )
 _STATUS = select(EXECUTIONS.c.status).where(EXECUTIONS.c.id == bindparam("execution_id"))
 _STATUS_LOCKED = _STATUS.with_for_update()
+_HOLD_KEY = (
+    select(EXECUTIONS.c.id)
+    .where(EXECUTIONS.c.id == bindparam("execution_id"))
+    .with_for_update(read=True, key_share=True)
+)

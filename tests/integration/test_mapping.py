@@ -4,6 +4,7 @@ functions count their own runs (test_effects) and overlap (Redis), not only the 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,13 +12,15 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from conveyor.cli import app
+from conveyor.engine import claiming, mapping, success, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution
-from conveyor.service import Conveyor
+from conveyor.service import Conveyor, utcnow
 from tests.support import nodes as test_nodes
 from tests.support.services import effects, wait_for
 
@@ -220,6 +223,87 @@ def test_cancelling_mid_map_cancels_the_items_not_started(
         (m,) = store.execution_nodes(execution_id)
     assert m.status is NodeStatus.CANCELLED
     assert len(runs_of(database_url, "m")) <= 2  # the two that ran, stopped early
+
+
+def lock_waiters(service: Conveyor) -> int:
+    """How many of this database's sessions wait for a lock."""
+    with service.db.transaction() as store:
+        return int(
+            store.session.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "it did not happen in time"
+        time.sleep(0.02)
+
+
+def in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``work`` started on a thread of its own; what it returned (or raised), once done."""
+    ended: list[Any] = []
+
+    def run_it() -> None:
+        try:
+            ended.append(work())
+        except Exception as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=run_it, daemon=True)
+    thread.start()
+    return thread, ended
+
+
+def test_a_cancel_racing_a_map_s_expansion_leaves_no_item_of_it_to_run(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a map node's own try, claimed (here, not by the worker: nothing is published)
+    conveyor_service.apply(parse_workflow({"name": "map_race", "defaults": NO_RETRY, "nodes": [
+        py("m", "item", map={"over": "{{ input.rows }}"}, inputs=ITEM),
+    ]}))  # fmt: skip
+    made = conveyor_service.db.autocommit(
+        lambda s: triggering.trigger(
+            s, workflow_name="map_race", tenant="default", input={"rows": list(range(5))},
+            now=utcnow(),
+        )
+    )  # fmt: skip
+    (dispatch,) = made.dispatches
+    run = conveyor_service.db.autocommit(
+        lambda s: claiming.claim_node(s, dispatch.job_id, utcnow(), "racer")
+    )
+    assert run is not None
+    rows = mapping.items_of(run)
+    with conveyor_service.db.transaction() as holder:
+        # and its transaction held up by another's lock on its job, once it has begun
+        holder.session.execute(
+            text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": run.job.id}
+        )
+        expanding, expanded = in_thread(
+            lambda: conveyor_service.db.run(
+                lambda s: success.expand(s, run, rows, utcnow(), 0.01, 2)
+            )
+        )
+        wait_until(lambda: lock_waiters(conveyor_service) == 1)
+
+        # When the execution is cancelled meanwhile (it waits for the expansion, or not)
+        cancelling, cancelled = in_thread(lambda: conveyor_service.cancel(made.execution_id))
+        wait_until(lambda: not cancelling.is_alive() or lock_waiters(conveyor_service) == 2)
+    expanding.join(timeout=30)
+    cancelling.join(timeout=30)
+
+    # Then both went through, and nothing of the map is left to run in the cancelled execution
+    assert not isinstance(expanded[0], Exception) and cancelled == [None]
+    with conveyor_service.db.transaction() as store:
+        assert store.execution_row(made.execution_id).status is ExecutionStatus.CANCELLED
+        (m,) = store.execution_nodes(made.execution_id)
+    assert {j.status for j in items(conveyor_service, made.execution_id)} <= {JobStatus.CANCELLED}
+    assert m.status is NodeStatus.CANCELLED
 
 
 def test_the_execution_s_view_sums_a_map_s_items_up_and_a_route_and_show_items_page_them(

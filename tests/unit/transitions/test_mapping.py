@@ -443,6 +443,23 @@ def test_cancelling_the_execution_cancels_the_items_not_started(bench: Bench) ->
     assert bench.probe.nodes(execution_id)["m"].status is NodeStatus.CANCELLED
 
 
+def test_a_map_s_own_try_ending_after_its_execution_was_cancelled_makes_no_item(
+    bench: Bench,
+) -> None:
+    name = bench.apply("mapping", mapped(), defaults=NO_RETRY).name
+    made = bench.trigger(name, {"rows": [1, 2, 3]})
+    run = bench.claimed(own_job(bench, made.execution_id).id)
+    bench.units.run(lambda s: cancellation.cancel_execution(s, made.execution_id, bench.clock()))
+
+    published = bench.units.run(
+        lambda s: success.expand(s, run, mapping.items_of(run), bench.clock(), 0.01, 1000)
+    )
+
+    assert (published, items(bench, made.execution_id)) == ([], [])
+    assert own_job(bench, made.execution_id).status is JobStatus.CANCELLED
+    assert bench.probe.nodes(made.execution_id)["m"].status is NodeStatus.CANCELLED
+
+
 def test_a_map_chained_after_a_map_maps_over_its_outputs(bench: Bench) -> None:
     name = bench.apply(
         "chained", mapped(),
