@@ -174,7 +174,10 @@ class ExecutionQueries(StoreCore):
 
     def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
         """Read under the row lock (the finishing transaction holds it already), then
-        cleared: a trigger leaving a newer input waits for this transaction's end."""
+        cleared: a trigger leaving a newer input waits for this transaction's end. FOR NO
+        KEY UPDATE, as that update's own lock, not FOR UPDATE: it would wait for a stop's
+        FOR KEY SHARE (:meth:`cancel_unstarted`) while that stop waits for this
+        transaction's update of the row."""
         left = self.session.execute(
             select(
                 Execution.follow_up,
@@ -187,7 +190,7 @@ class ExecutionQueries(StoreCore):
             .join(Tenant, Tenant.id == Execution.tenant_id)
             .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
             .where(Execution.id == execution_id, Execution.follow_up.is_not(None))
-            .with_for_update(of=Execution)
+            .with_for_update(of=Execution, key_share=True)
         ).one_or_none()
         if left is None:
             return None
