@@ -13,6 +13,7 @@ from conveyor.engine import mapping, retry, trigger_limits
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
+    AfterCommit,
     Dispatch,
     JobRecord,
 )
@@ -45,6 +46,11 @@ class Failed:
     snoozed: bool = False  # the node snoozed (conveyor.Snooze): retry_wait, no attempt spent
     skipped: bool = False  # the node ended itself skipped (conveyor.Skip): job completed
     forget: tuple[uuid.UUID, ...] = ()  # node jobs it cancelled before they ran (the limiter's)
+
+    @property
+    def after(self) -> AfterCommit:
+        """What is left to do after commit: the messages, and the jobs to forget."""
+        return AfterCommit(dispatches=self.dispatches, forget=list(self.forget))
 
 
 def complete_stopped(
@@ -129,12 +135,14 @@ def fail_node(
     ):
         return Failed(dispatches=[], outcome=None)
     if item:
-        return Failed(
-            dispatches=mapping.item_dead(store, run, now, message), outcome=JobStatus.DEAD_LETTER
-        )
-    store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
-    failed = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
-    return Failed(dispatches=node_failed(store, run, now, failed), outcome=JobStatus.DEAD_LETTER)
+        after = mapping.item_dead(store, run, now, message)
+    else:
+        store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
+        failed = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
+        after = node_failed(store, run, now, failed)
+    return Failed(
+        dispatches=after.dispatches, forget=tuple(after.forget), outcome=JobStatus.DEAD_LETTER
+    )
 
 
 def drop_item(store: Store, run: NodeRun, now: datetime, error: str) -> Failed:

@@ -94,8 +94,12 @@ def skip_node(store: Store, run: NodeRun, skip: Skip, now: datetime, duration: f
         completed_at=now,
     ):  # fmt: skip
         return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
-    if job.item_index is not None:  # a map's item: settled, its slot in the output None
-        settled = mapping.settled(store, run, now)
-        return Failed(dispatches=settled, outcome=JobStatus.COMPLETED, skipped=True)
-    store.set_node(execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
-    return Failed(dispatches=settle(store, run, now), outcome=JobStatus.COMPLETED, skipped=True)
+    if job.item_index is None:
+        store.set_node(execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
+        after = settle(store, run, now)
+    else:  # a map's item: settled, its slot in the output None
+        after = mapping.settled(store, run, now)
+    return Failed(
+        dispatches=after.dispatches, forget=tuple(after.forget), outcome=JobStatus.COMPLETED,
+        skipped=True,
+    )  # fmt: skip

@@ -225,6 +225,41 @@ def test_cancelling_mid_map_cancels_the_items_not_started(
     assert len(runs_of(database_url, "m")) <= 2  # the two that ran, stopped early
 
 
+def test_a_map_failing_fast_takes_its_parked_items_out_of_the_limiters_lines_at_once(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a map under a workflow limit of one: its first item runs (sleeping), the rest
+    # parked, waiting in the limiter's lines for the permit the first holds
+    conveyor_service.apply(parse_workflow({
+        "name": "map_parked", "defaults": NO_RETRY, "concurrency": 1, "nodes": [
+            py("m", "sleep", map={"over": "{{ input.rows }}"}, inputs={"seconds": 30}),
+        ],
+    }))  # fmt: skip
+    execution_id = conveyor_service.trigger("map_parked", {"rows": list(range(4))})
+    wait_until(
+        lambda: (
+            sorted(j.status for j in items(conveyor_service, execution_id))
+            == sorted([JobStatus.PROCESSING] + [JobStatus.PARKED] * 3)
+        )
+    )
+    limiter = conveyor_service.gate.limiter  # type: ignore[union-attr]
+    assert {u.key: u.waiting for u in limiter.snapshot()}["global"] == 3
+
+    # When the running item dies (here its worker taken for lost by the recovery sweep) and
+    # the map fails fast, the running item still holding its permit
+    conveyor_service.recover(heartbeat_timeout=0, lost_after=3600)
+
+    # Then the parked items, cancelled, left the limiter's lines with that transaction, not
+    # at the limiter's sweep nor at the release of the first item's permit
+    assert {j.status for j in items(conveyor_service, execution_id)} == {
+        JobStatus.DEAD_LETTER, JobStatus.CANCELLED,
+    }  # fmt: skip
+    assert {u.key: u.waiting for u in limiter.snapshot()}["global"] == 0
+    wait_until(  # the sleeping item sees its execution failed, stops, gives the permit back
+        lambda: all(u.in_use == 0 for u in limiter.snapshot())
+    )
+
+
 def lock_waiters(service: Conveyor) -> int:
     """How many of this database's sessions wait for a lock."""
     with service.db.transaction() as store:

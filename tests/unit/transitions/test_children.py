@@ -273,8 +273,12 @@ def test_a_parent_failing_elsewhere_cancels_its_running_child(bench: Bench) -> N
     start(bench, bench.claim_node(made.execution_id, "call"))
     child_id = only_child(bench, made.execution_id)
 
-    bench.fail(bench.claim_node(made.execution_id, "other"), RuntimeError("boom"))
+    failed = bench.fail(bench.claim_node(made.execution_id, "other"), RuntimeError("boom"))
 
+    # (the jobs the stop cancelled, its child's too, returned for the limiter to forget)
+    assert set(failed.forget) == {
+        bench.job(made.execution_id, "call").id, bench.job(child_id, "one").id,
+    }  # fmt: skip
     child = bench.probe.execution(child_id)
     assert child.status is ExecutionStatus.CANCELLED
     assert child.error == (
@@ -406,9 +410,9 @@ def test_a_wait_left_unsettled_is_settled_by_the_recovery_sweep(bench: Bench) ->
     )
     assert bench.units.run(lambda s: s.children_to_settle(10)) == [child_id]
 
-    settled, published = bench.units.run(lambda s: children.settle_waiting(s, bench.clock(), 10))
+    settled, after = bench.units.run(lambda s: children.settle_waiting(s, bench.clock(), 10))
 
-    assert settled == 1 and [d.node for d in published] == ["after"]
+    assert settled == 1 and [d.node for d in after.dispatches] == ["after"]
     assert bench.probe.nodes(parent_id)["call"].output == {"ok": 1}
     assert bench.units.run(lambda s: s.children_to_settle(10)) == []
 

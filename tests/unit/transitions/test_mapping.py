@@ -40,7 +40,7 @@ def expand(bench: Bench, execution_id: uuid.UUID, window: int = 1000) -> list[Di
     items = mapping.items_of(run)
     return bench.units.run(
         lambda s: success.expand(s, run, items, bench.clock(), 0.01, window)
-    )  # fmt: skip
+    ).dispatches
 
 
 def own_job(bench: Bench, execution_id: uuid.UUID, node_id: str = "m") -> JobRow:
@@ -300,6 +300,39 @@ def test_an_item_claimed_after_its_execution_failed_leaves_its_failed_map_as_it_
     )  # fmt: skip
 
 
+def test_a_map_failing_fast_returns_the_jobs_it_cancelled_for_the_limiter_to_forget(
+    bench: Bench,
+) -> None:
+    # Given a map of five, three queued (the first running), two held, and a node beside it
+    execution_id, _ = start(bench, list(range(5)), node("beside"), window=3)
+
+    failed = bench.fail(item_run(bench, execution_id, 0), NonRetryableError("bad item"))
+
+    # Then the items queued and the node beside it, which the limiter may hold in its lines
+    # (the held items it never saw), are returned for the caller to forget after commit
+    jobs = items(bench, execution_id)
+    assert sorted(failed.forget) == sorted(
+        [jobs[1].id, jobs[2].id, bench.job(execution_id, "beside").id]
+    )
+
+
+def test_a_run_all_map_failed_by_its_last_item_s_success_returns_the_jobs_its_stop_cancelled(
+    bench: Bench,
+) -> None:
+    name = bench.apply(
+        "mapping", mapped(on_item_failure="run_all"), node("beside"), defaults=NO_RETRY
+    ).name
+    made = bench.trigger(name, {"rows": [1, 2]})
+    expand(bench, made.execution_id)
+    bench.fail(item_run(bench, made.execution_id, 0), NonRetryableError("no"))
+
+    last = item_run(bench, made.execution_id, 1)
+    after = bench.units.run(lambda s: success.complete_node(s, last, "two", bench.clock(), 0.01))
+
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.FAILED
+    assert after.forget == [bench.job(made.execution_id, "beside").id]
+
+
 def test_fail_fast_fails_the_node_once_when_two_items_die(bench: Bench) -> None:
     name = bench.apply(
         "mapping", {**mapped(), "continue_on_failure": True}, node("after", "m"),
@@ -453,7 +486,7 @@ def test_a_map_s_own_try_ending_after_its_execution_was_cancelled_makes_no_item(
 
     published = bench.units.run(
         lambda s: success.expand(s, run, mapping.items_of(run), bench.clock(), 0.01, 1000)
-    )
+    ).dispatches
 
     assert (published, items(bench, made.execution_id)) == ([], [])
     assert own_job(bench, made.execution_id).status is JobStatus.CANCELLED
@@ -478,7 +511,7 @@ def test_a_map_chained_after_a_map_maps_over_its_outputs(bench: Bench) -> None:
             s, expand_second, mapping.items_of(expand_second), bench.clock(), 0.01, 1000
         )
     )
-    assert len(second) == 2
+    assert len(second.dispatches) == 2
     run = bench.claimed(items(bench, made.execution_id, "m2")[1].id)
     # an item reads its item, not the list it came from (which its inputs do not name)
     assert (run.context["item"], run.context["nodes"]) == ({"v": 20}, {})
