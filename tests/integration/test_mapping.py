@@ -4,7 +4,6 @@ functions count their own runs (test_effects) and overlap (Redis), not only the 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution
 from conveyor.service import Conveyor, utcnow
 from tests.support import nodes as test_nodes
-from tests.support.services import effects, wait_for
+from tests.support.services import effects, in_thread, lock_waiters, wait_for, wait_until
 
 NO_RETRY = {"retry": {"max_attempts": 1}}
 
@@ -258,41 +257,6 @@ def test_a_map_failing_fast_takes_its_parked_items_out_of_the_limiters_lines_at_
     wait_until(  # the sleeping item sees its execution failed, stops, gives the permit back
         lambda: all(u.in_use == 0 for u in limiter.snapshot())
     )
-
-
-def lock_waiters(service: Conveyor) -> int:
-    """How many of this database's sessions wait for a lock."""
-    with service.db.transaction() as store:
-        return int(
-            store.session.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-            ).scalar_one()
-        )
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "it did not happen in time"
-        time.sleep(0.02)
-
-
-def in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    """``work`` started on a thread of its own; what it returned (or raised), once done."""
-    ended: list[Any] = []
-
-    def run_it() -> None:
-        try:
-            ended.append(work())
-        except Exception as exc:
-            ended.append(exc)
-
-    thread = threading.Thread(target=run_it, daemon=True)
-    thread.start()
-    return thread, ended
 
 
 def test_a_cancel_racing_a_map_s_expansion_leaves_no_item_of_it_to_run(
