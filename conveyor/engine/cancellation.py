@@ -21,11 +21,11 @@ from conveyor.exceptions import (
 
 @dataclass(frozen=True, kw_only=True)
 class Stopped:
-    """What a stop did: the node jobs it cancelled before they ran, its children's too (the
-    limiter forgets them), and, for a child, its parent's whose node's failure stopped it;
-    whether the execution was still running to be cancelled (False: it finished meanwhile,
-    and stays as it finished); and, for a child, the messages of what its parent's node
-    settling made ready, to publish after commit."""
+    """What a stop did: the node jobs it cancelled before they ran, its children's too, and
+    its parent's when the parent's node failing at this child's cancel stopped the parent
+    (the limiter forgets them); whether the execution was still running to be cancelled
+    (False: it finished meanwhile, and stays as it finished); and, for a child, the messages
+    of what its parent's node settling made ready, to publish after commit."""
 
     forget: list[uuid.UUID]
     finished: bool

@@ -160,6 +160,7 @@ def drop_item(store: Store, run: NodeRun, now: datetime, error: str) -> Failed:
 
 
 def map_stopped(run: NodeRun) -> str:
+    """Why an item of a map that failed fast is not tried again (its job's last error)."""
     return f"its map node {run.node.id!r} failed while it ran"
 
 
