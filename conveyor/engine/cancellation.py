@@ -21,10 +21,11 @@ from conveyor.exceptions import (
 
 @dataclass(frozen=True, kw_only=True)
 class Stopped:
-    """What a stop did: the node jobs it cancelled before they ran, its children's too (the
-    limiter forgets them); whether the execution was still running to be cancelled (False:
-    it finished meanwhile, and stays as it finished); and, for a child, the messages of what
-    its parent's node settling made ready, to publish after commit."""
+    """What a stop did: the node jobs it cancelled before they ran, its children's too, and
+    its parent's when the parent's node failing at this child's cancel stopped the parent
+    (the limiter forgets them); whether the execution was still running to be cancelled
+    (False: it finished meanwhile, and stays as it finished); and, for a child, the messages
+    of what its parent's node settling made ready, to publish after commit."""
 
     forget: list[uuid.UUID]
     finished: bool
@@ -54,8 +55,8 @@ def stop_execution(store: Store, execution_id: uuid.UUID, now: datetime, reason:
     if not finished:
         return Stopped(forget=cancelled, finished=False, dispatches=[])
     cancelled += stop_children(store, execution_id, now, reason)
-    dispatches = parents.child_finished(store, store.execution(execution_id), now)
-    return Stopped(forget=cancelled, finished=True, dispatches=dispatches)
+    settled = parents.child_finished(store, store.execution(execution_id), now)
+    return Stopped(forget=cancelled + settled.forget, finished=True, dispatches=settled.dispatches)
 
 
 def stop_children(

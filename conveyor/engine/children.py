@@ -32,6 +32,7 @@ from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
+    AfterCommit,
     Dispatch,
     ExecutionOutcome,
     ExecutionRecord,
@@ -137,19 +138,19 @@ def _child_of(store: Store, run: NodeRun, max_depth: int) -> tuple[WorkflowRecor
     return found, templates.render_value(run.node.inputs, run.context)
 
 
-def settle_parent(store: Store, child: ExecutionRecord, now: datetime) -> list[Dispatch]:
+def settle_parent(store: Store, child: ExecutionRecord, now: datetime) -> AfterCommit:
     """In the transaction that finished ``child``: the parent's node waiting on it settled,
     its try completed with the child's output, or failed (an error naming the child, its
     failed node and its dead letter) by the node's retry policy; a cancelled child fails it
     without a retry. Nothing when the node does not wait on it (settled already, or stopped
-    with its execution). The messages to publish after commit."""
+    with its execution). What is left to do after commit."""
     link = child.parent
     outcome = store.execution_outcome(child.id)
     if link is None or outcome is None or not outcome.status.finished:
-        return []
+        return AfterCommit()
     job = store.resume_waiting(link.job_id, link.try_number)
     if job is None:
-        return []
+        return AfterCommit()
     parent = store.execution(link.execution_id)
     workflow, _ = load_workflow(store, parent.workflow_id)
     run = NodeRun(
@@ -159,7 +160,7 @@ def settle_parent(store: Store, child: ExecutionRecord, now: datetime) -> list[D
     duration = max(0.0, (now - outcome.created_at).total_seconds())
     if outcome.status is ExecutionStatus.COMPLETED:
         return complete_node(store, run, outcome.output, now, duration)
-    return fail_node(store, run, child_error(child.id, outcome), now, duration).dispatches
+    return fail_node(store, run, child_error(child.id, outcome), now, duration).after
 
 
 def child_error(child_id: uuid.UUID, outcome: ExecutionOutcome) -> NodeError:
@@ -174,15 +175,15 @@ def child_error(child_id: uuid.UUID, outcome: ExecutionOutcome) -> NodeError:
     return ChildFailed(f"child execution {child_id} failed{where}: {outcome.error}")
 
 
-def settle_waiting(store: Store, now: datetime, limit: int) -> tuple[int, list[Dispatch]]:
+def settle_waiting(store: Store, now: datetime, limit: int) -> tuple[int, AfterCommit]:
     """The recovery sweep's belt and braces: up to ``limit`` waits of parents' nodes whose
     child has finished, settled (none should be left: a child's finish settles its parent's
-    node in the same transaction). How many, and the messages to publish after commit."""
+    node in the same transaction). How many, and what is left to do after commit."""
     found = store.children_to_settle(limit)
-    dispatches: list[Dispatch] = []
+    after = AfterCommit()
     for child_id in found:
-        dispatches += settle_parent(store, store.execution(child_id), now)
-    return len(found), dispatches
+        after += settle_parent(store, store.execution(child_id), now)
+    return len(found), after
 
 
 parents.bind(settle_parent)

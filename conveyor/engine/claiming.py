@@ -62,7 +62,8 @@ def claim_node(
     assert job.node_id is not None
     if execution.status.finished:  # the claim started nothing: cancel the job
         store.transition_job(job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, completed_at=now)
-        store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
+        if job.item_index is None:  # (an item's node is its map's, which ended as it ended)
+            store.set_node(execution.id, job.node_id, NodeStatus.CANCELLED, finished_at=now)
         return None
     workflow, _ = load_workflow(store, execution.workflow_id)
     node = workflow.node(job.node_id)

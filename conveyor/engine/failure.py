@@ -13,6 +13,7 @@ from conveyor.engine import mapping, retry, trigger_limits
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
+    AfterCommit,
     Dispatch,
     JobRecord,
 )
@@ -46,6 +47,11 @@ class Failed:
     skipped: bool = False  # the node ended itself skipped (conveyor.Skip): job completed
     forget: tuple[uuid.UUID, ...] = ()  # node jobs it cancelled before they ran (the limiter's)
 
+    @property
+    def after(self) -> AfterCommit:
+        """What is left to do after commit: the messages, and the jobs to forget."""
+        return AfterCommit(dispatches=self.dispatches, forget=list(self.forget))
+
 
 def complete_stopped(
     store: Store, run: NodeRun, output: Any, error: NodeCancelled, now: datetime,
@@ -72,7 +78,8 @@ def fail_node(
     duration: float,
     rng: random.Random | None = None,
 ) -> Failed:
-    """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run."""
+    """Record a failed try: wait and retry, or dead-letter and fail (or continue) the run. A
+    map's item is not retried once its map has failed (:func:`drop_item`)."""
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
     item = job.item_index is not None  # a map's item: its node is the map's counter
     message = describe(error)
@@ -110,6 +117,8 @@ def fail_node(
         )
     )
     if decision.retry_in is not None:
+        if item and not store.map_runs(execution_id, node_id):  # it failed fast meanwhile
+            return drop_item(store, run, now, f"{message} (not retried: {map_stopped(run)})")
         due = now + timedelta(seconds=decision.retry_in)
         if not store.schedule_retry(job.id, due, message, try_number=job.try_number):
             return Failed(dispatches=[], outcome=None)
@@ -126,12 +135,33 @@ def fail_node(
     ):
         return Failed(dispatches=[], outcome=None)
     if item:
-        return Failed(
-            dispatches=mapping.item_dead(store, run, now, message), outcome=JobStatus.DEAD_LETTER
-        )
-    store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
-    failed = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
-    return Failed(dispatches=node_failed(store, run, now, failed), outcome=JobStatus.DEAD_LETTER)
+        after = mapping.item_dead(store, run, now, message)
+    else:
+        store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=message)
+        failed = f"node {node_id!r} failed after {job.attempt} attempt(s): {message}"
+        after = node_failed(store, run, now, failed)
+    return Failed(
+        dispatches=after.dispatches, forget=tuple(after.forget), outcome=JobStatus.DEAD_LETTER
+    )
+
+
+def drop_item(store: Store, run: NodeRun, now: datetime, error: str) -> Failed:
+    """A map's item that would run again after its map stopped running (it failed fast, and
+    its execution goes on: the node continues on failure): its job ends cancelled with
+    ``error`` and no try follows, as the items not started were cancelled; another try
+    would only repeat the item's effects for a map whose outcome is settled."""
+    job = run.job
+    if not store.transition_job(
+        job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,
+        completed_at=now, last_error=error,
+    ):  # fmt: skip
+        return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
+    return Failed(dispatches=[], outcome=JobStatus.CANCELLED)
+
+
+def map_stopped(run: NodeRun) -> str:
+    """Why an item of a map that failed fast is not tried again (its job's last error)."""
+    return f"its map node {run.node.id!r} failed while it ran"
 
 
 def reclaim(

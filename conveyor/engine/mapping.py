@@ -33,7 +33,7 @@ from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import ItemFailure, MapSpec, Node
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import dispatch_of, node_dispatches
-from conveyor.engine.records import Dispatch, ItemRow, NewItem, NewJob
+from conveyor.engine.records import AfterCommit, Dispatch, ItemRow, NewItem, NewJob
 from conveyor.engine.settling import node_failed, outcome_status, settle
 from conveyor.engine.states import AttemptStatus, JobStatus, NodeStatus
 from conveyor.exceptions import NonRetryableError
@@ -114,9 +114,12 @@ def open_map(
 ) -> list[Dispatch]:
     """The map node's own try succeeded with a non-empty list: the try recorded, a job per
     item (those past the window held), the node's counter set; the queued items' messages.
-    The node stays running until its items have settled."""
+    The node stays running until its items have settled. The execution's status is read
+    under its row lock first, so that a stop (a cancel, a failure elsewhere) comes wholly
+    before this transaction, which then makes no item (the try ends cancelled), or after
+    it, and then cancels the items made."""
     job, execution, node = run.job, run.execution, run.node
-    status = outcome_status(store, execution.id)
+    status = store.execution_status(execution.id, lock=True)  # a stop: before or after
     if status is None or status.finished:  # as a try that ends after its execution did
         if store.transition_job(
             job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,
@@ -177,7 +180,7 @@ def complete_alone(
 
 def complete_item(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
-) -> list[Dispatch]:
+) -> AfterCommit:
     """An item's successful try: its output kept on its job, the map counted down (the next
     held item released, and the node finished if it was the last)."""
     job = run.job
@@ -185,45 +188,51 @@ def complete_item(
         return settled(store, run, now)
     status = outcome_status(store, run.execution.id)
     if status is None or not status.finished:
-        return []  # reclaimed meanwhile
+        return AfterCommit()  # reclaimed meanwhile
     # it ended after its execution did: cancelled, its output kept
     if store.transition_job(
         job.id, JobStatus.PROCESSING, JobStatus.CANCELLED, try_number=job.try_number,
         completed_at=now, last_error=None, output=output,
     ):  # fmt: skip
         store.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
-    return []
+    return AfterCommit()
 
 
-def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> list[Dispatch]:
+def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> AfterCommit:
     """An item whose job was just dead-lettered (its tries spent): with ``fail_fast`` the
-    node fails at once (once, whichever item is first), its items not started cancelled (and
-    a map of children's children stopped), and the execution fails unless the node continues
-    on failure; otherwise the item counts as settled, failed, and the map goes on."""
+    node fails at once (once, whichever item is first), its items not started cancelled (for
+    the limiter to forget; a map of children's children stopped), and the execution fails
+    unless the node continues on failure; otherwise the item counts as settled, failed, and
+    the map goes on."""
     node, execution_id = run.node, run.execution.id
     if spec(node).on_item_failure is not ItemFailure.FAIL_FAST:
         return settled(store, run, now, failed=True)
     error = f"item {run.job.item_index} failed after {run.job.attempt} attempt(s): {message}"
-    if store.close_map(execution_id, node.id, now, error) is None:
-        return []  # it had failed already (another item first)
+    cancelled = store.close_map(execution_id, node.id, now, error)
+    if cancelled is None:
+        return AfterCommit()  # it had failed already (another item first)
     if node_types.starts_child(node):  # the children its items wait for stop with the map
-        stop_children(store, execution_id, now, f"map node {node.id!r} failed: {error}", node.id)
-    return node_failed(store, run, now, f"node {node.id!r} failed: {error}")
+        why = f"map node {node.id!r} failed: {error}"
+        cancelled = cancelled + stop_children(store, execution_id, now, why, node.id)
+    return AfterCommit(forget=cancelled) + node_failed(
+        store, run, now, f"node {node.id!r} failed: {error}"
+    )
 
 
-def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) -> list[Dispatch]:
+def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) -> AfterCommit:
     """One more item settled: the map counted down, the next held item released, and the
     node finished by the item that counted the last (nothing, once the node has failed)."""
     counted = store.settle_item(run.execution.id, run.node.id, failed, now)
     if counted is None:
-        return []
-    dispatches = [dispatch_of(counted.released, run.workflow.name)] if counted.released else []
+        return AfterCommit()
+    released = [dispatch_of(counted.released, run.workflow.name)] if counted.released else []
+    after = AfterCommit(dispatches=released)
     if counted.left == 0:
-        dispatches += _finish(store, run, now, counted.failed)
-    return dispatches
+        after += _finish(store, run, now, counted.failed)
+    return after
 
 
-def _finish(store: Store, run: NodeRun, now: datetime, failed: int) -> list[Dispatch]:
+def _finish(store: Store, run: NodeRun, now: datetime, failed: int) -> AfterCommit:
     """Every item settled: the node completes with their outputs in index order (a failed
     item's slot its error, under ``continue``), or fails naming the failed items (run_all)."""
     execution_id, node_id = run.execution.id, run.node.id

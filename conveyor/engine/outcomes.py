@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from conveyor.engine import mapping
 from conveyor.engine.cancellation import stop_execution
 from conveyor.engine.claiming import NodeRun
-from conveyor.engine.failure import Failed, fail_node
+from conveyor.engine.failure import Failed, drop_item, fail_node, map_stopped
 from conveyor.engine.ports import Store
 from conveyor.engine.settling import outcome_status, settle
 from conveyor.engine.states import AttemptStatus, JobStatus, NodeStatus
@@ -21,7 +21,8 @@ def snooze_node(
     """The try ends ``snoozed`` and the job waits ``snooze.seconds`` in the database, as a
     retry waits (retry_wait, promoted when due), with its attempt unspent. Past the node's
     ``max_snoozes`` snoozes in a row, or once its execution has finished, it is a failure
-    (:func:`~conveyor.engine.failure.fail_node`), not retried."""
+    (:func:`~conveyor.engine.failure.fail_node`), not retried; a map's item whose map failed
+    meanwhile ends cancelled (:func:`~conveyor.engine.failure.drop_item`)."""
     job, node = run.job, run.node
     status = outcome_status(store, run.execution.id)
     if status is None or status.finished:
@@ -37,6 +38,8 @@ def snooze_node(
     store.finish_attempt(
         job.id, job.try_number, AttemptStatus.SNOOZED, now, duration, error=snooze.reason or None
     )
+    if job.item_index is not None and not store.map_runs(run.execution.id, node.id):
+        return drop_item(store, run, now, f"snoozed, not run again: {map_stopped(run)}")
     due = now + timedelta(seconds=snooze.seconds)
     if not store.schedule_snooze(job.id, due, try_number=job.try_number):
         return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
@@ -91,8 +94,12 @@ def skip_node(store: Store, run: NodeRun, skip: Skip, now: datetime, duration: f
         completed_at=now,
     ):  # fmt: skip
         return Failed(dispatches=[], outcome=None)  # reclaimed meanwhile
-    if job.item_index is not None:  # a map's item: settled, its slot in the output None
-        settled = mapping.settled(store, run, now)
-        return Failed(dispatches=settled, outcome=JobStatus.COMPLETED, skipped=True)
-    store.set_node(execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
-    return Failed(dispatches=settle(store, run, now), outcome=JobStatus.COMPLETED, skipped=True)
+    if job.item_index is None:
+        store.set_node(execution_id, node_id, NodeStatus.SKIPPED, finished_at=now)
+        after = settle(store, run, now)
+    else:  # a map's item: settled, its slot in the output None
+        after = mapping.settled(store, run, now)
+    return Failed(
+        dispatches=after.dispatches, forget=tuple(after.forget), outcome=JobStatus.COMPLETED,
+        skipped=True,
+    )  # fmt: skip

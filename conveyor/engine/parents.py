@@ -16,14 +16,14 @@ from datetime import datetime
 from typing import Protocol
 
 from conveyor.engine.ports import Store
-from conveyor.engine.records import Dispatch, ExecutionRecord
+from conveyor.engine.records import AfterCommit, ExecutionRecord
 
 
 class SettleParent(Protocol):
-    """Settle the parent's node waiting on ``child``, which has just finished; the messages
-    to publish after commit."""
+    """Settle the parent's node waiting on ``child``, which has just finished; what is left
+    to do after commit."""
 
-    def __call__(self, store: Store, child: ExecutionRecord, now: datetime) -> list[Dispatch]: ...
+    def __call__(self, store: Store, child: ExecutionRecord, now: datetime) -> AfterCommit: ...
 
 
 _settle: SettleParent | None = None
@@ -35,12 +35,12 @@ def bind(settle: SettleParent) -> None:
     _settle = settle
 
 
-def child_finished(store: Store, execution: ExecutionRecord, now: datetime) -> list[Dispatch]:
+def child_finished(store: Store, execution: ExecutionRecord, now: datetime) -> AfterCommit:
     """In the transaction that finished ``execution``: when it is a child, its parent's node
     settled with its outcome (the node completed with its output, or failed by its retry
-    policy); nothing for an execution no node started."""
+    policy: its failure may stop the parent); nothing for an execution no node started."""
     if execution.parent is None:
-        return []
+        return AfterCommit()
     if _settle is None:  # the engine package imports conveyor.engine.children first
         raise RuntimeError("conveyor.engine.children is not imported: a child cannot settle")
     return _settle(store, execution, now)

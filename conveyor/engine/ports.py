@@ -220,9 +220,12 @@ class Executions(Protocol):
 
     def cancel_unstarted(self, execution_id: uuid.UUID, now: datetime) -> list[uuid.UUID]:
         """Cancel the jobs and nodes that have not started (jobs queued, parked, held or
-        waiting for their time, and those waiting for a child: the caller stops the children;
-        nodes pending, queued or waiting, and the map nodes whose items run); the node jobs
-        among them that the limiter may know (not the held items)."""
+        waiting for their time, and those waiting for a child, the try each waits in ended
+        ``cancelled``: the caller stops the children; nodes pending, queued or waiting, and
+        the map nodes whose items run); the node jobs among them that the limiter may know
+        (not the held items). It takes a share of the execution's row lock first, one that
+        waits for, and holds back, a transaction that read the status under the row lock
+        (:meth:`execution_status`), so that a stop comes wholly before or after one."""
         ...
 
     def execution_outcome(self, execution_id: uuid.UUID) -> ExecutionOutcome | None:
@@ -422,6 +425,12 @@ class MapItems(Protocol):
         """One more item of the map settled (``failed``: dead), under the node state's row
         lock, while the node runs; and its held item of lowest index released (queued).
         None, nothing changed, when the node does not run any more (it failed fast)."""
+        ...
+
+    def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:
+        """Whether the map node still runs, so that its items may try again: read under a
+        share of the node state's row lock, so that a :meth:`close_map` comes wholly before
+        this transaction (False) or after it (and then cancels the retry it schedules)."""
         ...
 
     def close_map(

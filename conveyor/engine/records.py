@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
@@ -220,6 +220,22 @@ class Dispatch:
     # job) and in its arguments; empty when the publisher cannot tell (a delivery).
     workflow: str = ""
     node: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AfterCommit:
+    """What a transition leaves its caller to do once its unit of work has committed: publish
+    ``dispatches``, and have the limiter forget ``forget``, the node jobs it cancelled before
+    they ran (their places in the limiter's lines, and a grant one may hold, go to the next
+    jobs at once, not at the limiter's sweep)."""
+
+    dispatches: list[Dispatch] = field(default_factory=list)
+    forget: list[uuid.UUID] = field(default_factory=list)
+
+    def __add__(self, other: AfterCommit) -> AfterCommit:
+        return AfterCommit(
+            dispatches=self.dispatches + other.dispatches, forget=self.forget + other.forget
+        )
 
 
 class Created(Enum):

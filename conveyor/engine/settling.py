@@ -15,6 +15,7 @@ from conveyor.engine.definitions import Node
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import context_of, enqueue_nodes
 from conveyor.engine.records import (
+    AfterCommit,
     Dispatch,
     Finish,
 )
@@ -38,7 +39,7 @@ def outcome_status(store: Store, execution_id: uuid.UUID) -> ExecutionStatus | N
     return status
 
 
-def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> list[Dispatch]:
+def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> AfterCommit:
     """Propagate a settled node to its successors; finish the execution when all settled.
     The caller has read the execution's status: it is not finished."""
     execution, workflow = run.execution, run.workflow
@@ -82,25 +83,28 @@ def settle(store: Store, run: NodeRun, now: datetime, output: Any = None) -> lis
         _finish(store, run, shape, now, known)
     if remaining == 0:  # it finished: a follow-up left on it starts, a parent's node settles
         dispatches += follow_up(store, execution.id, workflow, now)
-        dispatches += parents.child_finished(store, execution, now)
-    return dispatches
+        return AfterCommit(dispatches=dispatches) + parents.child_finished(store, execution, now)
+    return AfterCommit(dispatches=dispatches)
 
 
-def node_failed(store: Store, run: NodeRun, now: datetime, error: str) -> list[Dispatch]:
+def node_failed(store: Store, run: NodeRun, now: datetime, error: str) -> AfterCommit:
     """A node recorded failed after its tries: its successors go on without it when it
     continues on failure; else the execution fails with ``error``, its nodes not started
     cancelled, its children stopped, a follow-up left on it starts (its messages) and, if it
-    is a child, its parent's node settles."""
+    is a child, its parent's node settles. The jobs cancelled, its children's too, are for
+    the limiter to forget."""
     if run.node.continue_on_failure:
         return settle(store, run, now)
     execution_id = run.execution.id
-    store.cancel_unstarted(execution_id, now)
+    cancelled = store.cancel_unstarted(execution_id, now)
     finished = store.finish_execution(execution_id, ExecutionStatus.FAILED, now, error=error)
-    followed = follow_up(store, execution_id, run.workflow, now)
+    after = AfterCommit(
+        dispatches=follow_up(store, execution_id, run.workflow, now), forget=cancelled
+    )
     if finished:  # its children stop; if it is one, its parent's node settles
-        stop_children(store, execution_id, now, error)
-        followed += parents.child_finished(store, run.execution, now)
-    return followed
+        after += AfterCommit(forget=stop_children(store, execution_id, now, error))
+        after += parents.child_finished(store, run.execution, now)
+    return after
 
 
 def known_finish(

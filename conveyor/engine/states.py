@@ -88,7 +88,9 @@ class AttemptStatus(StrEnum):
     SUCCEEDED = "succeeded"  # the try returned a result
     FAILED = "failed"  # the try raised, timed out or was abandoned
     SNOOZED = "snoozed"  # the node asked to run again later (Snooze): no attempt spent
-    CANCELLED = "cancelled"  # the node cancelled its execution (CancelExecution)
+    # the node cancelled its execution (CancelExecution), or its execution stopped while the
+    # try waited for its child
+    CANCELLED = "cancelled"
     SKIPPED = "skipped"  # the node ended itself skipped (Skip)
 
 

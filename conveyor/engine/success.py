@@ -10,6 +10,7 @@ from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import DedupePolicy
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
+    AfterCommit,
     Dispatch,
 )
 from conveyor.engine.settling import known_finish, outcome_status, settle
@@ -63,9 +64,11 @@ def complete_fast(
 
 def complete_node(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
-) -> list[Dispatch]:
+) -> AfterCommit:
     """Record a successful try and start every successor that became ready (a map's item:
-    the map counted down, see :mod:`conveyor.engine.mapping`)."""
+    the map counted down, see :mod:`conveyor.engine.mapping`). What is left to do after
+    commit: the messages and, should a map's last item fail the map (run_all) or a child's
+    finish fail its parent's node, the jobs that stop cancelled."""
     if run.job.item_index is not None:
         return mapping.complete_item(store, run, output, now, duration)
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
@@ -87,7 +90,7 @@ def complete_node(
         job.id, JobStatus.PROCESSING, job_status, try_number=job.try_number, completed_at=now,
         last_error=None,
     ):  # fmt: skip
-        return []  # reclaimed meanwhile
+        return AfterCommit()  # reclaimed meanwhile
     store.finish_attempt(job.id, job.try_number, AttemptStatus.SUCCEEDED, now, duration)
     store.set_node(
         execution_id,
@@ -99,7 +102,7 @@ def complete_node(
         error=f"execution {status.value} while the node ran" if cancelled and status else None,
     )
     if cancelled:
-        return []
+        return AfterCommit()
     return settle(store, run, now, output)
 
 
@@ -110,11 +113,11 @@ def expand(
     now: datetime,
     duration: float,
     window: int,
-) -> list[Dispatch]:
+) -> AfterCommit:
     """The successful try of a map node's own job, which gave ``items`` (its ``over``): an
     empty list completes the node at once with the output [] (its successors go on); else a
     job per item is made, ``window`` at most queued (see :mod:`conveyor.engine.mapping`)."""
     if not items:
         mapping.retire_earlier(store, run, 0, now)  # a re-run map's items of a longer list
         return complete_node(store, run, [], now, duration)
-    return mapping.open_map(store, run, items, now, duration, window)
+    return AfterCommit(dispatches=mapping.open_map(store, run, items, now, duration, window))

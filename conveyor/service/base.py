@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -12,7 +13,8 @@ from conveyor.batches import Durations
 from conveyor.engine.children import DEFAULT_MAX_DEPTH
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
-from conveyor.engine.records import Dispatch
+from conveyor.engine.records import AfterCommit, Dispatch
+from conveyor.exceptions import LimitError
 from conveyor.limiter.gate import BrokerHolds, Gate
 from conveyor.store import Database
 from conveyor.watcher import Watcher
@@ -86,6 +88,23 @@ class ServiceBase:
                 what,
                 exc,
             )
+
+    def _after(self, after: AfterCommit) -> None:
+        """What a committed transition left to do: the limiter forgets the jobs it cancelled,
+        then its messages are published."""
+        self._forget(after.forget)
+        self._publish(after.dispatches)
+
+    def _forget(self, job_ids: Sequence[uuid.UUID]) -> None:
+        """The limiter forgets node jobs a committed transition cancelled before they ran:
+        their places in its lines, and a grant one holds, go to the next jobs now, not at its
+        sweep. A failure is logged, not raised: each is dropped when its turn comes."""
+        if self.gate is None or not job_ids:
+            return
+        try:
+            self.gate.forget(job_ids)
+        except LimitError:
+            log.warning("could not tell the limiter about %d cancelled jobs", len(job_ids))
 
     def _publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
         if not dispatches:

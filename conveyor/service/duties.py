@@ -15,7 +15,7 @@ from conveyor.engine import (
     subscriptions,
 )
 from conveyor.engine.queues import may_hold
-from conveyor.engine.records import Dispatch
+from conveyor.engine.records import AfterCommit, Dispatch
 from conveyor.engine.states import JobKind, JobStatus
 from conveyor.scheduler import schedules
 from conveyor.service.base import ServiceBase, log, utcnow
@@ -89,7 +89,7 @@ class Duties(ServiceBase):
 
         reclaimed = self.db.run(reclaim)
         for failed in reclaimed:
-            self._publish(failed.dispatches)
+            self._after(failed.after)
         settled = self._settle_waits(now, batch)
         with self.db.transaction() as store:
             stale = store.stale_queued(now - timedelta(seconds=lost_after), batch)
@@ -118,13 +118,13 @@ class Duties(ServiceBase):
         """Parents' nodes still waiting on a child that has finished, settled: none should be
         (the child's finish settles its parent's node in the same transaction)."""
 
-        def settle(store: SqlStore) -> tuple[int, list[Dispatch]]:
-            settled, dispatches = children.settle_waiting(store, now, batch)
+        def settle(store: SqlStore) -> tuple[int, AfterCommit]:
+            settled, after = children.settle_waiting(store, now, batch)
             store.count_recovered("waits_settled", settled)
-            return settled, dispatches
+            return settled, after
 
-        settled, dispatches = self.db.run(settle)
-        self._publish(dispatches)
+        settled, after = self.db.run(settle)
+        self._after(after)
         return settled
 
     def _claim_resend(

@@ -25,11 +25,10 @@ from conveyor.engine import (
     triggering,
 )
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.engine.records import Dispatch, NodeHints
+from conveyor.engine.records import AfterCommit, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
     CancelExecution,
-    LimitError,
     NodeCancelled,
     NonRetryableError,
     Skip,
@@ -268,26 +267,26 @@ class Workers(ServiceBase):
             duration = time.monotonic() - started
             failed = self._record_choice(run, exc, duration)
             _log_choice(job_log, failed, exc, duration)
-            dispatches, ran = failed.dispatches, _chose(ran, failed, exc)
+            after, ran = failed.after, _chose(ran, failed, exc)
         except Exception as exc:
             duration = time.monotonic() - started
             failed = self._record_failure(run, exc, duration)
             _log_failure(job_log, failed, exc, duration)
-            dispatches, ran = failed.dispatches, _failed(ran, failed, exc)
+            after, ran = failed.after, _failed(ran, failed, exc)
         else:
             duration = time.monotonic() - started
             if expands:
-                dispatches, ran = self._record_items(run, output, duration, job_log, ran)
+                after, ran = self._record_items(run, output, duration, job_log, ran)
             elif ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
-                dispatches, ran = self._record_stopped(run, output, duration, job_log, ran)
+                after, ran = self._record_stopped(run, output, duration, job_log, ran)
             else:
-                dispatches, ran = self._record_success(run, output, duration, job_log, ran)
+                after, ran = self._record_success(run, output, duration, job_log, ran)
         finally:
             self.watcher.unwatch(run.job.id)
             self.durations.record(
                 run.execution.workflow_id, run.node.id, time.monotonic() - started
             )
-        self._publish(dispatches)
+        self._after(after)
         return ran
 
     def _start_child(self, run: claiming.NodeRun, job_log: Any) -> Ran:
@@ -305,6 +304,8 @@ class Workers(ServiceBase):
             )
         )
         self._publish(started.dispatches)
+        if started.failed is not None:  # (its failure may have stopped its execution)
+            self._forget(started.failed.forget)
         if started.failed is not None and started.error is not None:
             _log_failure(job_log, started.failed, started.error, 0.0)
             return _failed(ran, started.failed, started.error)
@@ -318,14 +319,14 @@ class Workers(ServiceBase):
 
     def _record_success(
         self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
-    ) -> tuple[list[Dispatch], Ran]:
+    ) -> tuple[AfterCommit, Ran]:
         try:
             # in one statement where it can (it made no successor ready), else a transaction
             done = self.db.autocommit(
                 lambda s: success.complete_fast(s, run, output, utcnow(), duration)
             )
-            dispatches = (
-                done
+            after = (
+                AfterCommit(dispatches=done)
                 if done is not None
                 else self.db.run(
                     lambda s: success.complete_node(s, run, output, utcnow(), duration)
@@ -335,25 +336,25 @@ class Workers(ServiceBase):
             return self._output_refused(run, exc, duration, job_log, ran)
         job_log.info("job completed", duration=round(duration, 3))
         tracing.outcome("completed")
-        return dispatches, ran
+        return after, ran
 
     def _record_items(
         self, run: claiming.NodeRun, items: list[Any], duration: float, job_log: Any, ran: Ran
-    ) -> tuple[list[Dispatch], Ran]:
+    ) -> tuple[AfterCommit, Ran]:
         """A map node's own try: the list it gave, a job per item (or, empty, the node done)."""
         try:
-            dispatches = self.db.run(
+            after = self.db.run(
                 lambda s: success.expand(s, run, items, utcnow(), duration, self.map_window)
             )
         except DataError as exc:
             return self._output_refused(run, exc, duration, job_log, ran)
         job_log.info("map items made", items=len(items), duration=round(duration, 3))
         tracing.outcome("completed")
-        return dispatches, ran
+        return after, ran
 
     def _record_stopped(
         self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
-    ) -> tuple[list[Dispatch], Ran]:
+    ) -> tuple[AfterCommit, Ran]:
         stopped = NodeCancelled(
             f"node {run.node.id!r} returned after it was told to stop, and its execution was "
             f"resumed meanwhile: it runs again"
@@ -367,18 +368,18 @@ class Workers(ServiceBase):
         if failed is None:  # its execution is still finished: cancelled, its output kept
             tracing.outcome("cancelled")
             job_log.info("job stopped", outcome="cancelled", duration=round(duration, 3))
-            return [], replace(ran, outcome=JobStatus.CANCELLED)
+            return AfterCommit(), replace(ran, outcome=JobStatus.CANCELLED)
         _log_failure(job_log, failed, stopped, duration)
-        return failed.dispatches, _failed(ran, failed, stopped)
+        return failed.after, _failed(ran, failed, stopped)
 
     def _output_refused(
         self, run: claiming.NodeRun, exc: DataError, duration: float, job_log: Any, ran: Ran
-    ) -> tuple[list[Dispatch], Ran]:
+    ) -> tuple[AfterCommit, Ran]:
         """The database refused the node's output: trying again cannot help."""
         error = NonRetryableError(f"the node's output could not be stored: {exc.orig}")
         failed = self._record_failure(run, error, duration)
         _log_failure(job_log, failed, error, duration)
-        return failed.dispatches, _failed(ran, failed, error)
+        return failed.after, _failed(ran, failed, error)
 
     def _record_failure(
         self, run: claiming.NodeRun, error: BaseException, duration: float
@@ -390,20 +391,9 @@ class Workers(ServiceBase):
     def _record_choice(
         self, run: claiming.NodeRun, choice: Snooze | Skip | CancelExecution, duration: float
     ) -> failure.Failed:
-        """Record a snooze, a skip, or the node's cancel of its execution (the limiter
-        forgets the jobs that cancel took before they ran)."""
+        """Record a snooze, a skip, or the node's cancel of its execution."""
         if isinstance(choice, Snooze):
             return self.db.run(lambda s: outcomes.snooze_node(s, run, choice, utcnow(), duration))
         if isinstance(choice, Skip):
             return self.db.run(lambda s: outcomes.skip_node(s, run, choice, utcnow(), duration))
-        failed = self.db.run(
-            lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration)
-        )
-        if self.gate is not None and failed.forget:
-            try:
-                self.gate.forget(list(failed.forget))
-            except LimitError:  # they are dropped when their turn comes instead
-                log.warning(
-                    "could not tell the limiter about %d cancelled jobs", len(failed.forget)
-                )
-        return failed
+        return self.db.run(lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration))

@@ -174,7 +174,10 @@ class ExecutionQueries(StoreCore):
 
     def take_follow_up(self, execution_id: uuid.UUID) -> FollowUp | None:
         """Read under the row lock (the finishing transaction holds it already), then
-        cleared: a trigger leaving a newer input waits for this transaction's end."""
+        cleared: a trigger leaving a newer input waits for this transaction's end. FOR NO
+        KEY UPDATE, as that update's own lock, not FOR UPDATE: it would wait for a stop's
+        FOR KEY SHARE (:meth:`cancel_unstarted`) while that stop waits for this
+        transaction's update of the row."""
         left = self.session.execute(
             select(
                 Execution.follow_up,
@@ -187,7 +190,7 @@ class ExecutionQueries(StoreCore):
             .join(Tenant, Tenant.id == Execution.tenant_id)
             .join(WorkflowVersion, WorkflowVersion.id == Execution.workflow_id)
             .where(Execution.id == execution_id, Execution.follow_up.is_not(None))
-            .with_for_update(of=Execution)
+            .with_for_update(of=Execution, key_share=True)
         ).one_or_none()
         if left is None:
             return None
@@ -242,7 +245,14 @@ class ExecutionQueries(StoreCore):
         """Cancel the jobs and nodes of an execution that have not started running (those
         waiting for a child too: the caller stops the children; and its map nodes whose items
         run: their items not started are cancelled); returns the cancelled node jobs the
-        limiter may know."""
+        limiter may know.
+
+        First the execution's row, FOR KEY SHARE (PostgreSQL): a transaction that read its
+        status under the row's lock (FOR UPDATE: a map's items made, a child started) is then
+        wholly before this one, its rows seen here, or after it, and sees the stop. It waits
+        for no success (theirs is FOR NO KEY UPDATE, at their end), which hold rows this
+        cancels before they want the execution's."""
+        self._core(_HOLD_KEY, {"execution_id": execution_id})
         cancelled = cancel_unstarted_jobs(self, [JOBS.c.execution_id == execution_id], now)
         mapping = (NodeState.status == NodeStatus.RUNNING) & NodeState.items_total.is_not(None)
         self.session.execute(
@@ -444,3 +454,8 @@ _SETTLE_OR_FINISH = _SETTLE.values(
 )
 _STATUS = select(EXECUTIONS.c.status).where(EXECUTIONS.c.id == bindparam("execution_id"))
 _STATUS_LOCKED = _STATUS.with_for_update()
+_HOLD_KEY = (
+    select(EXECUTIONS.c.id)
+    .where(EXECUTIONS.c.id == bindparam("execution_id"))
+    .with_for_update(read=True, key_share=True)
+)

@@ -23,6 +23,7 @@ from sqlalchemy import (
 from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
 from conveyor.engine.states import (
+    ACTIVE_EXECUTION,
     RUNNABLE_JOB,
     STOPPABLE_JOB,
     WAITING_JOB,
@@ -33,7 +34,15 @@ from conveyor.engine.states import (
 )
 from conveyor.models import Job
 from conveyor.store.rows import job_record
-from conveyor.store.session import ATTEMPTS, JOBS, TENANTS, WORKFLOWS, StoreCore, unindexed
+from conveyor.store.session import (
+    ATTEMPTS,
+    EXECUTIONS,
+    JOBS,
+    TENANTS,
+    WORKFLOWS,
+    StoreCore,
+    unindexed,
+)
 
 
 class JobQueries(StoreCore):
@@ -329,6 +338,17 @@ def current_try(try_number: int | None) -> list[ColumnElement[bool]]:
     return [JOBS.c.tries_before + JOBS.c.retry_count + 1 == try_number]
 
 
+def execution_runs(execution_id: uuid.UUID) -> ColumnElement[bool]:
+    """The execution is still pending or running: a try's success is recorded as its job's
+    only then (one that ends after its execution did is recorded cancelled instead)."""
+    return (
+        select(EXECUTIONS.c.status)
+        .where(EXECUTIONS.c.id == execution_id)
+        .scalar_subquery()
+        .in_(ACTIVE_EXECUTION)
+    )
+
+
 # Held jobs, as the partial index ix_jobs_held has them: the status a literal, not a parameter,
 # so that a prepared statement's generic plan can still prove it uses that index.
 HELD = JOBS.c.status == literal_column("'held'")
@@ -339,15 +359,58 @@ def cancel_unstarted_jobs(
 ) -> list[uuid.UUID]:
     """Cancel the jobs ``where`` selects that have not started: the held map items first (one
     statement on their index, not returned: no message, no permit ever had them), then those
-    queued, parked or waiting; the node jobs among the latter (the limiter may know them). A
+    waiting for a child (their tries ended, :func:`_end_waits`), then those queued, parked or
+    waiting for their time; the node jobs among the latter two (the limiter may know them). A
     rerun's held node job stays held: a requeue of the dead letter that failed the execution
     resumes it, and its node runs once its needs settle."""
     cancelled = {"status": JobStatus.CANCELLED, "completed_at": now}
     store._core(update(JOBS).where(*where, HELD, JOBS.c.item_index.is_not(None)).values(cancelled))
+    waited = _end_waits(store, where, now)
     rows = store._core(
         update(JOBS)
         .where(*where, JOBS.c.status.in_(STOPPABLE_JOB))
         .values(cancelled)
         .returning(JOBS.c.id, JOBS.c.kind)
     ).all()
-    return [r.id for r in rows if r.kind is JobKind.NODE]
+    return waited + [r.id for r in rows if r.kind is JobKind.NODE]
+
+
+def _end_waits(
+    store: StoreCore, where: list[ColumnElement[bool]], now: datetime
+) -> list[uuid.UUID]:
+    """The jobs ``where`` selects that wait for a child, cancelled, and the try each waits in
+    ended ``cancelled`` with them: its attempt, started by the claim, would stay ``running``
+    (the caller stops the children, whose finish then settles nothing)."""
+    waits = store._core(
+        update(JOBS)
+        .where(*where, JOBS.c.status == JobStatus.WAITING_CHILD)
+        .values(status=JobStatus.CANCELLED, completed_at=now)
+        .returning(
+            JOBS.c.id,
+            (JOBS.c.tries_before + JOBS.c.retry_count + 1).label("try_number"),
+            JOBS.c.processed_at,  # when its claim started the try
+        )
+    ).all()
+    if waits:
+        store._core(
+            update(ATTEMPTS)
+            .where(
+                ATTEMPTS.c.job_id == bindparam("waiting_job"),
+                ATTEMPTS.c.attempt_number == bindparam("waiting_try"),
+                ATTEMPTS.c.status == AttemptStatus.RUNNING,
+            )
+            .values(status=AttemptStatus.CANCELLED, finished_at=now, duration=bindparam("took")),
+            [
+                {
+                    "waiting_job": w.id,
+                    "waiting_try": w.try_number,
+                    "took": _took(w.processed_at, now),
+                }
+                for w in waits
+            ],
+        )
+    return [w.id for w in waits]
+
+
+def _took(started: datetime | None, now: datetime) -> float | None:
+    return max(0.0, (now - started).total_seconds()) if started is not None else None

@@ -14,7 +14,6 @@ from sqlalchemy import bindparam, func, insert, select, update
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
 from conveyor.engine.states import (
-    ACTIVE_EXECUTION,
     AttemptStatus,
     JobKind,
     JobStatus,
@@ -22,8 +21,14 @@ from conveyor.engine.states import (
 )
 from conveyor.models import Job
 from conveyor.models.base import JsonType
-from conveyor.store.jobs import HELD, JobQueries, cancel_unstarted_jobs, current_try
-from conveyor.store.session import ATTEMPTS, EXECUTIONS, JOBS, NODE_STATES, unindexed
+from conveyor.store.jobs import (
+    HELD,
+    JobQueries,
+    cancel_unstarted_jobs,
+    current_try,
+    execution_runs,
+)
+from conveyor.store.session import ATTEMPTS, JOBS, NODE_STATES, unindexed
 
 
 class MapItemQueries(JobQueries):
@@ -51,19 +56,13 @@ class MapItemQueries(JobQueries):
         )
 
     def complete_item(self, job: JobRecord, output: Any, now: datetime, duration: float) -> bool:
-        running = (
-            select(EXECUTIONS.c.status)
-            .where(EXECUTIONS.c.id == job.execution_id)
-            .scalar_subquery()
-            .in_(ACTIVE_EXECUTION)
-        )
         completed = self._core(
             update(JOBS)
             .where(
                 JOBS.c.id == job.id,
                 unindexed(JOBS.c.status) == JobStatus.PROCESSING,
                 *current_try(job.try_number),
-                running,
+                execution_runs(job.execution_id),
             )
             .values(status=JobStatus.COMPLETED, completed_at=now, last_error=None, output=output)
         )
@@ -125,6 +124,16 @@ class MapItemQueries(JobQueries):
             failed=counted.items_failed,
             released=released[0] if released else None,
         )
+
+    def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:
+        """FOR SHARE (PostgreSQL): close_map's UPDATE of the row waits for this transaction,
+        or this read for close_map's, and then sees the row it left."""
+        status = self._core(
+            select(NODE_STATES.c.status)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .with_for_update(read=True)
+        ).scalar()
+        return status is NodeStatus.RUNNING
 
     def close_map(
         self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str

@@ -14,15 +14,14 @@ from sqlalchemy import ColumnElement, insert, select, update
 
 from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
 from conveyor.engine.states import (
-    ACTIVE_EXECUTION,
     AttemptStatus,
     JobKind,
     JobStatus,
     NodeStatus,
 )
 from conveyor.exceptions import DuplicateExecution
-from conveyor.store.jobs import current_try, node_job_row, start_job_row
-from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES
+from conveyor.store.jobs import current_try, execution_runs, node_job_row, start_job_row
+from conveyor.store.session import JOBS, NODE_STATES
 from conveyor.store.sql_store import SqlStore
 
 
@@ -120,19 +119,13 @@ class SqliteStore(SqlStore):
         """See :class:`~conveyor.engine.ports.Jobs`."""
         if successors and not self._none_made_ready(job.execution_id, successors):
             return False
-        running = (
-            select(EXECUTIONS.c.status)
-            .where(EXECUTIONS.c.id == job.execution_id)
-            .scalar_subquery()
-            .in_(ACTIVE_EXECUTION)
-        )
         completed = self._core(
             update(JOBS)
             .where(
                 JOBS.c.id == job.id,
                 JOBS.c.status == JobStatus.PROCESSING,
                 *current_try(job.try_number),
-                running,
+                execution_runs(job.execution_id),
             )
             .values(status=JobStatus.COMPLETED, completed_at=now, last_error=None)
         )

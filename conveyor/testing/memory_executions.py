@@ -29,6 +29,7 @@ from conveyor.engine.states import (
     STOPPABLE_JOB,
     STOPPABLE_NODE,
     WAITING_JOB,
+    AttemptStatus,
     ExecutionStatus,
     JobKind,
     JobStatus,
@@ -356,7 +357,8 @@ class MemoryExecutions(MemoryCatalog):
 
     def _cancel_jobs(self, mine: Callable[[JobRow], bool], now: datetime) -> list[uuid.UUID]:
         """Cancel the jobs ``mine`` picks that have not started (those waiting for a child
-        too); the node jobs among them the limiter may know (not the held items)."""
+        too, the try each waits in ended cancelled); the node jobs among them the limiter may
+        know (not the held items)."""
         cancelled = [
             (j.status, self._set_job(j, status=JobStatus.CANCELLED, completed_at=now))
             for j in list(self.tables.jobs.values())
@@ -366,9 +368,22 @@ class MemoryExecutions(MemoryCatalog):
                 or (j.status is JobStatus.HELD and j.item_index is not None)  # a rerun's stays
             )
         ]
+        for was, job in cancelled:
+            if was is JobStatus.WAITING_CHILD:
+                self._end_wait(job, now)
         return [
             j.id for was, j in cancelled if j.kind is JobKind.NODE and was is not JobStatus.HELD
         ]
+
+    def _end_wait(self, job: JobRow, now: datetime) -> None:
+        """The try a job cancelled while it waited for its child waits in: ended cancelled."""
+        attempt = self.tables.attempts.get((job.id, job.try_number))
+        if attempt is None or attempt.status is not AttemptStatus.RUNNING:
+            return
+        took = max(0.0, (now - attempt.started_at).total_seconds())
+        self.tables.attempts[job.id, job.try_number] = replace(
+            attempt, status=AttemptStatus.CANCELLED, finished_at=now, duration=took
+        )
 
     # -- children -------------------------------------------------------------------------
 

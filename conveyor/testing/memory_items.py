@@ -86,6 +86,10 @@ class MemoryMapItems(MemoryJobs):
             released = self._named(lowest)
         return ItemsLeft(left=left, failed=failures, released=released)
 
+    def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:
+        node = self.tables.node_states.get((execution_id, node_id))
+        return node is not None and node.status is NodeStatus.RUNNING
+
     def close_map(
         self, execution_id: uuid.UUID, node_id: str, now: datetime, error: str
     ) -> list[uuid.UUID] | None:

@@ -5,6 +5,7 @@ parent cancels its children; depth and circles are bounded."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 
 from conveyor import views
 from conveyor.cli import app
-from conveyor.engine import children, claiming, ready, triggering
+from conveyor.engine import children, claiming, ready, success, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import DefinitionError
@@ -28,7 +29,7 @@ from conveyor.store.listing import ExecutionFilter
 from tests.conftest import TEST_DB_URL
 from tests.integration.test_api import MakeKey, client
 from tests.integration.test_dedupe_policy import waiting_on_a_lock
-from tests.support.services import effects, wait_for
+from tests.support.services import effects, in_thread, lock_waiters, wait_for
 
 
 def py(node_id: str, function: str, *needs: str, **inputs: Any) -> dict[str, Any]:
@@ -276,6 +277,76 @@ def test_the_childs_finish_and_its_parents_settle_commit_together(
     # and once the lock goes, both commit
     assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.COMPLETED
     assert wait_for(conveyor_service, child.id).status is ExecutionStatus.COMPLETED
+
+
+def test_a_parents_stop_and_its_childs_finish_racing_end_consistent(
+    conveyor_service: Conveyor, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a parent whose workflow node waits on its child, the child's one node claimed
+    # (here, not by the worker: nothing is published)
+    caplog.set_level(logging.WARNING, logger="conveyor.store.unit_of_work")  # its retries
+    apply(conveyor_service, "kid", py("one", "add", a=1, b=2))
+    apply(conveyor_service, "mom", call("call", "kid"), py("after", "add", "call", a=0, b=0))
+    made = conveyor_service.db.autocommit(
+        lambda s: triggering.trigger(s, workflow_name="mom", tenant="default", input={},
+                                     now=utcnow())
+    )  # fmt: skip
+    (dispatch,) = made.dispatches
+    waiting = conveyor_service.db.autocommit(
+        lambda s: claiming.claim_node(s, dispatch.job_id, utcnow(), "racer")
+    )
+    assert waiting is not None
+    started = conveyor_service.db.run(lambda s: children.start_child(s, waiting, utcnow()))
+    assert started.child_id is not None
+    kid_id = started.child_id
+    (first,) = started.dispatches
+    last = conveyor_service.db.autocommit(
+        lambda s: claiming.claim_node(s, first.job_id, utcnow(), "racer")
+    )
+    assert last is not None
+
+    # When the parent is cancelled while the child's last node completes, each holding what
+    # the other locks next: the cancel the parent's rows (then the child's), the child's
+    # finish its own rows (then the parent's waiting job). Another transaction holds that
+    # job meanwhile, so that both reach it, the cancel first, before either goes on.
+    with conveyor_service.db.transaction() as holder:
+        holder.session.execute(
+            text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": waiting.job.id}
+        )
+        cancelling, cancelled = in_thread(lambda: conveyor_service.cancel(made.execution_id))
+        wait_until(lambda: lock_waiters(conveyor_service) == 1)
+        finishing, finished = in_thread(
+            lambda: conveyor_service.db.run(
+                lambda s: success.complete_node(s, last, {"sum": 3}, utcnow(), 0.01)
+            )
+        )
+        wait_until(lambda: lock_waiters(conveyor_service) == 2)
+    cancelling.join(timeout=60)
+    finishing.join(timeout=60)
+
+    # Then PostgreSQL's deadlock was retried, and both went through
+    assert "deadlock detected" in caplog.text
+    assert cancelled == [None] and not isinstance(finished[0], Exception)
+    # and both executions ended consistent: the parent cancelled, the child completed (its
+    # finish first: the parent's node completed with its output) or cancelled (the cancel
+    # first: the child's node, ending after, recorded cancelled)
+    with conveyor_service.db.transaction() as store:
+        mom = store.execution_row(made.execution_id)
+        kid = store.execution_row(kid_id)
+        nodes = {n.node_id: n for n in store.execution_nodes(made.execution_id)}
+        tries = [
+            (job, attempts)
+            for execution_id in (made.execution_id, kid_id)
+            for job, attempts in store.execution_jobs(execution_id)
+        ]
+    assert mom.status is ExecutionStatus.CANCELLED
+    assert kid.status in (ExecutionStatus.COMPLETED, ExecutionStatus.CANCELLED)
+    call_ended = (
+        NodeStatus.COMPLETED if kid.status is ExecutionStatus.COMPLETED else NodeStatus.CANCELLED
+    )
+    assert (nodes["call"].status, nodes["after"].status) == (call_ended, NodeStatus.CANCELLED)
+    assert {job.status for job, _ in tries} <= {JobStatus.COMPLETED, JobStatus.CANCELLED}
+    assert "running" not in {a.status.value for _, attempts in tries for a in attempts}
 
 
 def test_a_waiting_node_holds_no_permit(conveyor_service: Conveyor) -> None:

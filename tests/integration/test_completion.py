@@ -50,7 +50,9 @@ def alone(service: Conveyor, run: claiming.NodeRun, output: Any) -> bool:
 
 
 def complete(service: Conveyor, run: claiming.NodeRun, output: Any) -> list[Dispatch]:
-    return service.db.run(lambda s: success.complete_node(s, run, output, utcnow(), 0.01))
+    return service.db.run(
+        lambda s: success.complete_node(s, run, output, utcnow(), 0.01)
+    ).dispatches
 
 
 def execution(service: Conveyor, execution_id: uuid.UUID) -> Execution:

@@ -11,15 +11,17 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 from typer.testing import CliRunner
 
 from conveyor.cli import app
+from conveyor.engine import claiming, mapping, success, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution
-from conveyor.service import Conveyor
+from conveyor.service import Conveyor, utcnow
 from tests.support import nodes as test_nodes
-from tests.support.services import effects, wait_for
+from tests.support.services import effects, in_thread, lock_waiters, wait_for, wait_until
 
 NO_RETRY = {"retry": {"max_attempts": 1}}
 
@@ -220,6 +222,87 @@ def test_cancelling_mid_map_cancels_the_items_not_started(
         (m,) = store.execution_nodes(execution_id)
     assert m.status is NodeStatus.CANCELLED
     assert len(runs_of(database_url, "m")) <= 2  # the two that ran, stopped early
+
+
+def test_a_map_failing_fast_takes_its_parked_items_out_of_the_limiters_lines_at_once(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a map under a workflow limit of one: its first item runs (sleeping), the rest
+    # parked, waiting in the limiter's lines for the permit the first holds
+    conveyor_service.apply(parse_workflow({
+        "name": "map_parked", "defaults": NO_RETRY, "concurrency": 1, "nodes": [
+            py("m", "sleep", map={"over": "{{ input.rows }}"}, inputs={"seconds": 30}),
+        ],
+    }))  # fmt: skip
+    execution_id = conveyor_service.trigger("map_parked", {"rows": list(range(4))})
+    wait_until(
+        lambda: (
+            sorted(j.status for j in items(conveyor_service, execution_id))
+            == sorted([JobStatus.PROCESSING] + [JobStatus.PARKED] * 3)
+        )
+    )
+    limiter = conveyor_service.gate.limiter  # type: ignore[union-attr]
+    assert {u.key: u.waiting for u in limiter.snapshot()}["global"] == 3
+
+    # When the running item dies (here its worker taken for lost by the recovery sweep) and
+    # the map fails fast, the running item still holding its permit
+    conveyor_service.recover(heartbeat_timeout=0, lost_after=3600)
+
+    # Then the parked items, cancelled, left the limiter's lines with that transaction, not
+    # at the limiter's sweep nor at the release of the first item's permit
+    assert {j.status for j in items(conveyor_service, execution_id)} == {
+        JobStatus.DEAD_LETTER, JobStatus.CANCELLED,
+    }  # fmt: skip
+    assert {u.key: u.waiting for u in limiter.snapshot()}["global"] == 0
+    wait_until(  # the sleeping item sees its execution failed, stops, gives the permit back
+        lambda: all(u.in_use == 0 for u in limiter.snapshot())
+    )
+
+
+def test_a_cancel_racing_a_map_s_expansion_leaves_no_item_of_it_to_run(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a map node's own try, claimed (here, not by the worker: nothing is published)
+    conveyor_service.apply(parse_workflow({"name": "map_race", "defaults": NO_RETRY, "nodes": [
+        py("m", "item", map={"over": "{{ input.rows }}"}, inputs=ITEM),
+    ]}))  # fmt: skip
+    made = conveyor_service.db.autocommit(
+        lambda s: triggering.trigger(
+            s, workflow_name="map_race", tenant="default", input={"rows": list(range(5))},
+            now=utcnow(),
+        )
+    )  # fmt: skip
+    (dispatch,) = made.dispatches
+    run = conveyor_service.db.autocommit(
+        lambda s: claiming.claim_node(s, dispatch.job_id, utcnow(), "racer")
+    )
+    assert run is not None
+    rows = mapping.items_of(run)
+    with conveyor_service.db.transaction() as holder:
+        # and its transaction held up by another's lock on its job, once it has begun
+        holder.session.execute(
+            text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": run.job.id}
+        )
+        expanding, expanded = in_thread(
+            lambda: conveyor_service.db.run(
+                lambda s: success.expand(s, run, rows, utcnow(), 0.01, 2)
+            )
+        )
+        wait_until(lambda: lock_waiters(conveyor_service) == 1)
+
+        # When the execution is cancelled meanwhile (it waits for the expansion, or not)
+        cancelling, cancelled = in_thread(lambda: conveyor_service.cancel(made.execution_id))
+        wait_until(lambda: not cancelling.is_alive() or lock_waiters(conveyor_service) == 2)
+    expanding.join(timeout=30)
+    cancelling.join(timeout=30)
+
+    # Then both went through, and nothing of the map is left to run in the cancelled execution
+    assert not isinstance(expanded[0], Exception) and cancelled == [None]
+    with conveyor_service.db.transaction() as store:
+        assert store.execution_row(made.execution_id).status is ExecutionStatus.CANCELLED
+        (m,) = store.execution_nodes(made.execution_id)
+    assert {j.status for j in items(conveyor_service, made.execution_id)} <= {JobStatus.CANCELLED}
+    assert m.status is NodeStatus.CANCELLED
 
 
 def test_the_execution_s_view_sums_a_map_s_items_up_and_a_route_and_show_items_page_them(

@@ -377,7 +377,9 @@ def test_a_late_outcome_of_a_reclaimed_try_leaves_the_job_to_the_try_that_runs_i
     # When the first worker's try ends after all, by a success or by a failure
     output = {"sum": -1}
     alone = service.db.autocommit(lambda s: success.complete_alone(s, late, output, utcnow(), 0.1))
-    completed = service.db.run(lambda s: success.complete_node(s, late, output, utcnow(), 0.1))
+    completed = service.db.run(
+        lambda s: success.complete_node(s, late, output, utcnow(), 0.1)
+    ).dispatches
     failed = service.db.run(lambda s: failure.fail_node(s, late, RuntimeError(), utcnow(), 0.1))
 
     # Then none of them settles the job: the second try still runs it, and its outcome is

@@ -157,7 +157,9 @@ class Bench:
         )
 
     def complete(self, run: claiming.NodeRun, output: Any) -> list[Dispatch]:
-        return self.units.run(lambda s: success.complete_node(s, run, output, self.clock(), 0.01))
+        return self.units.run(
+            lambda s: success.complete_node(s, run, output, self.clock(), 0.01)
+        ).dispatches
 
     def succeed(self, run: claiming.NodeRun, output: Any) -> list[Dispatch]:
         """As the service records a success: alone when it can, else the transaction."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,3 +212,38 @@ def statements(service: Conveyor) -> Iterator[list[str]]:
     finally:
         psycopg.Cursor.execute = execute  # type: ignore[method-assign]
         psycopg.Cursor.executemany = executemany  # type: ignore[method-assign]
+
+
+def lock_waiters(service: Conveyor) -> int:
+    """How many of the service database's sessions wait for a lock (a race a test holds)."""
+    with service.db.transaction() as store:
+        return int(
+            store.session.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "it did not happen in time"
+        time.sleep(0.02)
+
+
+def in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``work`` started on a thread of its own; what it returned (or raised), once done."""
+    ended: list[Any] = []
+
+    def run_it() -> None:
+        try:
+            ended.append(work())
+        except Exception as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=run_it, daemon=True)
+    thread.start()
+    return thread, ended

@@ -210,6 +210,34 @@ def test_a_cancelled_parent_cancels_its_children_and_theirs(bench: Bench) -> Non
     assert bench.probe.nodes(grandkid)["leaf"].status is NodeStatus.CANCELLED
 
 
+@pytest.mark.parametrize("stop", ["cancel", "failure elsewhere"])
+def test_a_stop_ends_the_try_of_a_node_waiting_for_its_child_cancelled(
+    bench: Bench, stop: str
+) -> None:
+    # Given a workflow node waiting for its child, and a node beside it
+    bench.apply("kid", node("one"))
+    bench.apply("mom", child_node("call", "kid"), node("other"), defaults=NO_RETRY)
+    made = bench.trigger("mom")
+    waiting = bench.claim_node(made.execution_id, "call")
+    start(bench, waiting)
+    bench.clock.advance(5)
+
+    # When its execution stops (cancelled, or failed by the node beside it)
+    if stop == "cancel":
+        bench.units.run(
+            lambda s: cancellation.cancel_execution(s, made.execution_id, bench.clock())
+        )
+    else:
+        bench.fail(bench.claim_node(made.execution_id, "other"), RuntimeError("boom"))
+
+    # Then the try it waited in ended with its job, cancelled, not left running
+    assert bench.job(made.execution_id, "call").status is JobStatus.CANCELLED
+    (attempt,) = bench.probe.attempts(waiting.job.id)
+    assert (attempt.status, attempt.finished_at, attempt.duration) == (
+        AttemptStatus.CANCELLED, bench.clock(), 5.0,
+    )  # fmt: skip
+
+
 def test_a_child_cancelled_alone_fails_its_parents_node_without_a_retry(bench: Bench) -> None:
     parent_id, _, child_id = parent_and_child(bench, **TWICE)
 
@@ -245,8 +273,12 @@ def test_a_parent_failing_elsewhere_cancels_its_running_child(bench: Bench) -> N
     start(bench, bench.claim_node(made.execution_id, "call"))
     child_id = only_child(bench, made.execution_id)
 
-    bench.fail(bench.claim_node(made.execution_id, "other"), RuntimeError("boom"))
+    failed = bench.fail(bench.claim_node(made.execution_id, "other"), RuntimeError("boom"))
 
+    # (the jobs the stop cancelled, its child's too, returned for the limiter to forget)
+    assert set(failed.forget) == {
+        bench.job(made.execution_id, "call").id, bench.job(child_id, "one").id,
+    }  # fmt: skip
     child = bench.probe.execution(child_id)
     assert child.status is ExecutionStatus.CANCELLED
     assert child.error == (
@@ -378,9 +410,9 @@ def test_a_wait_left_unsettled_is_settled_by_the_recovery_sweep(bench: Bench) ->
     )
     assert bench.units.run(lambda s: s.children_to_settle(10)) == [child_id]
 
-    settled, published = bench.units.run(lambda s: children.settle_waiting(s, bench.clock(), 10))
+    settled, after = bench.units.run(lambda s: children.settle_waiting(s, bench.clock(), 10))
 
-    assert settled == 1 and [d.node for d in published] == ["after"]
+    assert settled == 1 and [d.node for d in after.dispatches] == ["after"]
     assert bench.probe.nodes(parent_id)["call"].output == {"ok": 1}
     assert bench.units.run(lambda s: s.children_to_settle(10)) == []
 

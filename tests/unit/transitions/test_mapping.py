@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from conveyor.engine import cancellation, dead_letters, mapping, success
+from conveyor.engine import cancellation, dead_letters, mapping, outcomes, success
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.records import Dispatch, NewItem
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobStatus, NodeStatus
-from conveyor.exceptions import InvalidTransition, NonRetryableError, Skip
+from conveyor.exceptions import InvalidTransition, NonRetryableError, Skip, Snooze
 from conveyor.testing import JobRow
 from tests.support.bench import Bench, node
 
@@ -42,7 +42,7 @@ def expand(
     items = mapping.items_of(run)
     return bench.units.run(
         lambda s: success.expand(s, run, items, bench.clock(), 0.01, window)
-    )  # fmt: skip
+    ).dispatches
 
 
 def own_job(bench: Bench, execution_id: uuid.UUID, node_id: str = "m") -> JobRow:
@@ -280,6 +280,61 @@ def test_fail_fast_fails_the_node_at_the_first_dead_item_and_cancels_the_items_n
     assert bench.probe.nodes(execution_id)["m"].status is NodeStatus.FAILED
 
 
+def test_an_item_claimed_after_its_execution_failed_leaves_its_failed_map_as_it_failed(
+    bench: Bench,
+) -> None:
+    # Given a map failed fast, its execution with it, and an item queued all the same (as a
+    # release racing the failure may leave it on PostgreSQL)
+    execution_id, _ = start(bench, [0, 1, 2])
+    bench.fail(item_run(bench, execution_id, 0), NonRetryableError("bad item"))
+    late = items(bench, execution_id)[2]
+    with bench.store() as store:
+        assert store.transition_job(late.id, JobStatus.CANCELLED, JobStatus.QUEUED)
+
+    # When its message is claimed
+    assert bench.claim(late.id) is None
+
+    # Then the item is cancelled, and the map keeps its failure and its error
+    assert bench.probe.job(late.id).status is JobStatus.CANCELLED
+    m = bench.probe.nodes(execution_id)["m"]
+    assert (m.status, m.error) == (
+        NodeStatus.FAILED, "item 0 failed after 1 attempt(s): bad item",
+    )  # fmt: skip
+
+
+def test_a_map_failing_fast_returns_the_jobs_it_cancelled_for_the_limiter_to_forget(
+    bench: Bench,
+) -> None:
+    # Given a map of five, three queued (the first running), two held, and a node beside it
+    execution_id, _ = start(bench, list(range(5)), node("beside"), window=3)
+
+    failed = bench.fail(item_run(bench, execution_id, 0), NonRetryableError("bad item"))
+
+    # Then the items queued and the node beside it, which the limiter may hold in its lines
+    # (the held items it never saw), are returned for the caller to forget after commit
+    jobs = items(bench, execution_id)
+    assert sorted(failed.forget) == sorted(
+        [jobs[1].id, jobs[2].id, bench.job(execution_id, "beside").id]
+    )
+
+
+def test_a_run_all_map_failed_by_its_last_item_s_success_returns_the_jobs_its_stop_cancelled(
+    bench: Bench,
+) -> None:
+    name = bench.apply(
+        "mapping", mapped(on_item_failure="run_all"), node("beside"), defaults=NO_RETRY
+    ).name
+    made = bench.trigger(name, {"rows": [1, 2]})
+    expand(bench, made.execution_id)
+    bench.fail(item_run(bench, made.execution_id, 0), NonRetryableError("no"))
+
+    last = item_run(bench, made.execution_id, 1)
+    after = bench.units.run(lambda s: success.complete_node(s, last, "two", bench.clock(), 0.01))
+
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.FAILED
+    assert after.forget == [bench.job(made.execution_id, "beside").id]
+
+
 def test_fail_fast_fails_the_node_once_when_two_items_die(bench: Bench) -> None:
     name = bench.apply(
         "mapping", {**mapped(), "continue_on_failure": True}, node("after", "m"),
@@ -350,9 +405,48 @@ def test_an_item_s_retry_waits_as_any_job_s_and_leaves_its_node_running(bench: B
     assert (m.status, m.error, m.items_left) == (NodeStatus.RUNNING, None, 2)
 
 
-def test_an_item_that_skips_itself_settles_with_none_in_its_slot(bench: Bench) -> None:
-    from conveyor.engine import outcomes
+@pytest.mark.parametrize(
+    ("outcome", "error"),
+    [
+        (
+            "a retryable failure",
+            "RuntimeError: flaky (not retried: its map node 'm' failed while it ran)",
+        ),
+        ("a snooze", "snoozed, not run again: its map node 'm' failed while it ran"),
+    ],
+)
+def test_an_item_of_a_map_that_failed_fast_is_not_tried_again(
+    bench: Bench, outcome: str, error: str
+) -> None:
+    # Given a map failed fast by its first item, its execution going on (the node continues
+    # on failure), and another item running with tries to spare
+    name = bench.apply(
+        "mapping", {**mapped(), "continue_on_failure": True}, node("after", "m"),
+        defaults={"retry": {"max_attempts": 3}},
+    ).name  # fmt: skip
+    made = bench.trigger(name, {"rows": [1, 2, 3]})
+    expand(bench, made.execution_id)
+    dead, running = item_run(bench, made.execution_id, 0), item_run(bench, made.execution_id, 1)
+    bench.fail(dead, NonRetryableError("bad item"))
 
+    # When the running item fails as a retry would follow, or snoozes
+    if outcome == "a snooze":
+        failed = bench.units.run(
+            lambda s: outcomes.snooze_node(s, running, Snooze(1), bench.clock(), 0.01)
+        )
+    else:
+        failed = bench.fail(running, RuntimeError("flaky"))
+
+    # Then its job ends cancelled: no try follows
+    assert failed.outcome is JobStatus.CANCELLED
+    assert statuses(bench, made.execution_id) == ["dead_letter", "cancelled", "cancelled"]
+    assert items(bench, made.execution_id)[1].last_error == error
+    assert len(bench.probe.attempts(running.job.id)) == 1
+    assert bench.probe.nodes(made.execution_id)["m"].status is NodeStatus.FAILED
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.RUNNING
+
+
+def test_an_item_that_skips_itself_settles_with_none_in_its_slot(bench: Bench) -> None:
     execution_id, _ = start(bench, [1, 2])
     run = item_run(bench, execution_id, 0)
 
@@ -384,6 +478,23 @@ def test_cancelling_the_execution_cancels_the_items_not_started(bench: Bench) ->
     assert bench.probe.nodes(execution_id)["m"].status is NodeStatus.CANCELLED
 
 
+def test_a_map_s_own_try_ending_after_its_execution_was_cancelled_makes_no_item(
+    bench: Bench,
+) -> None:
+    name = bench.apply("mapping", mapped(), defaults=NO_RETRY).name
+    made = bench.trigger(name, {"rows": [1, 2, 3]})
+    run = bench.claimed(own_job(bench, made.execution_id).id)
+    bench.units.run(lambda s: cancellation.cancel_execution(s, made.execution_id, bench.clock()))
+
+    published = bench.units.run(
+        lambda s: success.expand(s, run, mapping.items_of(run), bench.clock(), 0.01, 1000)
+    ).dispatches
+
+    assert (published, items(bench, made.execution_id)) == ([], [])
+    assert own_job(bench, made.execution_id).status is JobStatus.CANCELLED
+    assert bench.probe.nodes(made.execution_id)["m"].status is NodeStatus.CANCELLED
+
+
 def test_a_map_chained_after_a_map_maps_over_its_outputs(bench: Bench) -> None:
     name = bench.apply(
         "chained", mapped(),
@@ -402,7 +513,7 @@ def test_a_map_chained_after_a_map_maps_over_its_outputs(bench: Bench) -> None:
             s, expand_second, mapping.items_of(expand_second), bench.clock(), 0.01, 1000
         )
     )
-    assert len(second) == 2
+    assert len(second.dispatches) == 2
     run = bench.claimed(items(bench, made.execution_id, "m2")[1].id)
     # an item reads its item, not the list it came from (which its inputs do not name)
     assert (run.context["item"], run.context["nodes"]) == ({"v": 20}, {})
@@ -460,17 +571,20 @@ def test_a_requeue_leaves_a_finished_map_s_dead_items_dead(bench: Bench) -> None
 # -- the port's item methods, each on its own ------------------------------------------------
 
 
-def test_settle_item_counts_only_while_the_map_runs(bench: Bench) -> None:
+def test_settle_item_counts_and_map_runs_says_so_only_while_the_map_runs(bench: Bench) -> None:
     execution_id, _ = start(bench, [1, 2, 3], window=1)
 
     with bench.store() as store:
         counted = store.settle_item(execution_id, "m", True, bench.clock())
+        runs = store.map_runs(execution_id, "m")
     with bench.store() as store:
         closed = store.close_map(execution_id, "m", bench.clock(), "stop")
     with bench.store() as store:
         again = store.close_map(execution_id, "m", bench.clock(), "stop again")
         after = store.settle_item(execution_id, "m", False, bench.clock())
+        runs_after = store.map_runs(execution_id, "m")
 
+    assert (runs, runs_after) == (True, False)
     assert counted is not None and (counted.left, counted.failed) == (2, 1)
     assert counted.released is not None and counted.released.item_index == 1
     assert counted.released.status is JobStatus.QUEUED and counted.released.workflow == "mapping"
