@@ -178,8 +178,8 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(
         default=1_048_576,
         ge=1024,
-        description="The largest output a node may return, as JSON, in bytes; a larger one "
-        "fails the node without a retry.",
+        description="The largest output a node may return, as JSON, in bytes (a map's: its "
+        "items' outputs together); a larger one fails the node without a retry.",
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(
@@ -295,6 +295,12 @@ class Settings(BaseSettings):
         description="A map's items queued or running at once (a map's concurrency, if lower, "
         "wins); the others wait in the database, each released as an item settles.",
     )
+    map_max_items: int = Field(
+        default=100_000,
+        ge=1,
+        description="The longest list a map runs (a map's max_items, if lower, wins); a "
+        "longer one fails the node without a retry.",
+    )
     task_events: bool = Field(
         default=True, description="Send Celery task events (Flower needs them)."
     )
@@ -360,6 +366,7 @@ class Settings(BaseSettings):
             needs=self.max_needs,
             json_depth=self.max_json_depth,
             output_bytes=self.max_output_bytes,
+            map_items=self.map_max_items,
         )
 
     @property

@@ -432,6 +432,14 @@ class MapItems(Protocol):
         """Every item of the map, in index order, with its status, output and last error."""
         ...
 
+    def items_size(self, execution_id: uuid.UUID, node_id: str) -> int:
+        """The length of the map's output as JSON text, measured where the items are
+        stored, none of them read: the list of its items' outputs, a failed item's slot
+        ``{"error": ...}`` (:meth:`item_outputs` makes it), with its brackets and
+        separators. In characters, as the database writes JSON (PostgreSQL: jsonb's text, a
+        character that ``json.dumps`` escapes counted once)."""
+        ...
+
 
 class DeadLetters(Protocol):
     """Node jobs that exhausted their tries: requeued (the execution resumes) or discarded."""

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from conveyor.batches import Durations
+from conveyor.engine.bounds import Bounds
 from conveyor.engine.children import DEFAULT_MAX_DEPTH
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
@@ -46,9 +47,12 @@ class ServiceBase:
         replay_window: timedelta = timedelta(days=30),
         map_window: int = 1000,
         max_child_depth: int = DEFAULT_MAX_DEPTH,
+        bounds: Bounds | None = None,
     ) -> None:
         self.db = database
         self.map_window = map_window  # a map's items queued or running at once (at most)
+        # the size bounds (CONVEYOR_MAX_*): here, a map's items and its assembled output
+        self.bounds = bounds or Bounds()
         self.max_child_depth = max_child_depth  # how deep child executions may nest
         self.replay_window = replay_window  # a GitHub body received again in it is refused
         self.dispatcher = dispatcher

@@ -83,7 +83,10 @@ class Duties(ServiceBase):
 
         def reclaim(store: SqlStore) -> list[failure.Failed]:
             stale = store.stale_processing(now - timedelta(seconds=heartbeat_timeout), batch)
-            failed = [failure.reclaim(store, job, now, self._rng) for job in stale]
+            failed = [
+                failure.reclaim(store, job, now, self._rng, output_bytes=self.bounds.output_bytes)
+                for job in stale
+            ]
             store.count_recovered("reclaimed", len(failed))
             return failed
 

@@ -221,7 +221,9 @@ class Workers(ServiceBase):
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
         run = self.db.autocommit(
-            lambda s: claiming.claim_node(s, job_id, utcnow(), self.worker, hints)
+            lambda s: claiming.claim_node(
+                s, job_id, utcnow(), self.worker, hints, output_bytes=self.bounds.output_bytes
+            )
         )
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
@@ -261,7 +263,7 @@ class Workers(ServiceBase):
         started = time.monotonic()
         try:
             if expands:
-                output = mapping.items_of(run)
+                output = mapping.items_of(run, self.bounds.map_items)
             else:
                 output = nodes.execute(run.node, run.context, ctx, run.timeout, run.inputs)
         except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose

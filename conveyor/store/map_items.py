@@ -9,10 +9,18 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Text, case, cast, func, insert, select, update
 
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
+from conveyor.engine.records import (
+    ERROR_SLOT,
+    FAILED_ITEM,
+    ExecutionRecord,
+    ItemRow,
+    ItemsLeft,
+    JobRecord,
+    NewItem,
+)
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
     AttemptStatus,
@@ -158,6 +166,23 @@ class MapItemQueries(JobQueries):
             ItemRow(index=r.item_index, status=r.status, output=r.output, error=r.last_error)
             for r in rows
         ]
+
+    def items_size(self, execution_id: uuid.UUID, node_id: str) -> int:
+        """One sum over the map's items (its key's index), each output's JSON text made by
+        the database; a worker reads none of them."""
+        failed = JOBS.c.status.in_(FAILED_ITEM)
+        slot = case(
+            (failed, len(ERROR_SLOT) + func.coalesce(func.length(JOBS.c.last_error), 0)),
+            else_=func.coalesce(func.length(cast(JOBS.c.output, Text)), len("null")),
+        )
+        found = self._core(
+            select(func.coalesce(func.sum(slot + len(", ")), 0)).where(
+                JOBS.c.execution_id == execution_id,
+                JOBS.c.node_id == node_id,
+                JOBS.c.item_index.is_not(None),
+            )
+        ).scalar()
+        return int(found or 0)
 
 
 def item_job_row(
