@@ -133,6 +133,13 @@ class Catalog(Protocol):
         now: datetime,
     ) -> WorkflowRecord: ...
 
+    def lock_applies(self, tenant_id: uuid.UUID) -> None:
+        """Hold, until the caller's transaction ends, the tenant's lock of applies that
+        start children: two applies that each close half a circle of workflows take turns,
+        the second checking what the first stored (PostgreSQL: a transaction-level advisory
+        lock; SQLite's and the memory store's transactions are one writer at a time already)."""
+        ...
+
 
 class Executions(Protocol):
     """Executions: made by a trigger, started by a plan, settled node by node, finished."""

@@ -135,6 +135,9 @@ class MemoryCatalog(MemoryCore):
             raise WorkflowNotFound(f"no workflow version has id {workflow_id}")
         return found
 
+    def lock_applies(self, tenant_id: uuid.UUID) -> None:
+        """Nothing to take: one unit of work runs at a time."""
+
     def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None:
         versions = [
             w for w in self.tables.workflows.values() if (w.tenant_id, w.name) == (tenant_id, name)
