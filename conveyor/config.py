@@ -175,6 +175,14 @@ class Settings(BaseSettings):
         "that would start a child deeper fails, not retried. Bounds workflows that start "
         "each other in a circle.",
     )
+    max_children: int = Field(
+        default=1000,
+        ge=1,
+        description="Child executions one execution may start, in all (each try of a "
+        "workflow node starts one): a workflow node that would start one more fails, not "
+        "retried. Bounds how wide a tree of children grows, as CONVEYOR_MAX_CHILD_DEPTH "
+        "bounds how deep.",
+    )
     max_output_bytes: int = Field(
         default=1_048_576,
         ge=1024,
@@ -367,6 +375,7 @@ class Settings(BaseSettings):
             json_depth=self.max_json_depth,
             output_bytes=self.max_output_bytes,
             map_items=self.map_max_items,
+            children=self.max_children,
         )
 
     @property

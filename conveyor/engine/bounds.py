@@ -33,6 +33,7 @@ class Bounds:
     json_depth: int = 64  # nesting of any JSON value: input, payload, definition, output
     output_bytes: int = 1_048_576  # one node's output, as JSON (a map's: its items')
     map_items: int = 100_000  # items in one map's list
+    children: int = 1_000  # child executions one execution may start, in all
 
 
 def too_large(

@@ -236,6 +236,11 @@ class Executions(Protocol):
         """Its status, output, error and first dead letter (None: no such execution)."""
         ...
 
+    def children_started(self, execution_id: uuid.UUID, most: int) -> int:
+        """How many children the execution has started, whatever became of them, counted up
+        to ``most`` (a count of ``most`` means at least that many)."""
+        ...
+
     def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
         """Its children still pending or running, oldest first."""
         ...

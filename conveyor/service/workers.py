@@ -303,7 +303,12 @@ class Workers(ServiceBase):
         )  # fmt: skip
         started = self.db.run(
             lambda s: children.start_child(
-                s, run, utcnow(), max_depth=self.max_child_depth, rng=self._rng
+                s,
+                run,
+                utcnow(),
+                max_depth=self.max_child_depth,
+                max_children=self.bounds.children,
+                rng=self._rng,
             )
         )
         self._publish(started.dispatches)

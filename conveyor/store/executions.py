@@ -280,6 +280,16 @@ class ExecutionQueries(StoreCore):
             dead_letter=(dead.id, dead.node_id) if dead is not None else None,
         )  # fmt: skip
 
+    def children_started(self, execution_id: uuid.UUID, most: int) -> int:
+        """At most ``most`` entries of the parent's index read."""
+        started = (
+            select(EXECUTIONS.c.id)
+            .where(EXECUTIONS.c.parent_execution_id == execution_id)
+            .limit(most)
+            .subquery()
+        )
+        return int(self._core(select(func.count()).select_from(started)).scalar() or 0)
+
     def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
         return list(
             self.session.scalars(

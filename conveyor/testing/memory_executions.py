@@ -389,6 +389,12 @@ class MemoryExecutions(MemoryCatalog):
             dead_letter=(dead[0].id, dead[0].node_id or "") if dead else None,
         )  # fmt: skip
 
+    def children_started(self, execution_id: uuid.UUID, most: int) -> int:
+        found = sum(
+            1 for e in self.tables.executions.values() if e.parent_execution_id == execution_id
+        )
+        return min(found, most)
+
     def active_children(self, execution_id: uuid.UUID) -> list[uuid.UUID]:
         found = (
             e for e in self.tables.executions.values()

@@ -34,10 +34,17 @@ def child_node(node_id: str, workflow: str, *needs: str, **fields: Any) -> dict[
     return node(node_id, *needs, type="workflow", config=config, **fields)
 
 
-def start(bench: Bench, run: NodeRun, max_depth: int = 8) -> children.Started:
+def start(
+    bench: Bench, run: NodeRun, max_depth: int = 8, max_children: int = 1000
+) -> children.Started:
     return bench.units.run(
         lambda s: children.start_child(
-            s, run, bench.clock(), max_depth=max_depth, rng=random.Random(7)
+            s,
+            run,
+            bench.clock(),
+            max_depth=max_depth,
+            max_children=max_children,
+            rng=random.Random(7),
         )
     )
 
@@ -278,6 +285,56 @@ def test_a_child_past_the_maximum_depth_fails_its_node_without_a_retry(bench: Be
         "retryable)"
     )
     assert bench.probe.counts()["executions"] == 1
+
+
+def test_a_child_past_the_most_an_execution_may_start_fails_its_node_without_a_retry(
+    bench: Bench,
+) -> None:
+    # Given a parent with two workflow nodes, the first of which started its child
+    bench.apply("kid", node("one"))
+    bench.apply("mom", child_node("first", "kid"), child_node("second", "kid"), defaults=TWICE)
+    made = bench.trigger("mom")
+    assert start(bench, bench.claim_node(made.execution_id, "first"), max_children=2).waiting
+    assert start(bench, bench.claim_node(made.execution_id, "second"), max_children=2).waiting
+    (second,) = [
+        c for c in only_children(bench, made.execution_id)
+        if bench.probe.execution(c).parent_node_id == "second"
+    ]  # fmt: skip
+    bench.fail(bench.claim_node(second, "one"), NonRetryableError("no"))  # its parent retries
+    bench.clock.advance(10)
+    (due_second,) = bench.units.run(lambda s: due.promote_due(s, bench.clock()))
+    retry = bench.claimed(due_second.job_id)
+
+    # When a try would start a third child, under a limit of 2 (the failed one counts)
+    started = start(bench, retry, max_children=2)
+
+    # Then the try fails, not retried, naming the node, the execution and the setting
+    assert started.failed is not None and started.failed.outcome is JobStatus.DEAD_LETTER
+    assert bench.job(made.execution_id, "second").last_error == (
+        f"node 'second' would start child number 3 of execution {made.execution_id}, past "
+        f"the limit of 2 (CONVEYOR_MAX_CHILDREN): each try of a workflow node starts one; "
+        f"start fewer (fewer workflow nodes, or fewer tries of them), or raise "
+        f"CONVEYOR_MAX_CHILDREN (the error is not retryable)"
+    )
+    assert bench.probe.counts()["executions"] == 3
+
+
+def only_children(bench: Bench, parent_id: uuid.UUID) -> list[uuid.UUID]:
+    return bench.units.run(lambda s: s.active_children(parent_id))
+
+
+def test_children_started_counts_every_child_up_to_the_most_asked(bench: Bench) -> None:
+    bench.apply("kid", node("one"))
+    bench.apply("mom", *(child_node(f"c{i}", "kid") for i in range(3)))
+    made = bench.trigger("mom")
+    for i in range(3):
+        start(bench, bench.claim_node(made.execution_id, f"c{i}"))
+    bench.units.run(lambda s: cancellation.cancel_execution(s, made.execution_id, bench.clock()))
+
+    counted = [bench.units.run(lambda s, m=m: s.children_started(made.execution_id, m))
+               for m in (1, 3, 10)]  # fmt: skip
+
+    assert counted == [1, 3, 3]
 
 
 def _deeper(execution: ExecutionRecord, depth: int) -> ExecutionRecord:
