@@ -245,6 +245,13 @@ class Executions(Protocol):
         """Its children still pending or running, oldest first."""
         ...
 
+    def orphaned_children(self, limit: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        """Children still pending or running that their parent's node no longer waits for
+        (its job does not wait for them in the try that started them: a stop cancelled it,
+        and left them to a later transaction), oldest first, with their parents' ids; those
+        another transaction has locked are skipped."""
+        ...
+
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
         """Finished children whose parent's job still waits for them in the try that started
         them: a wait their finish left unsettled (none should be), oldest first."""

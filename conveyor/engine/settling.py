@@ -98,7 +98,7 @@ def node_failed(store: Store, run: NodeRun, now: datetime, error: str) -> list[D
     finished = store.finish_execution(execution_id, ExecutionStatus.FAILED, now, error=error)
     followed = follow_up(store, execution_id, run.workflow, now)
     if finished:  # its children stop; if it is one, its parent's node settles
-        stop_children(store, execution_id, now, error)
+        stop_children(store, execution_id, now, error)  # the rest, if any: stop_orphans
         followed += parents.child_finished(store, run.execution, now)
     return followed
 

@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from conveyor.batches import Durations
+from conveyor.engine import cancellation
 from conveyor.engine.bounds import Bounds
 from conveyor.engine.children import DEFAULT_MAX_DEPTH
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import Dispatch
+from conveyor.exceptions import LimitError
 from conveyor.limiter.gate import BrokerHolds, Gate
-from conveyor.store import Database
+from conveyor.store import Database, SqlStore
 from conveyor.watcher import Watcher
 
 log = logging.getLogger("conveyor")
+
+
+# Transactions one call of ServiceBase._stop_orphans runs at most (a share of children each).
+ORPHAN_ROUNDS = 100
 
 
 def utcnow() -> datetime:
@@ -100,3 +107,36 @@ class ServiceBase:
             # The jobs stay committed as queued: the recovery sweep re-publishes them once
             # they have waited past CONVEYOR_LOST_AFTER (see Duties.recover).
             log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))
+
+    def _forget(self, job_ids: Sequence[uuid.UUID]) -> None:
+        """Tell the limiter about node jobs cancelled before they ran (they leave its lines
+        and give back any grant); should it not answer, each is dropped when its turn
+        comes instead."""
+        if self.gate is None or not job_ids:
+            return
+        try:
+            self.gate.forget(list(job_ids))
+        except LimitError:
+            log.warning("could not tell the limiter about %d cancelled jobs", len(job_ids))
+
+    def _stop_orphans(self, *, rounds: int = ORPHAN_ROUNDS, recovered: bool = False) -> int:
+        """Children a stop left running past its transaction's share (and theirs) stopped, a
+        share (cancellation.STOPS_A_TRANSACTION) a transaction, until none is left or after
+        ``rounds`` transactions (the recovery sweep goes on with the rest); with
+        ``recovered``, counted as the recovery sweep's. How many were stopped."""
+        stopped_in_all = 0
+        for _ in range(rounds):
+
+            def stop(store: SqlStore) -> cancellation.Stopped:
+                stopped = cancellation.stop_orphans(store, utcnow())
+                if recovered:
+                    store.count_recovered("children_stopped", stopped.children)
+                return stopped
+
+            stopped = self.db.run(stop)
+            stopped_in_all += stopped.children
+            self._publish(stopped.dispatches)
+            self._forget(stopped.forget)
+            if not stopped.more:
+                break
+        return stopped_in_all

@@ -24,7 +24,6 @@ from conveyor.engine.records import DeliveryReceipt, TenantRef, WorkflowRecord
 from conveyor.engine.states import Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
-    LimitError,
     NotFound,
     ReplayedDelivery,
     SignatureError,
@@ -228,10 +227,6 @@ class Clients(ServiceBase):
         stopped = self.db.run(lambda s: cancellation.cancel_execution(s, execution_id, utcnow()))
         if stopped.dispatches:
             self._publish_now(stopped.dispatches, f"what cancelling {execution_id} made ready")
-        if self.gate is not None and stopped.forget:
-            try:
-                self.gate.forget(stopped.forget)
-            except LimitError:  # they are dropped when their turn comes instead
-                log.warning(
-                    "could not tell the limiter about %d cancelled jobs", len(stopped.forget)
-                )
+        self._forget(stopped.forget)
+        if stopped.more:  # a tree wider than a transaction's share: the rest, a share each
+            self._stop_orphans()

@@ -29,7 +29,6 @@ from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
     CancelExecution,
-    LimitError,
     NodeCancelled,
     NonRetryableError,
     Skip,
@@ -390,9 +389,12 @@ class Workers(ServiceBase):
     def _record_failure(
         self, run: claiming.NodeRun, error: BaseException, duration: float
     ) -> failure.Failed:
-        return self.db.run(
+        failed = self.db.run(
             lambda s: failure.fail_node(s, run, error, utcnow(), duration, self._rng)
         )
+        if failed.outcome is JobStatus.DEAD_LETTER:  # a failed execution's children past the
+            self._stop_orphans()  # share its transaction stopped
+        return failed
 
     def _record_choice(
         self, run: claiming.NodeRun, choice: Snooze | Skip | CancelExecution, duration: float
@@ -406,11 +408,7 @@ class Workers(ServiceBase):
         failed = self.db.run(
             lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration)
         )
-        if self.gate is not None and failed.forget:
-            try:
-                self.gate.forget(list(failed.forget))
-            except LimitError:  # they are dropped when their turn comes instead
-                log.warning(
-                    "could not tell the limiter about %d cancelled jobs", len(failed.forget)
-                )
+        self._forget(failed.forget)
+        if failed.outcome is JobStatus.CANCELLED:  # its children past the stop's share
+            self._stop_orphans()
         return failed

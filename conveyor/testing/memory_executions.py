@@ -402,6 +402,22 @@ class MemoryExecutions(MemoryCatalog):
         )  # fmt: skip
         return [e.id for e in sorted(found, key=lambda e: (e.created_at, e.id))]
 
+    def orphaned_children(self, limit: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        found = []
+        for child in self.tables.executions.values():
+            if child.parent_execution_id is None or child.status not in ACTIVE_EXECUTION:
+                continue
+            job = self.tables.jobs.get(child.parent_job_id) if child.parent_job_id else None
+            waits = (
+                job is not None
+                and job.status is JobStatus.WAITING_CHILD
+                and job.try_number == child.parent_try
+            )
+            if not waits:
+                found.append(child)
+        found.sort(key=lambda e: (e.created_at, e.id))
+        return [(e.id, e.parent_execution_id) for e in found[:limit] if e.parent_execution_id]
+
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
         found = []
         for child in self.tables.executions.values():

@@ -144,7 +144,7 @@ def test_a_job_whose_worker_died_is_reclaimed_and_retried_to_completion(
     done = conveyor_service.recover(heartbeat_timeout=60, lost_after=3600)
 
     # Then the try counts as failed (worker lost), and the retry runs it to completion
-    assert done == {"reclaimed": 1, "republished": 0, "waits_settled": 0}
+    assert done == {"reclaimed": 1, "republished": 0, "waits_settled": 0, "children_stopped": 0}
     assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
     with conveyor_service.db.transaction() as store:
         [attempts] = [a for j, a in store.execution_jobs(made.execution_id) if j.node_id]

@@ -217,6 +217,73 @@ def test_a_cancelled_parent_cancels_its_children_and_theirs(bench: Bench) -> Non
     assert bench.probe.nodes(grandkid)["leaf"].status is NodeStatus.CANCELLED
 
 
+def tree(bench: Bench) -> tuple[uuid.UUID, list[uuid.UUID], list[uuid.UUID]]:
+    """A running tree: mom, whose three workflow nodes each started a kid, whose workflow
+    node each started a leaf (its node not started). Mom, her kids and their leaves."""
+    bench.apply("leaf", node("one"))
+    bench.apply("kid", child_node("deeper", "leaf"))
+    bench.apply("mom", *(child_node(f"call{i}", "kid") for i in range(3)))
+    made = bench.trigger("mom")
+    kids = [start(bench, bench.claim_node(made.execution_id, f"call{i}")).child_id
+            for i in range(3)]  # fmt: skip
+    leaves = [start(bench, bench.claim_node(kid, "deeper")).child_id for kid in kids if kid]
+    assert all(kids) and all(leaves)
+    return made.execution_id, kids, leaves  # type: ignore[return-value]
+
+
+def running(bench: Bench, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    return {e for e in ids if bench.probe.execution(e).status is ExecutionStatus.RUNNING}
+
+
+def test_a_cancel_stops_a_share_of_a_tree_and_the_orphans_left_a_share_at_a_time(
+    bench: Bench,
+) -> None:
+    mom, kids, leaves = tree(bench)
+
+    # When mom is cancelled by a transaction that may stop two children
+    stopped = bench.units.run(lambda s: cancellation.cancel_execution(s, mom, bench.clock(), 2))
+
+    # Then she and two kids (breadth first) are cancelled, and the rest are orphans: the kid
+    # whose node was cancelled, and the leaves of the kids cancelled; not the third's leaf,
+    # which its running kid still waits for
+    assert stopped.more
+    assert bench.probe.execution(mom).status is ExecutionStatus.CANCELLED
+    assert running(bench, kids) == {kids[2]}
+    assert running(bench, leaves) == set(leaves)
+    orphans = bench.units.run(lambda s: s.orphaned_children(10))
+    assert {child for child, _ in orphans} == {kids[2], leaves[0], leaves[1]}
+    assert dict(orphans)[kids[2]] == mom
+
+    # When the orphans are stopped two at a time, until none is left
+    shares = []
+    while True:
+        before = running(bench, kids + leaves)
+        more = bench.units.run(lambda s: cancellation.stop_orphans(s, bench.clock(), 2))
+        shares.append(len(before - running(bench, kids + leaves)))
+        if not more.more:
+            break
+
+    # Then every one is cancelled, two or fewer a transaction, each naming why
+    assert running(bench, kids + leaves) == set()
+    assert max(shares) <= 2 and sum(shares) == 4
+    assert bench.probe.execution(kids[2]).error == (
+        f"its parent execution {mom} cancelled: cancelled by request"
+    )
+    leaf = bench.probe.execution(leaves[2]).error or ""  # stopped below its kid, or after
+    assert leaf.startswith(f"its parent execution {kids[2]} ")
+    assert leaf.endswith(f"its parent execution {mom} cancelled: cancelled by request")
+    assert bench.units.run(lambda s: s.orphaned_children(10)) == []
+
+
+def test_a_child_its_parent_waits_for_is_no_orphan(bench: Bench) -> None:
+    mom, kids, leaves = tree(bench)
+
+    assert bench.units.run(lambda s: s.orphaned_children(10)) == []
+    stopped = bench.units.run(lambda s: cancellation.stop_orphans(s, bench.clock(), 10))
+    assert (stopped.more, stopped.forget) == (False, [])
+    assert running(bench, [mom, *kids, *leaves]) == {mom, *kids, *leaves}
+
+
 def test_a_child_cancelled_alone_fails_its_parents_node_without_a_retry(bench: Bench) -> None:
     parent_id, _, child_id = parent_and_child(bench, **TWICE)
 
