@@ -254,8 +254,10 @@ class Settings(BaseSettings):
         ge=0,
         description="Finished executions (their jobs, tries and node states) older than this "
         "many days are deleted by the retention sweep; 0 keeps them forever. Executions with "
-        "a dead letter are kept: one waiting for an operator until it is requeued, one "
-        "discarded to the archive for CONVEYOR_ARCHIVE_RETENTION_DAYS.",
+        "a dead letter are kept: one a requeue could resume until it is requeued or "
+        "discarded, one discarded to the archive for CONVEYOR_ARCHIVE_RETENTION_DAYS (a "
+        "map's dead items and a child's dead letters, which cannot be requeued, hold nothing "
+        "back; a child goes no sooner than its parent).",
     )
     archive_retention_days: float = Field(
         default=0.0,
