@@ -145,9 +145,10 @@ def test_cancelling_a_parent_cancels_its_running_child(conveyor_service: Conveyo
 
 
 def wide_tree(service: Conveyor, width: int) -> tuple[uuid.UUID, list[Execution]]:
-    """A parent whose ``width`` workflow nodes each started a child that sleeps."""
-    apply(service, "slow", py("nap", "sleep", seconds=30))
-    apply(service, "wide", *(call(f"c{i}", "slow") for i in range(width)))
+    """A parent whose ``width`` workflow nodes each started a child that waits (a delay: no
+    worker holds it, and nothing of it runs on after the test)."""
+    apply(service, "pause", {"id": "wait", "type": "delay", "config": {"seconds": 600}})
+    apply(service, "wide", *(call(f"c{i}", "pause") for i in range(width)))
     parent_id = service.trigger("wide")
     kids = wait_until(lambda: len(found := children_of(service, parent_id)) == width and found)
     return parent_id, kids
