@@ -175,11 +175,19 @@ class Settings(BaseSettings):
         "that would start a child deeper fails, not retried. Bounds workflows that start "
         "each other in a circle.",
     )
+    max_children: int = Field(
+        default=1000,
+        ge=1,
+        description="Child executions one execution may start, in all (each try of a "
+        "workflow node starts one): a workflow node that would start one more fails, not "
+        "retried. Bounds how wide a tree of children grows, as CONVEYOR_MAX_CHILD_DEPTH "
+        "bounds how deep.",
+    )
     max_output_bytes: int = Field(
         default=1_048_576,
         ge=1024,
-        description="The largest output a node may return, as JSON, in bytes; a larger one "
-        "fails the node without a retry.",
+        description="The largest output a node may return, as JSON, in bytes (a map's: its "
+        "items' outputs together); a larger one fails the node without a retry.",
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(
@@ -246,8 +254,10 @@ class Settings(BaseSettings):
         ge=0,
         description="Finished executions (their jobs, tries and node states) older than this "
         "many days are deleted by the retention sweep; 0 keeps them forever. Executions with "
-        "a dead letter are kept: one waiting for an operator until it is requeued, one "
-        "discarded to the archive for CONVEYOR_ARCHIVE_RETENTION_DAYS.",
+        "a dead letter are kept: one a requeue could resume until it is requeued or "
+        "discarded, one discarded to the archive for CONVEYOR_ARCHIVE_RETENTION_DAYS (a "
+        "map's dead items and a child's dead letters, which cannot be requeued, hold nothing "
+        "back; a child goes no sooner than its parent).",
     )
     archive_retention_days: float = Field(
         default=0.0,
@@ -294,6 +304,12 @@ class Settings(BaseSettings):
         le=100_000,
         description="A map's items queued or running at once (a map's concurrency, if lower, "
         "wins); the others wait in the database, each released as an item settles.",
+    )
+    map_max_items: int = Field(
+        default=100_000,
+        ge=1,
+        description="The longest list a map runs (a map's max_items, if lower, wins); a "
+        "longer one fails the node without a retry.",
     )
     task_events: bool = Field(
         default=True, description="Send Celery task events (Flower needs them)."
@@ -360,6 +376,8 @@ class Settings(BaseSettings):
             needs=self.max_needs,
             json_depth=self.max_json_depth,
             output_bytes=self.max_output_bytes,
+            map_items=self.map_max_items,
+            children=self.max_children,
         )
 
     @property

@@ -179,6 +179,11 @@ class ChildDepthExceeded(NonRetryableError):
     workflow that starts itself through its children, or children nested too deep."""
 
 
+class TooManyChildren(NonRetryableError):
+    """A workflow node would start more children of one execution than CONVEYOR_MAX_CHILDREN
+    allows: a workflow that starts children in a loop, or a fan-out of children too wide."""
+
+
 class NodeCancelled(NodeError):
     """The execution was cancelled while the node was running."""
 

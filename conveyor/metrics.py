@@ -285,7 +285,7 @@ def metric_families(snap: Snapshot, *, workflow_label: bool = True) -> Iterator[
         "conveyor_recovered", "Repairs by the recovery sweep, ever.", labels=["what"]
     )
     for what in sorted({"reclaimed", "republished", "lapsed_grants", "lost_parked",
-                        "waits_settled", *snap.recovered}):  # fmt: skip
+                        "waits_settled", "children_stopped", *snap.recovered}):  # fmt: skip
         recovered.add_metric([what], snap.recovered.get(what, 0))
     yield recovered
     yield GaugeMetricFamily(

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alembic import command
+from alembic import command, op
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 import conveyor
@@ -51,6 +52,26 @@ def current_revision(url: str | None = None) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+def build_index(
+    name: str, table: str, columns: list[str], *, unique: bool = False, where: str | None = None
+) -> None:
+    """In a migration: an index built without blocking the table's writes. PostgreSQL:
+    ``CREATE INDEX CONCURRENTLY``, which runs outside a transaction, so it commits the
+    migration's work before it (Alembic's autocommit block), and first drops an index of
+    that name a build stopped midway left behind (invalid): a migration stopped there runs
+    again whole. SQLite: a plain CREATE INDEX in the migration's transaction (one writer)."""
+    predicate = text(where) if where is not None else None
+    if op.get_context().dialect.name != "postgresql":
+        op.create_index(name, table, columns, unique=unique, sqlite_where=predicate)
+        return
+    with op.get_context().autocommit_block():
+        op.drop_index(name, table_name=table, postgresql_concurrently=True, if_exists=True)
+        op.create_index(
+            name, table, columns, unique=unique, postgresql_where=predicate,
+            postgresql_concurrently=True,
+        )  # fmt: skip
 
 
 def display_url(url: str | None = None) -> str:

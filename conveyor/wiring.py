@@ -69,6 +69,7 @@ def service() -> Conveyor:
         replay_window=timedelta(days=settings.webhook_replay_window_days),
         map_window=settings.map_window,
         max_child_depth=settings.max_child_depth,
+        bounds=settings.bounds,
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made

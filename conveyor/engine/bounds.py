@@ -31,7 +31,9 @@ class Bounds:
     nodes: int = 10_000  # nodes in one definition
     needs: int = 10_000  # needs of one node
     json_depth: int = 64  # nesting of any JSON value: input, payload, definition, output
-    output_bytes: int = 1_048_576  # one node's output, as JSON
+    output_bytes: int = 1_048_576  # one node's output, as JSON (a map's: its items')
+    map_items: int = 100_000  # items in one map's list
+    children: int = 1_000  # child executions one execution may start, in all
 
 
 def too_large(

@@ -49,10 +49,14 @@ from conveyor.exceptions import (
     NodeCancelled,
     NodeError,
     NonRetryableError,
+    TooManyChildren,
 )
 
 # How deep children may nest when the setting is not given (CONVEYOR_MAX_CHILD_DEPTH).
 DEFAULT_MAX_DEPTH = 8
+# How many children one execution may start when the setting is not given
+# (CONVEYOR_MAX_CHILDREN).
+DEFAULT_MAX_CHILDREN = 1_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,14 +79,17 @@ def start_child(
     now: datetime,
     *,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    max_children: int = DEFAULT_MAX_CHILDREN,
     rng: random.Random | None = None,
 ) -> Started:
     """The claimed try of a workflow node, in one transaction: its job ``waiting_child`` and
     its node ``waiting`` while try ``run.job.try_number`` is current, and the child made. A
-    child past ``max_depth``, a workflow (or version) the tenant has not applied, or inputs
-    that do not render fail the try, not retried. An execution that finished (a cancel, a
-    failure elsewhere) before this transaction took its row lock starts no child: the try
-    ends cancelled, as any try of a stopped execution does."""
+    child past ``max_depth``, one more than ``max_children`` of its execution (counted under
+    the execution's row lock, so two nodes starting children at once take turns), a
+    workflow (or version) the tenant has not applied, or inputs that do not render fail the
+    try, not retried. An execution that finished (a cancel, a failure elsewhere) before
+    this transaction took its row lock starts no child: the try ends cancelled, as any try
+    of a stopped execution does."""
     status = store.execution_status(run.execution.id, lock=True)  # a stop: before or after
     if status is None or status.finished:
         ended = status.value if status is not None else "deleted"
@@ -90,6 +97,7 @@ def start_child(
         failed = fail_node(store, run, stopped, now, 0.0, rng)
         return Started(dispatches=failed.dispatches, failed=failed, error=stopped)
     try:
+        _check_breadth(store, run, max_children)
         version, input = _child_of(store, run, max_depth)
     except ConveyorError as exc:
         failed = fail_node(store, run, exc, now, 0.0, rng)
@@ -111,6 +119,18 @@ def start_child(
     if made.replayed:  # this try's child exists already: the node waits for that one
         return Started(dispatches=[], waiting=True)
     return Started(dispatches=made.dispatches, waiting=True, child_id=made.execution_id)
+
+
+def _check_breadth(store: Store, run: NodeRun, max_children: int) -> None:
+    """:class:`TooManyChildren` when the execution has started ``max_children`` already."""
+    if store.children_started(run.execution.id, max_children) < max_children:
+        return
+    raise TooManyChildren(
+        f"node {run.node.id!r} would start child number {max_children + 1} of execution "
+        f"{run.execution.id}, past the limit of {max_children} (CONVEYOR_MAX_CHILDREN): "
+        f"each try of a workflow node starts one; start fewer (fewer workflow nodes, or "
+        f"fewer tries of them), or raise CONVEYOR_MAX_CHILDREN"
+    )
 
 
 def _child_of(store: Store, run: NodeRun, max_depth: int) -> tuple[WorkflowRecord, Any]:

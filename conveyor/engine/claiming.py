@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.engine import trigger_limits
+from conveyor.engine.bounds import Bounds
 from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import context_of
@@ -34,6 +35,9 @@ class NodeRun:
     context: dict[str, Any]
     # The input a rerun gave the node, taken in place of its rendered inputs (None: theirs).
     inputs: dict[str, Any] | None = None
+    # The largest output its node may record, as JSON (CONVEYOR_MAX_OUTPUT_BYTES): a map's
+    # items' outputs, put together by the item that settles last, are held to it.
+    output_bytes: int = Bounds().output_bytes
 
     @property
     def attempt(self) -> int:
@@ -50,9 +54,12 @@ def claim_node(
     now: datetime,
     worker: str | None = None,
     hints: NodeHints | None = None,
+    *,
+    output_bytes: int = Bounds().output_bytes,
 ) -> NodeRun | None:
     """queued -> processing, a new attempt row, and the inputs the node will read (read by
-    the claim itself when the message's hints name the node)."""
+    the claim itself when the message's hints name the node); ``output_bytes`` bounds what
+    its outcome may record (:attr:`NodeRun.output_bytes`)."""
     hinted = _hinted_needs(hints)
     # with its attempt and node started, and the outputs of the hinted needs
     claimed = store.claim_node_job(job_id, now, worker, needs=hinted[1] if hinted else ())
@@ -80,7 +87,7 @@ def claim_node(
     inputs = store.rerun_input(execution.id, node.id) if execution.reruns else None
     return NodeRun(
         job=job, execution=execution, workflow=workflow, node=node, context=context,
-        inputs=inputs,
+        inputs=inputs, output_bytes=output_bytes,
     )  # fmt: skip
 
 

@@ -81,6 +81,20 @@ class MapSpec(BaseModel):
         default=None, ge=1, le=100_000, description="Items that may run at once (default: any)."
     )
     on_item_failure: ItemFailure = ItemFailure.FAIL_FAST
+    max_items: int | None = Field(
+        default=None,
+        ge=1,
+        description="The longest list the map runs; a longer one fails the node (default "
+        "and ceiling: CONVEYOR_MAP_MAX_ITEMS).",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Left out when not set: maps stored before it existed keep their digest.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("max_items") is None:
+            data.pop("max_items", None)
+        return data
 
 
 class Node(BaseModel):

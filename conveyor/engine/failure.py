@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor.engine import mapping, retry, trigger_limits
+from conveyor.engine.bounds import Bounds
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
@@ -165,16 +166,22 @@ def map_stopped(run: NodeRun) -> str:
 
 
 def reclaim(
-    store: Store, job: JobRecord, now: datetime, rng: random.Random | None = None
+    store: Store,
+    job: JobRecord,
+    now: datetime,
+    rng: random.Random | None = None,
+    *,
+    output_bytes: int = Bounds().output_bytes,
 ) -> Failed:
     """A node job whose worker stopped sending heartbeats: its try failed (the worker may
-    have died of the node itself), and the retry policy decides what comes next."""
+    have died of the node itself), and the retry policy decides what comes next
+    (``output_bytes``: as :attr:`NodeRun.output_bytes`, for a map's last item)."""
     execution = store.execution(job.execution_id)
     workflow, _ = load_workflow(store, job.workflow_id)
     assert job.node_id is not None
     run = NodeRun(
         job=job, execution=execution, workflow=workflow, node=workflow.node(job.node_id),
-        context={},
+        context={}, output_bytes=output_bytes,
     )  # fmt: skip
     error = WorkerLost("the worker running it stopped sending heartbeats")
     return fail_node(store, run, error, now, 0.0, rng)

@@ -41,6 +41,8 @@ from conveyor.ids import new_id
 
 # Item jobs inserted a statement at a time: a list of 100,000 is never one statement's rows.
 ITEM_CHUNK = 1000
+# The longest list a map runs when the setting is not given (CONVEYOR_MAP_MAX_ITEMS).
+DEFAULT_MAX_ITEMS = 100_000
 # Failed items a run_all failure names (the count says how many more).
 SHOWN_FAILURES = 20
 
@@ -62,9 +64,17 @@ def window(node: Node, most: int) -> int:
     return most if cap is None else min(cap, most)
 
 
-def items_of(run: NodeRun) -> list[Any]:
+def most_items(node: Node, most: int) -> int:
+    """The longest list the map runs: its ``max_items``, bounded by ``most``
+    (CONVEYOR_MAP_MAX_ITEMS), which bounds every map's."""
+    cap = spec(node).max_items
+    return most if cap is None else min(cap, most)
+
+
+def items_of(run: NodeRun, most: int = DEFAULT_MAX_ITEMS) -> list[Any]:
     """The list ``over`` gives in the node's context, rendered once, by the map node's own
-    try; anything else fails that try, not retried (it would give the same every time)."""
+    try; anything else, or a list longer than :func:`most_items`, fails that try, not
+    retried (it would give the same every time)."""
     over = spec(run.node).over
     value = templates.render_value(over, run.context)
     if callable(value):  # ``x.items`` is the dict's method, not its key "items"
@@ -77,6 +87,8 @@ def items_of(run: NodeRun) -> list[Any]:
             f"map over `{over}` gave {_kind(value)}, not a list: {bounds.shown(value)}; make "
             f"it give a list (of the items to run the node once each for)"
         )
+    if len(value) > most_items(run.node, most):
+        raise NonRetryableError(_too_long(over, len(value), spec(run.node).max_items, most))
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -85,6 +97,20 @@ def items_of(run: NodeRun) -> list[Any]:
             f"dicts, lists, strings, finite numbers, booleans or None"
         ) from exc
     return value
+
+
+def _too_long(over: str, length: int, cap: int | None, most: int) -> str:
+    """Why a list is too long to map: past the map's own ``max_items``, or the setting."""
+    fix = "give fewer items (map over batches of them, or split the list between maps)"
+    if cap is not None and cap < most:
+        return (
+            f"map over `{over}` gave a list of {length} items, more than the map's max_items "
+            f"of {cap}; {fix}, or raise max_items (up to CONVEYOR_MAP_MAX_ITEMS, {most})"
+        )
+    return (
+        f"map over `{over}` gave a list of {length} items, more than the limit of {most} "
+        f"(CONVEYOR_MAP_MAX_ITEMS); {fix}, or raise CONVEYOR_MAP_MAX_ITEMS"
+    )
 
 
 def _subscript(over: str) -> str:
@@ -213,7 +239,7 @@ def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> AfterC
         return AfterCommit()  # it had failed already (another item first)
     if node_types.starts_child(node):  # the children its items wait for stop with the map
         why = f"map node {node.id!r} failed: {error}"
-        cancelled = cancelled + stop_children(store, execution_id, now, why, node.id)
+        cancelled = cancelled + stop_children(store, execution_id, now, why, node_id=node.id).forget
     return AfterCommit(forget=cancelled) + node_failed(
         store, run, now, f"node {node.id!r} failed: {error}"
     )
@@ -234,18 +260,41 @@ def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) 
 
 def _finish(store: Store, run: NodeRun, now: datetime, failed: int) -> AfterCommit:
     """Every item settled: the node completes with their outputs in index order (a failed
-    item's slot its error, under ``continue``), or fails naming the failed items (run_all)."""
+    item's slot its error, under ``continue``), or fails naming the failed items (run_all),
+    or fails because those outputs together are larger than a node's output may be (their
+    size measured before any is read: a worker never holds more of them than that)."""
     execution_id, node_id = run.execution.id, run.node.id
+    run_all = spec(run.node).on_item_failure is ItemFailure.RUN_ALL
+    if not (failed and run_all) and (size := store.items_size(execution_id, node_id)) > (
+        run.output_bytes
+    ):
+        return _fail(store, run, now, _too_large(size, run.output_bytes))
     rows = store.item_outputs(execution_id, node_id)
-    if failed and spec(run.node).on_item_failure is ItemFailure.RUN_ALL:
-        error = _failures(rows)
-        store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=error)
-        return node_failed(store, run, now, f"node {node_id!r} failed: {error}")
+    if failed and run_all:
+        return _fail(store, run, now, _failures(rows))
     output = [{"error": r.error} if r.failed else r.output for r in rows]
     store.set_node(
         execution_id, node_id, NodeStatus.COMPLETED, output=output, finished_at=now, error=None
     )
     return settle(store, run, now, output)
+
+
+def _fail(store: Store, run: NodeRun, now: datetime, error: str) -> AfterCommit:
+    """The map node failed once its items settled (the execution fails, or goes on without
+    it when it continues on failure)."""
+    execution_id, node_id = run.execution.id, run.node.id
+    store.set_node(execution_id, node_id, NodeStatus.FAILED, finished_at=now, error=error)
+    return node_failed(store, run, now, f"node {node_id!r} failed: {error}")
+
+
+def _too_large(size: int, limit: int) -> str:
+    return bounds.too_large(
+        "its output (the list of its items' outputs)",
+        size,
+        limit,
+        "CONVEYOR_MAX_OUTPUT_BYTES",
+        fix="make its items return less (keep large data elsewhere and return a reference to it)",
+    )
 
 
 def _failures(rows: list[ItemRow]) -> str:

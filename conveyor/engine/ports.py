@@ -133,6 +133,13 @@ class Catalog(Protocol):
         now: datetime,
     ) -> WorkflowRecord: ...
 
+    def lock_applies(self, tenant_id: uuid.UUID) -> None:
+        """Hold, until the caller's transaction ends, the tenant's lock of applies that
+        start children: two applies that each close half a circle of workflows take turns,
+        the second checking what the first stored (PostgreSQL: a transaction-level advisory
+        lock; SQLite's and the memory store's transactions are one writer at a time already)."""
+        ...
+
 
 class Executions(Protocol):
     """Executions: made by a trigger, started by a plan, settled node by node, finished."""
@@ -232,11 +239,23 @@ class Executions(Protocol):
         """Its status, output, error and first dead letter (None: no such execution)."""
         ...
 
+    def children_started(self, execution_id: uuid.UUID, most: int) -> int:
+        """How many children the execution has started, whatever became of them, counted up
+        to ``most`` (a count of ``most`` means at least that many)."""
+        ...
+
     def active_children(
         self, execution_id: uuid.UUID, node_id: str | None = None
     ) -> list[uuid.UUID]:
         """Its children still pending or running, oldest first; with ``node_id``, only those
         that node started (a map of children's)."""
+        ...
+
+    def orphaned_children(self, limit: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        """Children still pending or running that their parent's node no longer waits for
+        (its job does not wait for them in the try that started them: a stop cancelled it,
+        and left them to a later transaction), oldest first, with their parents' ids; those
+        another transaction has locked are skipped."""
         ...
 
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
@@ -466,6 +485,14 @@ class MapItems(Protocol):
         """The jobs of a re-run map's items at index ``total`` and past (an earlier run's
         list was longer) -> cancelled with ``error``; no read of the map's items counts them
         again."""
+        ...
+
+    def items_size(self, execution_id: uuid.UUID, node_id: str) -> int:
+        """The length of the map's output as JSON text, measured where the items are
+        stored, none of them read: the list of its items' outputs, a failed item's slot
+        ``{"error": ...}`` (:meth:`item_outputs` makes it), with its brackets and
+        separators. In characters, as the database writes JSON (PostgreSQL: jsonb's text, a
+        character that ``json.dumps`` escapes counted once)."""
         ...
 
 

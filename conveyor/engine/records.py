@@ -99,7 +99,13 @@ class ItemRow:
 
     @property
     def failed(self) -> bool:
-        return self.status in (JobStatus.DEAD_LETTER, JobStatus.DISCARDED)
+        return self.status in FAILED_ITEM
+
+
+# An item that is one of these failed: its slot in its map's output is ERROR_SLOT with its
+# error (under ``continue``).
+FAILED_ITEM = (JobStatus.DEAD_LETTER, JobStatus.DISCARDED)
+ERROR_SLOT = '{"error": ""}'
 
 
 # The longest tracestate stored (the executions' and deliveries' columns); W3C lets a

@@ -102,7 +102,8 @@ def node_failed(store: Store, run: NodeRun, now: datetime, error: str) -> AfterC
         dispatches=follow_up(store, execution_id, run.workflow, now), forget=cancelled
     )
     if finished:  # its children stop; if it is one, its parent's node settles
-        after += AfterCommit(forget=stop_children(store, execution_id, now, error))
+        # the rest of its children, past this transaction's share: stop_orphans
+        after += AfterCommit(forget=stop_children(store, execution_id, now, error).forget)
         after += parents.child_finished(store, run.execution, now)
     return after
 

@@ -48,13 +48,17 @@ def apply_workflow(
 ) -> tuple[WorkflowRecord, bool]:
     """Store a new version when the definition changed; (latest version, whether it is new).
     A :class:`DefinitionError` when its workflow nodes would start it again, through the
-    workflows the tenant has stored (see :func:`child_cycle`)."""
+    workflows the tenant has stored (see :func:`child_cycle`); two such applies take turns
+    (:meth:`~conveyor.engine.ports.Catalog.lock_applies`), so that two that would each close
+    half of a circle cannot both pass."""
     workflow = parse_workflow(definition)
     tenant_id = store.tenant_id(tenant)
     latest = store.latest_workflow(tenant_id, workflow.name)
     digest = workflow.digest()
     if latest is not None and latest.digest == digest:
         return latest, False
+    if _children_of(workflow):  # only a workflow that starts children can close a circle
+        store.lock_applies(tenant_id)
     if cycle := child_cycle(store, tenant_id, workflow):
         path = " -> ".join(cycle)
         raise DefinitionError([

@@ -199,6 +199,10 @@ class Schedule(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+# A child still pending or running, as ix_executions_active_children holds it.
+ACTIVE_CHILD = "parent_execution_id IS NOT NULL AND status IN ('pending', 'running')"
+
+
 class Execution(Base):
     __tablename__ = "executions"
     __table_args__ = (
@@ -248,6 +252,14 @@ class Execution(Base):
             "created_at",
             postgresql_where=text("parent_execution_id IS NOT NULL"),
             sqlite_where=text("parent_execution_id IS NOT NULL"),
+        ),
+        # Children still running, oldest first: those their parent no longer waits for are
+        # stopped a transaction's share at a time (cancellation.stop_orphans).
+        Index(
+            "ix_executions_active_children",
+            "created_at",
+            postgresql_where=text(ACTIVE_CHILD),
+            sqlite_where=text(ACTIVE_CHILD),
         ),
         # A fire is (schedule, slot): two checks, or two beats, cannot start it twice.
         Index(

@@ -10,16 +10,22 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from conveyor.batches import Durations
+from conveyor.engine import cancellation
+from conveyor.engine.bounds import Bounds
 from conveyor.engine.children import DEFAULT_MAX_DEPTH
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import AfterCommit, Dispatch
 from conveyor.exceptions import LimitError
 from conveyor.limiter.gate import BrokerHolds, Gate
-from conveyor.store import Database
+from conveyor.store import Database, SqlStore
 from conveyor.watcher import Watcher
 
 log = logging.getLogger("conveyor")
+
+
+# Transactions one call of ServiceBase._stop_orphans runs at most (a share of children each).
+ORPHAN_ROUNDS = 100
 
 
 def utcnow() -> datetime:
@@ -48,9 +54,12 @@ class ServiceBase:
         replay_window: timedelta = timedelta(days=30),
         map_window: int = 1000,
         max_child_depth: int = DEFAULT_MAX_DEPTH,
+        bounds: Bounds | None = None,
     ) -> None:
         self.db = database
         self.map_window = map_window  # a map's items queued or running at once (at most)
+        # the size bounds (CONVEYOR_MAX_*): here, a map's items and its assembled output
+        self.bounds = bounds or Bounds()
         self.max_child_depth = max_child_depth  # how deep child executions may nest
         self.replay_window = replay_window  # a GitHub body received again in it is refused
         self.dispatcher = dispatcher
@@ -115,3 +124,25 @@ class ServiceBase:
             # The jobs stay committed as queued: the recovery sweep re-publishes them once
             # they have waited past CONVEYOR_LOST_AFTER (see Duties.recover).
             log.exception("publishing %d job(s) failed; they stay queued", len(dispatches))
+
+    def _stop_orphans(self, *, rounds: int = ORPHAN_ROUNDS, recovered: bool = False) -> int:
+        """Children a stop left running past its transaction's share (and theirs) stopped, a
+        share (cancellation.STOPS_A_TRANSACTION) a transaction, until none is left or after
+        ``rounds`` transactions (the recovery sweep goes on with the rest); with
+        ``recovered``, counted as the recovery sweep's. How many were stopped."""
+        stopped_in_all = 0
+        for _ in range(rounds):
+
+            def stop(store: SqlStore) -> cancellation.Stopped:
+                stopped = cancellation.stop_orphans(store, utcnow())
+                if recovered:
+                    store.count_recovered("children_stopped", stopped.children)
+                return stopped
+
+            stopped = self.db.run(stop)
+            stopped_in_all += stopped.children
+            self._publish(stopped.dispatches)
+            self._forget(stopped.forget)
+            if not stopped.more:
+                break
+        return stopped_in_all

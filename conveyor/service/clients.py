@@ -228,3 +228,5 @@ class Clients(ServiceBase):
         if stopped.dispatches:
             self._publish_now(stopped.dispatches, f"what cancelling {execution_id} made ready")
         self._forget(stopped.forget)
+        if stopped.more:  # a tree wider than a transaction's share: the rest, a share each
+            self._stop_orphans()

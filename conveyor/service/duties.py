@@ -71,6 +71,9 @@ class Duties(ServiceBase):
         - ``waits_settled``: parents' nodes still waiting on a child that has finished
           (none should be: the child's finish settles its parent's node), settled as the
           child's finish would have;
+        - ``children_stopped``: children still running that their parent no longer waits
+          for, stopped (a failure stopped a tree wider than its transaction's share, whose
+          worker died before it stopped the rest; or a cancel's process ended midway);
         - ``republished``: jobs (and webhook deliveries) queued for over ``lost_after``
           seconds whose queue in the broker cannot hold them all (``broker_holds``: at most
           how many jobs each queue's waiting messages name; None when it cannot tell, and
@@ -83,7 +86,10 @@ class Duties(ServiceBase):
 
         def reclaim(store: SqlStore) -> list[failure.Failed]:
             stale = store.stale_processing(now - timedelta(seconds=heartbeat_timeout), batch)
-            failed = [failure.reclaim(store, job, now, self._rng) for job in stale]
+            failed = [
+                failure.reclaim(store, job, now, self._rng, output_bytes=self.bounds.output_bytes)
+                for job in stale
+            ]
             store.count_recovered("reclaimed", len(failed))
             return failed
 
@@ -91,6 +97,7 @@ class Duties(ServiceBase):
         for failed in reclaimed:
             self._after(failed.after)
         settled = self._settle_waits(now, batch)
+        orphans = self._stop_orphans(recovered=True)
         with self.db.transaction() as store:
             stale = store.stale_queued(now - timedelta(seconds=lost_after), batch)
             waiting = store.stale_deliveries(now - timedelta(seconds=lost_after), batch)
@@ -109,7 +116,10 @@ class Duties(ServiceBase):
         lost = self._claim_resend(lost, JobStatus.QUEUED, now, lost_after)
         self._publish(lost)
         self.db.run(lambda s: s.count_recovered("republished", len(lost)))
-        done = {"reclaimed": len(reclaimed), "republished": len(lost), "waits_settled": settled}
+        done = {
+            "reclaimed": len(reclaimed), "republished": len(lost), "waits_settled": settled,
+            "children_stopped": orphans,
+        }  # fmt: skip
         if any(done.values()):
             log.warning("recovery: %s", ", ".join(f"{k} {v}" for k, v in done.items() if v))
         return done

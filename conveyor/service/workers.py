@@ -220,7 +220,9 @@ class Workers(ServiceBase):
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
         # what follows it fail, the job is reclaimed as a dead worker's (no heartbeat).
         run = self.db.autocommit(
-            lambda s: claiming.claim_node(s, job_id, utcnow(), self.worker, hints)
+            lambda s: claiming.claim_node(
+                s, job_id, utcnow(), self.worker, hints, output_bytes=self.bounds.output_bytes
+            )
         )
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
@@ -260,7 +262,7 @@ class Workers(ServiceBase):
         started = time.monotonic()
         try:
             if expands:
-                output = mapping.items_of(run)
+                output = mapping.items_of(run, self.bounds.map_items)
             else:
                 output = nodes.execute(run.node, run.context, ctx, run.timeout, run.inputs)
         except (Snooze, Skip, CancelExecution) as exc:  # an outcome the node chose
@@ -300,7 +302,12 @@ class Workers(ServiceBase):
         )  # fmt: skip
         started = self.db.run(
             lambda s: children.start_child(
-                s, run, utcnow(), max_depth=self.max_child_depth, rng=self._rng
+                s,
+                run,
+                utcnow(),
+                max_depth=self.max_child_depth,
+                max_children=self.bounds.children,
+                rng=self._rng,
             )
         )
         self._publish(started.dispatches)
@@ -384,9 +391,12 @@ class Workers(ServiceBase):
     def _record_failure(
         self, run: claiming.NodeRun, error: BaseException, duration: float
     ) -> failure.Failed:
-        return self.db.run(
+        failed = self.db.run(
             lambda s: failure.fail_node(s, run, error, utcnow(), duration, self._rng)
         )
+        if failed.outcome is JobStatus.DEAD_LETTER:  # a failed execution's children past the
+            self._stop_orphans()  # share its transaction stopped
+        return failed
 
     def _record_choice(
         self, run: claiming.NodeRun, choice: Snooze | Skip | CancelExecution, duration: float
@@ -396,4 +406,9 @@ class Workers(ServiceBase):
             return self.db.run(lambda s: outcomes.snooze_node(s, run, choice, utcnow(), duration))
         if isinstance(choice, Skip):
             return self.db.run(lambda s: outcomes.skip_node(s, run, choice, utcnow(), duration))
-        return self.db.run(lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration))
+        failed = self.db.run(
+            lambda s: outcomes.cancel_from_node(s, run, choice, utcnow(), duration)
+        )
+        if failed.outcome is JobStatus.CANCELLED:  # its children past the stop's share
+            self._stop_orphans()
+        return failed

@@ -15,11 +15,15 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    and_,
     bindparam,
     case,
     func,
     insert,
+    literal_column,
+    not_,
     null,
+    or_,
     select,
     update,
 )
@@ -57,6 +61,14 @@ from conveyor.store.rows import execution_record
 from conveyor.store.session import EXECUTIONS, JOBS, NODE_STATES, StoreCore
 
 _READINESS = (NODE_STATES.c.node_id, NODE_STATES.c.status, NODE_STATES.c.branch)
+
+
+# A child still pending or running, as ix_executions_active_children holds it: the statuses
+# literals, not parameters, so that a prepared statement's generic plan still proves the index.
+ACTIVE_CHILD = and_(
+    EXECUTIONS.c.parent_execution_id.is_not(None),
+    EXECUTIONS.c.status.in_([literal_column("'pending'"), literal_column("'running'")]),
+)
 
 
 class ExecutionQueries(StoreCore):
@@ -290,6 +302,16 @@ class ExecutionQueries(StoreCore):
             dead_letter=(dead.id, dead.node_id) if dead is not None else None,
         )  # fmt: skip
 
+    def children_started(self, execution_id: uuid.UUID, most: int) -> int:
+        """At most ``most`` entries of the parent's index read."""
+        started = (
+            select(EXECUTIONS.c.id)
+            .where(EXECUTIONS.c.parent_execution_id == execution_id)
+            .limit(most)
+            .subquery()
+        )
+        return int(self._core(select(func.count()).select_from(started)).scalar() or 0)
+
     def active_children(
         self, execution_id: uuid.UUID, node_id: str | None = None
     ) -> list[uuid.UUID]:
@@ -300,6 +322,23 @@ class ExecutionQueries(StoreCore):
         if node_id is not None:
             found = found.where(EXECUTIONS.c.parent_node_id == node_id)
         return list(self.session.scalars(found.order_by(EXECUTIONS.c.created_at, EXECUTIONS.c.id)))
+
+    def orphaned_children(self, limit: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        """Found from the active children (ix_executions_active_children: few), each with its
+        parent's job by its key."""
+        waits = and_(
+            JOBS.c.status == JobStatus.WAITING_CHILD,
+            EXECUTIONS.c.parent_try == JOBS.c.tries_before + JOBS.c.retry_count + 1,
+        )
+        found = self._core(
+            select(EXECUTIONS.c.id, EXECUTIONS.c.parent_execution_id)
+            .outerjoin(JOBS, JOBS.c.id == EXECUTIONS.c.parent_job_id)
+            .where(ACTIVE_CHILD, or_(JOBS.c.id.is_(None), not_(waits)))
+            .order_by(EXECUTIONS.c.created_at, EXECUTIONS.c.id)
+            .limit(limit)
+            .with_for_update(of=EXECUTIONS, skip_locked=True)
+        )
+        return [(row.id, row.parent_execution_id) for row in found]
 
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
         """Found from the jobs waiting (few), each child by its parent's key."""

@@ -9,10 +9,18 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Text, bindparam, case, cast, func, insert, select, update
 
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
+from conveyor.engine.records import (
+    ERROR_SLOT,
+    FAILED_ITEM,
+    ExecutionRecord,
+    ItemRow,
+    ItemsLeft,
+    JobRecord,
+    NewItem,
+)
 from conveyor.engine.states import (
     AttemptStatus,
     JobKind,
@@ -237,6 +245,30 @@ class MapItemQueries(JobQueries):
                 status=JobStatus.CANCELLED, completed_at=now, output=None, last_error=error
             )
         )  # fmt: skip
+
+    def items_size(self, execution_id: uuid.UUID, node_id: str) -> int:
+        """One sum over the map's items (its key's index; those of its list, as
+        :meth:`item_outputs` reads them), each output's JSON text made by the database; a
+        worker reads none of them."""
+        total = (
+            select(NODE_STATES.c.items_total)
+            .where(NODE_STATES.c.execution_id == execution_id, NODE_STATES.c.node_id == node_id)
+            .scalar_subquery()
+        )
+        failed = JOBS.c.status.in_(FAILED_ITEM)
+        slot = case(
+            (failed, len(ERROR_SLOT) + func.coalesce(func.length(JOBS.c.last_error), 0)),
+            else_=func.coalesce(func.length(cast(JOBS.c.output, Text)), len("null")),
+        )
+        found = self._core(
+            select(func.coalesce(func.sum(slot + len(", ")), 0)).where(
+                JOBS.c.execution_id == execution_id,
+                JOBS.c.node_id == node_id,
+                JOBS.c.item_index.is_not(None),
+                JOBS.c.item_index < total,
+            )
+        ).scalar()
+        return int(found or 0)
 
 
 def item_job_row(

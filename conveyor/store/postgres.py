@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, ColumnElement, String, any_, bindparam
+from sqlalchemy import ARRAY, ColumnElement, String, any_, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from conveyor.engine.queues import NODE_QUEUE
@@ -28,6 +28,9 @@ from conveyor.store.jobs import node_job_row, start_job_row
 from conveyor.store.session import NODE_STATES
 from conveyor.store.sql_store import SqlStore
 
+# The first key of the advisory locks of applies (the second is the tenant's): "conv".
+APPLY_LOCK = 0x636F6E76
+
 
 class PostgresStore(SqlStore):
     """The store on PostgreSQL, over a session, or (an autocommit unit) over ``driver``, the
@@ -43,6 +46,12 @@ class PostgresStore(SqlStore):
     ) -> None:
         super().__init__(session, opens=opens)
         self._driver = driver
+
+    def lock_applies(self, tenant_id: uuid.UUID) -> None:
+        """``pg_advisory_xact_lock`` on (the applies' key, the tenant's id hashed): released
+        at commit or rollback, and taken only by the applies of workflows that start
+        children. A hash shared by two tenants makes them take turns, nothing worse."""
+        self._core(select(func.pg_advisory_xact_lock(APPLY_LOCK, func.hashtext(str(tenant_id)))))
 
     def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Run a statement of the hot path on the driver's connection: the autocommit

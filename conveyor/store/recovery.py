@@ -7,7 +7,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from conveyor.engine.records import JobRecord
 from conveyor.engine.states import (
@@ -140,21 +140,40 @@ class RecoveryQueries:
     ) -> int:
         """Delete up to ``limit`` executions finished before ``cutoff``, oldest first, with
         their jobs, tries and node states (foreign keys cascade); never one that holds a dead
-        letter an operator has yet to deal with, nor one discarded to the archive (kept for
-        audit) unless it was discarded before ``archive_cutoff``. How many were deleted."""
+        letter an operator may yet requeue, nor one discarded to the archive (kept for
+        audit) unless it was discarded before ``archive_cutoff``, nor a child holding a dead
+        letter while its parent is kept. How many were deleted.
+
+        A dead letter waits for an operator only while a requeue can resume its execution:
+        the execution failed, is no child (its parent's node went on), and the job is no
+        map's item. The others (a map's dead items, a child's dead letters, those of an
+        execution that completed or was cancelled) can only be discarded; they go with their
+        execution, a child's with its parent, as every other row of theirs."""
         archived = Job.status == JobStatus.DISCARDED
         if archive_cutoff is not None:  # a discard sets completed_at
             archived &= Job.completed_at >= archive_cutoff
-        held = select(Job.id).where(
-            Job.execution_id == Execution.id, (Job.status == JobStatus.DEAD_LETTER) | archived
+        dead = select(Job.id).where(
+            Job.execution_id == Execution.id, Job.status == JobStatus.DEAD_LETTER
         )
+        requeueable = dead.where(Job.item_index.is_(None)).exists() & (
+            (Execution.status == ExecutionStatus.FAILED) & Execution.parent_execution_id.is_(None)
+        )
+        parent = aliased(Execution)
+        kept_with_parent = (
+            Execution.parent_execution_id.is_not(None)
+            & dead.exists()
+            & select(parent.id).where(parent.id == Execution.parent_execution_id).exists()
+        )
+        held = select(Job.id).where(Job.execution_id == Execution.id, archived).exists()
         doomed = list(
             self.session.scalars(
                 select(Execution.id)
                 .where(
                     Execution.finished_at < cutoff,
                     Execution.status.in_(list(FINISHED_EXECUTION)),
-                    ~held.exists(),
+                    ~held,
+                    ~requeueable,
+                    ~kept_with_parent,
                 )
                 .order_by(Execution.finished_at)
                 .limit(limit)

@@ -41,6 +41,9 @@ class SqlStore(
     transitions' contracts are the port's docstrings."""
 
     @abstractmethod
+    def lock_applies(self, tenant_id: uuid.UUID) -> None: ...
+
+    @abstractmethod
     def create_execution(
         self,
         execution: ExecutionRecord,

@@ -28,6 +28,10 @@ from conveyor.store.sql_store import SqlStore
 class SqliteStore(SqlStore):
     """The store on SQLite, over one session."""
 
+    def lock_applies(self, tenant_id: uuid.UUID) -> None:
+        """Nothing to take: a transaction holds SQLite's one write lock from its start
+        (BEGIN IMMEDIATE)."""
+
     def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
         wanted = list(node_ids)
         if len(wanted) == 1:

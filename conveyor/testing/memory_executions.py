@@ -136,6 +136,9 @@ class MemoryCatalog(MemoryCore):
             raise WorkflowNotFound(f"no workflow version has id {workflow_id}")
         return found
 
+    def lock_applies(self, tenant_id: uuid.UUID) -> None:
+        """Nothing to take: one unit of work runs at a time."""
+
     def latest_workflow(self, tenant_id: uuid.UUID, name: str) -> WorkflowRecord | None:
         versions = [
             w for w in self.tables.workflows.values() if (w.tenant_id, w.name) == (tenant_id, name)
@@ -401,6 +404,12 @@ class MemoryExecutions(MemoryCatalog):
             dead_letter=(dead[0].id, dead[0].node_id or "") if dead else None,
         )  # fmt: skip
 
+    def children_started(self, execution_id: uuid.UUID, most: int) -> int:
+        found = sum(
+            1 for e in self.tables.executions.values() if e.parent_execution_id == execution_id
+        )
+        return min(found, most)
+
     def active_children(
         self, execution_id: uuid.UUID, node_id: str | None = None
     ) -> list[uuid.UUID]:
@@ -410,6 +419,22 @@ class MemoryExecutions(MemoryCatalog):
             and node_id in (None, e.parent_node_id)
         )  # fmt: skip
         return [e.id for e in sorted(found, key=lambda e: (e.created_at, e.id))]
+
+    def orphaned_children(self, limit: int) -> list[tuple[uuid.UUID, uuid.UUID]]:
+        found = []
+        for child in self.tables.executions.values():
+            if child.parent_execution_id is None or child.status not in ACTIVE_EXECUTION:
+                continue
+            job = self.tables.jobs.get(child.parent_job_id) if child.parent_job_id else None
+            waits = (
+                job is not None
+                and job.status is JobStatus.WAITING_CHILD
+                and job.try_number == child.parent_try
+            )
+            if not waits:
+                found.append(child)
+        found.sort(key=lambda e: (e.created_at, e.id))
+        return [(e.id, e.parent_execution_id) for e in found[:limit] if e.parent_execution_id]
 
     def children_to_settle(self, limit: int) -> list[uuid.UUID]:
         found = []

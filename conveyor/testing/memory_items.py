@@ -3,13 +3,21 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from conveyor.engine.queues import NODE_QUEUE
-from conveyor.engine.records import ExecutionRecord, ItemRow, ItemsLeft, JobRecord, NewItem
+from conveyor.engine.records import (
+    ERROR_SLOT,
+    ExecutionRecord,
+    ItemRow,
+    ItemsLeft,
+    JobRecord,
+    NewItem,
+)
 from conveyor.engine.states import ACTIVE_EXECUTION, AttemptStatus, JobKind, JobStatus, NodeStatus
 from conveyor.testing.memory_jobs import MemoryJobs
 from conveyor.testing.tables import JobRow, stored
@@ -142,6 +150,14 @@ class MemoryMapItems(MemoryJobs):
                     job, status=JobStatus.CANCELLED, completed_at=now, output=None,
                     last_error=error,
                 )  # fmt: skip
+
+    def items_size(self, execution_id: uuid.UUID, node_id: str) -> int:
+        rows = self.item_outputs(execution_id, node_id)
+        slots = (
+            len(ERROR_SLOT) + len(r.error or "") if r.failed else len(json.dumps(r.output))
+            for r in rows
+        )
+        return sum(slot + len(", ") for slot in slots)
 
     def _items(self, execution_id: uuid.UUID, node_id: str) -> list[JobRow]:
         """The map's item jobs, in index order."""

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from conveyor import views
 from conveyor.cli import app
-from conveyor.engine import children, claiming, ready, success, triggering
+from conveyor.engine import cancellation, children, claiming, ready, success, triggering
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import DefinitionError
@@ -147,6 +147,57 @@ def test_cancelling_a_parent_cancels_its_running_child(conveyor_service: Conveyo
     )
     assert nap.status is JobStatus.CANCELLED
     assert job_of(conveyor_service, parent_id, "child").status is JobStatus.CANCELLED
+
+
+def wide_tree(service: Conveyor, width: int) -> tuple[uuid.UUID, list[Execution]]:
+    """A parent whose ``width`` workflow nodes each started a child that waits (a delay: no
+    worker holds it, and nothing of it runs on after the test)."""
+    apply(service, "pause", {"id": "wait", "type": "delay", "config": {"seconds": 600}})
+    apply(service, "wide", *(call(f"c{i}", "pause") for i in range(width)))
+    parent_id = service.trigger("wide")
+    kids = wait_until(lambda: len(found := children_of(service, parent_id)) == width and found)
+    return parent_id, kids
+
+
+def statuses_of(service: Conveyor, kids: list[Execution]) -> set[ExecutionStatus]:
+    with service.db.transaction() as store:
+        return {store.execution(k.id).status for k in kids}
+
+
+def test_cancelling_a_tree_wider_than_a_transaction_s_share_stops_it_all_before_answering(
+    conveyor_service: Conveyor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a parent with five children, and transactions that stop two children each
+    parent_id, kids = wide_tree(conveyor_service, 5)
+    monkeypatch.setattr(cancellation, "STOPS_A_TRANSACTION", 2)
+
+    # When it is cancelled
+    conveyor_service.cancel(parent_id)
+
+    # Then every child is cancelled once the call returns (the cancel's two, then orphans')
+    assert statuses_of(conveyor_service, kids) == {ExecutionStatus.CANCELLED}
+    assert wait_for(conveyor_service, parent_id).status is ExecutionStatus.CANCELLED
+
+
+def test_the_recovery_sweep_stops_children_a_stop_left_running(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a parent with three children, stopped by a transaction that stopped one of them
+    # (its process gone before it stopped the rest)
+    parent_id, kids = wide_tree(conveyor_service, 3)
+    stopped = conveyor_service.db.run(
+        lambda s: cancellation.cancel_execution(s, parent_id, utcnow(), 1)
+    )
+    assert stopped.more and len(statuses_of(conveyor_service, kids)) == 2
+
+    # When the recovery sweep runs
+    done = conveyor_service.recover(heartbeat_timeout=60, lost_after=3600)
+
+    # Then it stopped the two left, and counts them
+    assert done["children_stopped"] == 2
+    assert statuses_of(conveyor_service, kids) == {ExecutionStatus.CANCELLED}
+    again = conveyor_service.recover(heartbeat_timeout=60, lost_after=3600)
+    assert again["children_stopped"] == 0
 
 
 @pytest.fixture

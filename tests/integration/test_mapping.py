@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -58,6 +59,15 @@ def window(conveyor_service: Conveyor) -> Iterator[None]:
     conveyor_service.map_window = 2
     yield
     conveyor_service.map_window = before
+
+
+@pytest.fixture
+def bounded(conveyor_service: Conveyor) -> Iterator[None]:
+    """The worker's CONVEYOR_MAP_MAX_ITEMS of 4 and CONVEYOR_MAX_OUTPUT_BYTES of 1,024."""
+    before = conveyor_service.bounds
+    conveyor_service.bounds = replace(before, map_items=4, output_bytes=1024)
+    yield
+    conveyor_service.bounds = before
 
 
 ITEM = {"value": "{{ item }}", "seconds": "{{ 0.05 if index % 3 == 0 else 0 }}"}
@@ -132,6 +142,40 @@ def test_a_map_over_a_dict_fails_its_node_naming_the_template_and_the_type(
     assert done.status is ExecutionStatus.FAILED
     assert "map over `{{ input.rows }}` gave a dict, not a list: {'a': 1}" in (done.error or "")
     assert runs_of(database_url, "m") == []
+
+
+@pytest.mark.usefixtures("bounded")
+def test_a_list_longer_than_the_limit_fails_its_node_before_any_item_runs(
+    conveyor_service: Conveyor, database_url: str
+) -> None:
+    done = run(conveyor_service, "map_long", [
+        py("m", "item", map={"over": "{{ input.rows }}"}, inputs=ITEM),
+    ], {"rows": list(range(5))})  # fmt: skip
+
+    assert done.status is ExecutionStatus.FAILED
+    assert "gave a list of 5 items, more than the limit of 4 (CONVEYOR_MAP_MAX_ITEMS)" in (
+        done.error or ""
+    )
+    assert runs_of(database_url, "m") == []
+    assert items(conveyor_service, done.id) == []
+
+
+@pytest.mark.usefixtures("bounded")
+def test_a_map_whose_outputs_together_pass_the_output_bound_fails_cleanly_once(
+    conveyor_service: Conveyor, database_url: str
+) -> None:
+    # Four items of about 300 characters each: each fits a node's 1,024 bytes, not together
+    done = run(conveyor_service, "map_wide", [
+        py("m", "item", map={"over": "{{ input.rows }}"}, inputs={"value": "{{ item }}"}),
+        py("after", "collect", ["m"], inputs={"values": "{{ nodes.m }}"}),
+    ], {"rows": ["x" * 130] * 4})  # fmt: skip
+
+    assert done.status is ExecutionStatus.FAILED
+    assert "its output (the list of its items' outputs) is " in (done.error or "")
+    assert "over the limit of 1024 bytes (CONVEYOR_MAX_OUTPUT_BYTES)" in (done.error or "")
+    assert len(runs_of(database_url, "m")) == 4  # each item once: nothing looped
+    assert {j.status for j in items(conveyor_service, done.id)} == {JobStatus.COMPLETED}
+    assert runs_of(database_url, "after") == []
 
 
 def test_fail_fast_fails_at_the_first_dead_item_and_never_starts_the_held_ones(

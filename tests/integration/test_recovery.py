@@ -144,7 +144,7 @@ def test_a_job_whose_worker_died_is_reclaimed_and_retried_to_completion(
     done = conveyor_service.recover(heartbeat_timeout=60, lost_after=3600)
 
     # Then the try counts as failed (worker lost), and the retry runs it to completion
-    assert done == {"reclaimed": 1, "republished": 0, "waits_settled": 0}
+    assert done == {"reclaimed": 1, "republished": 0, "waits_settled": 0, "children_stopped": 0}
     assert wait_for(conveyor_service, made.execution_id).status is ExecutionStatus.COMPLETED
     with conveyor_service.db.transaction() as store:
         [attempts] = [a for j, a in store.execution_jobs(made.execution_id) if j.node_id]
@@ -254,7 +254,7 @@ def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
             .values(finished_at=long_ago)
         )
         store.session.execute(
-            update(Execution).where(Execution.id == old_failed).values(status="failed")
+            update(Execution).where(Execution.id.in_([old_failed, held])).values(status="failed")
         )
         store.session.execute(
             update(Job).where(Job.execution_id == held).values(status=JobStatus.DEAD_LETTER)
@@ -281,6 +281,60 @@ def test_the_retention_sweep_deletes_old_finished_executions_and_keeps_the_rest(
     assert jobs_left == {held, archived, recent, running}
     assert attempts == 0 and states == 0
     assert wait_for(conveyor_service, running).status is ExecutionStatus.COMPLETED
+
+
+def test_dead_letters_no_requeue_can_resume_hold_nothing_back_a_child_s_its_parent_does(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given executions finished 20 days ago, each holding a dead letter: failed, waiting for
+    # an operator; completed (a node continued on failure); failed by a map's dead items; a
+    # child whose parent is kept (held by its own dead letter), and one whose parent is gone
+    add_flow(conveyor_service)
+    made = [conveyor_service.trigger("adder") for _ in range(6)]
+    for execution_id in made:
+        wait_for(conveyor_service, execution_id)
+    waiting, went_on, mapped, kept_child, orphan, parent = made
+    shapes = {
+        waiting: ({"status": "failed"}, {}),
+        went_on: ({"status": "completed"}, {}),
+        mapped: ({"status": "failed"}, {"item_index": 0}),
+        kept_child: ({"status": "failed", "parent_execution_id": parent}, {}),
+        orphan: ({"status": "failed", "parent_execution_id": uuid.uuid4()}, {}),
+        parent: ({"status": "failed"}, {}),
+    }
+    with conveyor_service.db.transaction() as store:
+        store.session.execute(update(Execution).values(finished_at=utcnow() - timedelta(days=20)))
+        for execution_id, (execution, job) in shapes.items():
+            store.session.execute(
+                update(Execution).where(Execution.id == execution_id).values(**execution)
+            )
+            store.session.execute(
+                update(Job)
+                .where(Job.execution_id == execution_id)
+                .values(status=JobStatus.DEAD_LETTER, **job)
+            )
+
+    # When the sweep runs
+    pruned = conveyor_service.prune(timedelta(days=14))
+
+    # Then only those a requeue could resume stay, and the child whose parent stays
+    with conveyor_service.db.transaction() as store:
+        left = set(store.session.scalars(select(Execution.id)))
+    assert (pruned, left) == (3, {waiting, parent, kept_child})
+
+    # And once the parent's dead letter is discarded and its archive let go, the child goes
+    # with it (a sweep later)
+    with conveyor_service.db.transaction() as store:
+        store.session.execute(
+            update(Job)
+            .where(Job.execution_id == parent)
+            .values(status=JobStatus.DISCARDED, completed_at=utcnow() - timedelta(days=20))
+        )
+    archive = timedelta(days=10)
+    assert conveyor_service.prune(timedelta(days=14), archive_older_than=archive) == 1
+    assert conveyor_service.prune(timedelta(days=14), archive_older_than=archive) == 1
+    with conveyor_service.db.transaction() as store:
+        assert set(store.session.scalars(select(Execution.id))) == {waiting}
 
 
 def test_the_archive_is_deleted_only_past_its_own_retention_counted_from_the_discard(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,9 +12,10 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import Engine, inspect
 from typer.testing import CliRunner
 
+from conveyor import migrations
 from conveyor.cli import app
 from conveyor.config import get_settings
 from conveyor.models import Base
@@ -251,3 +254,119 @@ def test_the_child_columns_come_and_go_without_rebuilding_the_sqlite_table(sqlit
     assert triggers() == expected
     assert "depth" not in {c["name"] for c in inspect(engine).get_columns("executions")}
     engine.dispose()
+
+
+def waiting(engine: Engine, pid: int | None = None) -> bool:
+    """Whether a session of the database (``pid``'s, if given) waits for a lock."""
+    only = "" if pid is None else f" AND l.pid = {int(pid)}"
+    with engine.connect() as conn:
+        return bool(
+            conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE NOT l.granted AND a.datname = current_database(){only}"
+            ).scalar()
+        )
+
+
+def until(done: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "write"),
+    [
+        ("0020", "0021", "UPDATE jobs SET priority = 'low'"),
+        ("0022", "0023", "UPDATE executions SET priority = 'low'"),
+    ],
+)
+def test_an_index_build_on_a_large_table_waits_for_older_transactions_not_writes(
+    postgres_url: str, before: str, after: str, write: str
+) -> None:
+    # Given a database at `before` with an execution and its job, and a transaction holding
+    # a snapshot older than the upgrade (a long report, say)
+    config = alembic_config(postgres_url)
+    command.upgrade(config, before)
+    engine = make_engine(postgres_url)
+    ids = {key: f"00000000-0000-0000-0000-00000000000{n}" for n, key in enumerate("twej", 1)}
+    with engine.begin() as conn:
+        for statement in ROWS_AT_0002:
+            for key, value in ids.items():
+                statement = statement.replace(f"'{key}1'", f"'{value}'")
+            conn.exec_driver_sql(statement)
+    reader = engine.connect().execution_options(isolation_level="REPEATABLE READ")
+    reader.begin()
+    reader.exec_driver_sql("SELECT count(*) FROM tenants").scalar()
+
+    # When the upgrade runs, and the indexed table is written while the upgrade waits
+    upgrading = threading.Thread(target=command.upgrade, args=(config, after))
+    upgrading.start()
+    until(lambda: not upgrading.is_alive() or waiting(engine), "the upgrade to wait or end")
+    waited = upgrading.is_alive()
+    writer: list[int] = []
+
+    def write_once() -> None:
+        with engine.begin() as conn:
+            writer.append(int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() or 0))
+            conn.exec_driver_sql(write)
+
+    writing = threading.Thread(target=write_once)
+    writing.start()
+    until(lambda: not writing.is_alive() or (bool(writer) and waiting(engine, writer[0])),
+          "the write to end or wait")  # fmt: skip
+    wrote = not writing.is_alive()
+    reader.rollback()
+    reader.close()
+    upgrading.join(timeout=120)
+    writing.join(timeout=120)
+    engine.dispose()
+
+    # Then the build waited for the older snapshot (it is concurrent) and let the write by
+    assert waited, "the index was built at once: not concurrently"
+    assert wrote, "the write waited for the index build"
+    assert migrations.current_revision(postgres_url) == after
+
+
+def test_0021_stopped_during_its_index_builds_runs_again_to_the_end(postgres_url: str) -> None:
+    # Given a database that 0021 left midway: its columns committed, one index built and one
+    # left behind invalid (a build stopped), the old key still there
+    config = alembic_config(postgres_url)
+    command.upgrade(config, "0020")
+    engine = make_engine(postgres_url)
+    with engine.begin() as conn:
+        for table, columns in (("jobs", ("item_index integer", "item jsonb", "output jsonb")),
+                               ("node_states", ("items_total integer", "items_left integer",
+                                                "items_failed integer"))):  # fmt: skip
+            for column in columns:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column}")
+        conn.exec_driver_sql(
+            "CREATE UNIQUE INDEX uq_jobs_execution_node_item ON jobs "
+            "(execution_id, node_id, item_index) WHERE item_index IS NOT NULL"
+        )
+        conn.exec_driver_sql(
+            "CREATE UNIQUE INDEX uq_jobs_execution_node_0021 ON jobs (execution_id, node_id)"
+        )
+        conn.exec_driver_sql(
+            "UPDATE pg_index SET indisvalid = false "
+            "WHERE indexrelid = 'uq_jobs_execution_node_0021'::regclass"
+        )
+    engine.dispose()
+
+    # When the upgrade runs again
+    command.upgrade(config, "head")
+
+    # Then it ends with the schema the models describe
+    assert schema_drift(postgres_url) == []
+    engine = make_engine(postgres_url)
+    with engine.connect() as conn:
+        invalid = conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_index WHERE NOT indisvalid"
+        ).scalar()
+        key = conn.exec_driver_sql(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'uq_jobs_execution_node'"
+        ).scalar()
+    engine.dispose()
+    assert invalid == 0
+    assert "WHERE ((node_id IS NOT NULL) AND (item_index IS NULL))" in str(key)

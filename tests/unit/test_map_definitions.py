@@ -26,7 +26,11 @@ def errors(*nodes: dict[str, Any]) -> list[str]:
 def test_a_python_http_or_workflow_node_may_map_with_each_setting() -> None:
     child = {**mapped("w", type="workflow"), "config": {"workflow": "kid"}}
     assert (
-        errors(mapped(concurrency=3, on_item_failure="run_all"), mapped("h", type="http"), child)
+        errors(
+            mapped(concurrency=3, on_item_failure="run_all", max_items=50),
+            mapped("h", type="http"),
+            child,
+        )
         == []
     )
 
@@ -51,6 +55,7 @@ def test_a_delay_or_a_condition_node_cannot_map(kind: str) -> None:
         ({"over": "{{ input.rows "}, "map.over: template '{{ input.rows ' does not parse"),
         ({"over": "{{ nodes.fetch.rows }}"}, "map.over refers to nodes.fetch, but 'fetch' is not"),
         ({"concurrency": 0}, "map.concurrency: Input should be greater than or equal to 1"),
+        ({"max_items": 0}, "map.max_items: Input should be greater than or equal to 1"),
         ({"on_item_failure": "ignore"}, "map.on_item_failure: Input should be 'fail_fast'"),
         ({"every": 2}, "map.every: unknown field; remove it"),
     ],
@@ -70,7 +75,9 @@ def test_a_node_without_map_is_stored_as_before_it_existed() -> None:
     assert with_map.nodes[0].map.on_item_failure is ItemFailure.FAIL_FAST
     assert '"map":{"concurrency":null,"on_item_failure":"fail_fast","over":' in (
         with_map.canonical_json()
-    )
+    )  # and no max_items: a map stored before it existed keeps its digest
+    capped = Workflow.model_validate({"name": "wf", "nodes": [mapped(max_items=5)]})
+    assert '"max_items":5' in capped.canonical_json()
 
 
 def test_an_item_reads_only_the_needs_its_inputs_and_config_name() -> None:

@@ -34,10 +34,17 @@ def child_node(node_id: str, workflow: str, *needs: str, **fields: Any) -> dict[
     return node(node_id, *needs, type="workflow", config=config, **fields)
 
 
-def start(bench: Bench, run: NodeRun, max_depth: int = 8) -> children.Started:
+def start(
+    bench: Bench, run: NodeRun, max_depth: int = 8, max_children: int = 1000
+) -> children.Started:
     return bench.units.run(
         lambda s: children.start_child(
-            s, run, bench.clock(), max_depth=max_depth, rng=random.Random(7)
+            s,
+            run,
+            bench.clock(),
+            max_depth=max_depth,
+            max_children=max_children,
+            rng=random.Random(7),
         )
     )
 
@@ -238,6 +245,73 @@ def test_a_stop_ends_the_try_of_a_node_waiting_for_its_child_cancelled(
     )  # fmt: skip
 
 
+def tree(bench: Bench) -> tuple[uuid.UUID, list[uuid.UUID], list[uuid.UUID]]:
+    """A running tree: mom, whose three workflow nodes each started a kid, whose workflow
+    node each started a leaf (its node not started). Mom, her kids and their leaves."""
+    bench.apply("leaf", node("one"))
+    bench.apply("kid", child_node("deeper", "leaf"))
+    bench.apply("mom", *(child_node(f"call{i}", "kid") for i in range(3)))
+    made = bench.trigger("mom")
+    kids = [start(bench, bench.claim_node(made.execution_id, f"call{i}")).child_id
+            for i in range(3)]  # fmt: skip
+    leaves = [start(bench, bench.claim_node(kid, "deeper")).child_id for kid in kids if kid]
+    assert all(kids) and all(leaves)
+    return made.execution_id, kids, leaves  # type: ignore[return-value]
+
+
+def running(bench: Bench, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    return {e for e in ids if bench.probe.execution(e).status is ExecutionStatus.RUNNING}
+
+
+def test_a_cancel_stops_a_share_of_a_tree_and_the_orphans_left_a_share_at_a_time(
+    bench: Bench,
+) -> None:
+    mom, kids, leaves = tree(bench)
+
+    # When mom is cancelled by a transaction that may stop two children
+    stopped = bench.units.run(lambda s: cancellation.cancel_execution(s, mom, bench.clock(), 2))
+
+    # Then she and two kids (breadth first) are cancelled, and the rest are orphans: the kid
+    # whose node was cancelled, and the leaves of the kids cancelled; not the third's leaf,
+    # which its running kid still waits for
+    assert stopped.more
+    assert bench.probe.execution(mom).status is ExecutionStatus.CANCELLED
+    assert running(bench, kids) == {kids[2]}
+    assert running(bench, leaves) == set(leaves)
+    orphans = bench.units.run(lambda s: s.orphaned_children(10))
+    assert {child for child, _ in orphans} == {kids[2], leaves[0], leaves[1]}
+    assert dict(orphans)[kids[2]] == mom
+
+    # When the orphans are stopped two at a time, until none is left
+    shares = []
+    while True:
+        before = running(bench, kids + leaves)
+        more = bench.units.run(lambda s: cancellation.stop_orphans(s, bench.clock(), 2))
+        shares.append(len(before - running(bench, kids + leaves)))
+        if not more.more:
+            break
+
+    # Then every one is cancelled, two or fewer a transaction, each naming why
+    assert running(bench, kids + leaves) == set()
+    assert max(shares) <= 2 and sum(shares) == 4
+    assert bench.probe.execution(kids[2]).error == (
+        f"its parent execution {mom} cancelled: cancelled by request"
+    )
+    leaf = bench.probe.execution(leaves[2]).error or ""  # stopped below its kid, or after
+    assert leaf.startswith(f"its parent execution {kids[2]} ")
+    assert leaf.endswith(f"its parent execution {mom} cancelled: cancelled by request")
+    assert bench.units.run(lambda s: s.orphaned_children(10)) == []
+
+
+def test_a_child_its_parent_waits_for_is_no_orphan(bench: Bench) -> None:
+    mom, kids, leaves = tree(bench)
+
+    assert bench.units.run(lambda s: s.orphaned_children(10)) == []
+    stopped = bench.units.run(lambda s: cancellation.stop_orphans(s, bench.clock(), 10))
+    assert (stopped.more, stopped.forget) == (False, [])
+    assert running(bench, [mom, *kids, *leaves]) == {mom, *kids, *leaves}
+
+
 def test_a_child_cancelled_alone_fails_its_parents_node_without_a_retry(bench: Bench) -> None:
     parent_id, _, child_id = parent_and_child(bench, **TWICE)
 
@@ -310,6 +384,56 @@ def test_a_child_past_the_maximum_depth_fails_its_node_without_a_retry(bench: Be
         "retryable)"
     )
     assert bench.probe.counts()["executions"] == 1
+
+
+def test_a_child_past_the_most_an_execution_may_start_fails_its_node_without_a_retry(
+    bench: Bench,
+) -> None:
+    # Given a parent with two workflow nodes, the first of which started its child
+    bench.apply("kid", node("one"))
+    bench.apply("mom", child_node("first", "kid"), child_node("second", "kid"), defaults=TWICE)
+    made = bench.trigger("mom")
+    assert start(bench, bench.claim_node(made.execution_id, "first"), max_children=2).waiting
+    assert start(bench, bench.claim_node(made.execution_id, "second"), max_children=2).waiting
+    (second,) = [
+        c for c in only_children(bench, made.execution_id)
+        if bench.probe.execution(c).parent_node_id == "second"
+    ]  # fmt: skip
+    bench.fail(bench.claim_node(second, "one"), NonRetryableError("no"))  # its parent retries
+    bench.clock.advance(10)
+    (due_second,) = bench.units.run(lambda s: due.promote_due(s, bench.clock()))
+    retry = bench.claimed(due_second.job_id)
+
+    # When a try would start a third child, under a limit of 2 (the failed one counts)
+    started = start(bench, retry, max_children=2)
+
+    # Then the try fails, not retried, naming the node, the execution and the setting
+    assert started.failed is not None and started.failed.outcome is JobStatus.DEAD_LETTER
+    assert bench.job(made.execution_id, "second").last_error == (
+        f"node 'second' would start child number 3 of execution {made.execution_id}, past "
+        f"the limit of 2 (CONVEYOR_MAX_CHILDREN): each try of a workflow node starts one; "
+        f"start fewer (fewer workflow nodes, or fewer tries of them), or raise "
+        f"CONVEYOR_MAX_CHILDREN (the error is not retryable)"
+    )
+    assert bench.probe.counts()["executions"] == 3
+
+
+def only_children(bench: Bench, parent_id: uuid.UUID) -> list[uuid.UUID]:
+    return bench.units.run(lambda s: s.active_children(parent_id))
+
+
+def test_children_started_counts_every_child_up_to_the_most_asked(bench: Bench) -> None:
+    bench.apply("kid", node("one"))
+    bench.apply("mom", *(child_node(f"c{i}", "kid") for i in range(3)))
+    made = bench.trigger("mom")
+    for i in range(3):
+        start(bench, bench.claim_node(made.execution_id, f"c{i}"))
+    bench.units.run(lambda s: cancellation.cancel_execution(s, made.execution_id, bench.clock()))
+
+    counted = [bench.units.run(lambda s, m=m: s.children_started(made.execution_id, m))
+               for m in (1, 3, 10)]  # fmt: skip
+
+    assert counted == [1, 3, 3]
 
 
 def _deeper(execution: ExecutionRecord, depth: int) -> ExecutionRecord:

@@ -5,7 +5,9 @@ on_item_failure says; a cancel stops the items not started."""
 
 from __future__ import annotations
 
+import json
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -254,6 +256,50 @@ def test_a_map_over_a_dict_s_method_says_how_to_read_the_key(bench: Bench) -> No
         mapping.items_of(run)
 
 
+def test_a_list_longer_than_the_limit_fails_its_node_naming_the_template_length_and_limit(
+    bench: Bench,
+) -> None:
+    name = bench.apply("mapping", mapped(), defaults={"retry": {"max_attempts": 3}}).name
+    made = bench.trigger(name, {"rows": list(range(11))})
+    run = bench.claimed(own_job(bench, made.execution_id).id)
+
+    with pytest.raises(NonRetryableError) as raised:
+        mapping.items_of(run, 10)
+    failed = bench.fail(run, raised.value)
+
+    assert str(raised.value) == (
+        "map over `{{ input.rows }}` gave a list of 11 items, more than the limit of 10 "
+        "(CONVEYOR_MAP_MAX_ITEMS); give fewer items (map over batches of them, or split the "
+        "list between maps), or raise CONVEYOR_MAP_MAX_ITEMS"
+    )
+    assert failed.outcome is JobStatus.DEAD_LETTER  # not retried: it has tries left
+    assert items(bench, made.execution_id) == []
+    assert bench.probe.execution(made.execution_id).status is ExecutionStatus.FAILED
+
+
+def test_a_map_s_max_items_lowers_the_limit_and_cannot_raise_it(bench: Bench) -> None:
+    name = bench.apply("mapping", mapped(max_items=3), defaults=NO_RETRY).name
+    run = bench.claimed(own_job(bench, bench.trigger(name, {"rows": [1, 2, 3, 4]}).execution_id).id)
+    with pytest.raises(NonRetryableError) as raised:
+        mapping.items_of(run, 10)
+    assert "more than the map's max_items of 3; " in str(raised.value)
+    assert str(raised.value).endswith("raise max_items (up to CONVEYOR_MAP_MAX_ITEMS, 10)")
+
+    wide = bench.apply("wide", mapped(max_items=50), defaults=NO_RETRY).name
+    run = bench.claimed(own_job(bench, bench.trigger(wide, {"rows": [0] * 11}).execution_id).id)
+    with pytest.raises(NonRetryableError, match="more than the limit of 10 "):
+        mapping.items_of(run, 10)
+
+
+def test_a_list_of_the_default_limit_maps(bench: Bench) -> None:
+    # the issue's size: 100,000 items in one map must work
+    name = bench.apply("mapping", mapped(), defaults=NO_RETRY).name
+    made = bench.trigger(name, {"rows": list(range(mapping.DEFAULT_MAX_ITEMS))})
+    run = bench.claimed(own_job(bench, made.execution_id).id)
+
+    assert len(mapping.items_of(run)) == 100_000
+
+
 def test_fail_fast_fails_the_node_at_the_first_dead_item_and_cancels_the_items_not_started(
     bench: Bench,
 ) -> None:
@@ -390,6 +436,54 @@ def test_continue_completes_the_node_with_each_failed_item_s_error_in_its_slot(
     assert (m.status, m.items_failed) == (NodeStatus.COMPLETED, 1)
     assert m.output == ["A", {"error": "no b (the error is not retryable)"}, "C"]
     assert bench.probe.execution(execution_id).status is ExecutionStatus.COMPLETED
+
+
+def test_a_map_whose_items_outputs_together_are_too_large_fails_its_node_once(
+    bench: Bench,
+) -> None:
+    # Given a map of three items, each output 49 characters as JSON: 153 for the list
+    execution_id, _ = start(bench, ["a", "b", "c"], node("after", "m"))
+    big = {"v": "x" * 40}
+    bench.complete(item_run(bench, execution_id, 0), big)
+    bench.complete(item_run(bench, execution_id, 1), big)
+    last = replace(item_run(bench, execution_id, 2), output_bytes=100)
+
+    # When the last item settles, under an output bound of 100 bytes (twice)
+    assert bench.complete(last, big) == []
+    before = bench.rows(execution_id)
+    assert bench.complete(last, big) == []
+
+    # Then the node failed, naming its size and the bound, and the execution with it, once
+    m = bench.probe.nodes(execution_id)["m"]
+    assert (m.status, m.output, m.items_left) == (NodeStatus.FAILED, None, 0)
+    assert m.error == (
+        "its output (the list of its items' outputs) is 153 bytes, over the limit of 100 "
+        "bytes (CONVEYOR_MAX_OUTPUT_BYTES); make its items return less (keep large data "
+        "elsewhere and return a reference to it), or raise CONVEYOR_MAX_OUTPUT_BYTES"
+    )
+    execution = bench.probe.execution(execution_id)
+    assert (execution.status, execution.error) == (
+        ExecutionStatus.FAILED,
+        f"node 'm' failed: {m.error}",
+    )
+    assert bench.statuses(execution_id)["after"] == "cancelled"
+    assert statuses(bench, execution_id) == ["completed"] * 3
+    assert bench.rows(execution_id) == before
+
+
+def test_items_size_is_the_length_of_the_output_the_map_makes(bench: Bench) -> None:
+    execution_id, _ = start(bench, ["a", "b", "c", "d"], on_item_failure="continue")
+    bench.complete(item_run(bench, execution_id, 0), {"v": 1, "w": [1.5, "a", None]})
+    bench.fail(item_run(bench, execution_id, 1), NonRetryableError("no b"))
+    bench.complete(item_run(bench, execution_id, 2), None)
+    bench.complete(item_run(bench, execution_id, 3), "d")
+
+    output = bench.probe.nodes(execution_id)["m"].output
+    with bench.store() as store:
+        size = store.items_size(execution_id, "m")
+    assert output == [{"v": 1, "w": [1.5, "a", None]}, {"error": "no b (the error is not "
+                      "retryable)"}, None, "d"]  # fmt: skip
+    assert size == len(json.dumps(output))
 
 
 def test_an_item_s_retry_waits_as_any_job_s_and_leaves_its_node_running(bench: Bench) -> None:
