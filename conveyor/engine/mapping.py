@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor.engine import bounds, templates, trigger_limits
-from conveyor.engine.claiming import NodeRun
+from conveyor.engine.claiming import NodeRun, with_input
 from conveyor.engine.definitions import ItemFailure, MapSpec, Node
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import dispatch_of, node_dispatches
@@ -183,7 +183,7 @@ def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> list[D
     error = f"item {run.job.item_index} failed after {run.job.attempt} attempt(s): {message}"
     if store.close_map(execution_id, node.id, now, error) is None:
         return []  # it had failed already (another item first)
-    return node_failed(store, run, now, f"node {node.id!r} failed: {error}")
+    return node_failed(store, with_input(store, run), now, f"node {node.id!r} failed: {error}")
 
 
 def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) -> list[Dispatch]:
@@ -201,6 +201,7 @@ def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) 
 def _finish(store: Store, run: NodeRun, now: datetime, failed: int) -> list[Dispatch]:
     """Every item settled: the node completes with their outputs in index order (a failed
     item's slot its error, under ``continue``), or fails naming the failed items (run_all)."""
+    run = with_input(store, run)  # its successors' and the execution's templates may read it
     execution_id, node_id = run.execution.id, run.node.id
     rows = store.item_outputs(execution_id, node_id)
     if failed and spec(run.node).on_item_failure is ItemFailure.RUN_ALL:

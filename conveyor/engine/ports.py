@@ -290,11 +290,13 @@ class Jobs(Protocol):
         now: datetime,
         worker: str | None,
         needs: Sequence[str] = (),
+        input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """The claim of a node: the job (queued or parked -> processing) with its execution
         and, unless the execution has finished, its try started (an attempt row), its node
         running and, with ``needs``, their outputs (the third item; None without needs or
-        when the execution has finished). None when the job is not a runnable node job.
+        when the execution has finished). With ``input`` False the execution's input is not
+        read: the record's is None. None when the job is not a runnable node job.
         Needs no transaction around it."""
         ...
 

@@ -177,6 +177,8 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
 # A map's item leaves its node's state alone: that row is the map's counter, which the items'
 # claims would otherwise all queue for (and its status is the map's, running until it ends).
+# The execution's input is returned only when asked for (``input``): an item whose templates
+# do not read it is not sent the list its map may have come from, once per item.
 _CLAIM = """
 WITH job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
@@ -200,7 +202,8 @@ WITH job AS (
       AND node_states.node_id = job.node_id AND job.item_index IS NULL
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
-       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
+       CASE WHEN :input THEN ex.input END AS x_input, ex.created_at AS x_created_at,
+       ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
        ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns,
        job.item_index AS x_item_index, job.item AS x_item,
@@ -219,6 +222,7 @@ _CLAIM_PARAMS = (
     bindparam("id", type_=Uuid()),
     bindparam("now", type_=UTCDateTime()),
     bindparam("worker", type_=String()),
+    bindparam("input", type_=Boolean()),
 )
 CLAIM_NODE = Statement(
     text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEEDS, runnable=_RUNNABLE)).bindparams(
