@@ -7,17 +7,20 @@ CONVEYOR_MAP_WINDOW if lower or unset), the rest ``held``, without a message. Ea
 node job like any other: its own permits, claim, tries, timeout, heartbeats and dead letter.
 
 The node's state is the map's counter. Each item that settles (completes, or dies after its
-tries) counts it down under the row's lock and releases the held item of lowest index, in its
-own transaction (published after the commit): at most a window of items is queued or running,
-however long the list. The item that counts the last finishes the node, its output the items'
-outputs in index order (one ordered read), and settles it as any node settles; so the fan-in
-happens once, however the last items finish. An item that fails is handled as the map's
-``on_item_failure`` says (:func:`item_dead`).
+tries) counts it down under the row's lock and releases the held item a window after it (its
+job names that item's, found by key however long the list), in its own transaction
+(published after the commit): each place in the window runs one item after another, so at
+most a window of items is queued or running. The item that counts the last finishes the
+node, its output the items' outputs in index order (one ordered read), and settles it as any
+node settles; so the fan-in happens once, however the last items finish. An item that fails
+is handled as the map's ``on_item_failure`` says (:func:`item_dead`).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -127,17 +130,38 @@ def open_map(
     room = window(node, most)
     retries = trigger_limits.retry_policy(run.workflow, node, execution.limits).max_attempts - 1
     queued: list[NewJob] = []
-    for start in range(0, len(items), ITEM_CHUNK):
-        chunk = [
-            NewItem(id=new_id(), index=i, item=items[i], held=i >= room)
-            for i in range(start, min(start + ITEM_CHUNK, len(items)))
-        ]
+    for chunk in _chunks(items, room):
         store.add_item_jobs(execution, node.id, chunk, retries, now)
         queued += [
             NewJob(id=c.id, node_id=node.id, max_retries=retries) for c in chunk if not c.held
         ]
     store.open_map(execution.id, node.id, len(items))
     return node_dispatches(execution, run.workflow.name, queued, now)
+
+
+def _chunks(items: list[Any], room: int) -> Iterator[list[NewItem]]:
+    """The items' jobs, ITEM_CHUNK at a time, those past the first ``room`` held, each naming
+    the item ``room`` after it, which its settle releases. Ids are made ahead only as far as
+    the chunk's last item names: a chunk and a window of them, not the whole list's."""
+    ids: dict[int, uuid.UUID] = {}
+
+    def id_of(index: int) -> uuid.UUID:
+        if index not in ids:
+            ids[index] = new_id()
+        return ids[index]
+
+    for start in range(0, len(items), ITEM_CHUNK):
+        indices = range(start, min(start + ITEM_CHUNK, len(items)))
+        chunk = [
+            NewItem(
+                id=id_of(i), index=i, item=items[i], held=i >= room,
+                releases=id_of(i + room) if i + room < len(items) else None,
+            )
+            for i in indices
+        ]  # fmt: skip
+        for i in indices:
+            del ids[i]
+        yield chunk
 
 
 def complete_alone(
@@ -155,8 +179,8 @@ def complete_alone(
 def complete_item(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
 ) -> list[Dispatch]:
-    """An item's successful try: its output kept on its job, the map counted down (the next
-    held item released, and the node finished if it was the last)."""
+    """An item's successful try: its output kept on its job, the map counted down (the held
+    item it names released, and the node finished if it was the last)."""
     job = run.job
     if store.complete_item(job, output, now, duration):
         return settled(store, run, now)
@@ -187,9 +211,9 @@ def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> list[D
 
 
 def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) -> list[Dispatch]:
-    """One more item settled: the map counted down, the next held item released, and the
+    """One more item settled: the map counted down, the held item it names released, and the
     node finished by the item that counted the last (nothing, once the node has failed)."""
-    counted = store.settle_item(run.execution.id, run.node.id, failed, now)
+    counted = store.settle_item(run.job, run.node.id, failed, now)
     if counted is None:
         return []
     dispatches = [dispatch_of(counted.released, run.workflow.name)] if counted.released else []

@@ -382,7 +382,7 @@ class Jobs(Protocol):
 
 class MapItems(Protocol):
     """A map node's items (conveyor.engine.mapping): item jobs, counted down on the node's
-    state under its row lock, each settle releasing the next held item."""
+    state under its row lock, each settle releasing the held item its item's job names."""
 
     def add_item_jobs(
         self,
@@ -393,7 +393,8 @@ class MapItems(Protocol):
         now: datetime,
     ) -> None:
         """Item jobs of the map node ``node_id``: queued, or held (no message) for those the
-        window has no room for yet. Callers insert a long list in chunks."""
+        window has no room for yet, each naming the held item it releases (``releases``).
+        Callers insert a long list in chunks."""
         ...
 
     def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
@@ -416,11 +417,12 @@ class MapItems(Protocol):
         ...
 
     def settle_item(
-        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+        self, job: JobRecord, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:
-        """One more item of the map settled (``failed``: dead), under the node state's row
-        lock, while the node runs; and its held item of lowest index released (queued).
-        None, nothing changed, when the node does not run any more (it failed fast)."""
+        """The item ``job`` of the map settled (``failed``: dead): the map counted down under
+        the node state's row lock, while the node runs, and the held item ``job`` names
+        (:attr:`NewItem.releases`) released (queued), found by its id. None, nothing
+        changed, when the node does not run any more (it failed fast)."""
         ...
 
     def close_map(

@@ -69,13 +69,21 @@ class NewJob:
 
 @dataclass(frozen=True, kw_only=True)
 class NewItem:
-    """A map's item job about to be inserted: queued, or ``held`` (no message) until an item
-    before it settles and makes room in the map's window."""
+    """A map's item job about to be inserted: queued, or ``held`` (no message) until the item
+    a window before it settles and makes room in the map's window."""
 
     id: uuid.UUID
     index: int
     item: Any
     held: bool = False
+    # The held item this one releases when it settles: the item a window after it (None:
+    # there is none). A settle finds it by its id, whatever the table's statistics say.
+    releases: uuid.UUID | None = None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The item job's ``data``: the held item it releases, if any (as text: JSON)."""
+        return {} if self.releases is None else {"releases": str(self.releases)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -441,8 +441,9 @@ FROM unnest(CAST(:job_ids AS uuid[]), CAST(:job_statuses AS varchar[]),
 
 # A map's item's whole success in one statement (PostgreSQL), when it is not the map's last:
 # its node state (the map's counter) locked first, then the job completed with its output, its
-# try, the counter one item fewer and the held item of lowest index released, its row as a
-# job's (skipping a held row another transaction holds: only a cancel, which cancels it).
+# try, the counter one item fewer and the held item its job names (data->>'releases') released
+# by key, its row as a job's (skipping a held row another transaction holds: only a cancel,
+# which cancels it).
 # When the counter says it may be the last (or the node or the execution does not run, or the
 # try is not current) nothing changes and no row comes back: the caller takes the transaction,
 # which reads the items' outputs and settles the node.
@@ -459,7 +460,7 @@ WITH locked AS (
     WHERE id = :id AND status || '' = 'processing'
       AND tries_before + retry_count + 1 = :attempt AND (SELECT yes FROM alone)
       AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
-    RETURNING id
+    RETURNING id, data
 ), attempt AS (
     UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
                             error = NULL, timed_out = false
@@ -470,9 +471,8 @@ WITH locked AS (
     RETURNING items_left, items_failed
 ), next AS (
     SELECT h.id FROM jobs h
-    WHERE h.execution_id = :execution_id AND h.node_id = :node_id AND h.status = 'held'
-      AND EXISTS (SELECT 1 FROM counted)
-    ORDER BY h.item_index LIMIT 1
+    WHERE h.id = (SELECT CAST(data ->> 'releases' AS uuid) FROM job)
+      AND h.status || '' = 'held' AND EXISTS (SELECT 1 FROM counted)
     FOR UPDATE SKIP LOCKED
 ), released AS (
     UPDATE jobs SET status = 'queued', enqueued_at = :now

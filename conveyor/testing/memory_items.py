@@ -31,7 +31,7 @@ class MemoryMapItems(MemoryJobs):
                 execution, item.id, now, kind=JobKind.NODE, queue=NODE_QUEUE,
                 status=JobStatus.HELD if item.held else JobStatus.QUEUED,
                 max_retries=max_retries, node_id=node_id, item_index=item.index,
-                item=stored(item.item),
+                item=stored(item.item), data=item.data,
             )  # fmt: skip
 
     def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
@@ -64,12 +64,12 @@ class MemoryMapItems(MemoryJobs):
             return None
         if not self.complete_item(job, output, now, duration):
             return None
-        return self.settle_item(job.execution_id, node_id, False, now)
+        return self.settle_item(job, node_id, False, now)
 
     def settle_item(
-        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+        self, job: JobRecord, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:
-        node = self.tables.node_states.get((execution_id, node_id))
+        node = self.tables.node_states.get((job.execution_id, node_id))
         if (
             node is None
             or node.status is not NodeStatus.RUNNING
@@ -79,11 +79,12 @@ class MemoryMapItems(MemoryJobs):
             return None
         left, failures = node.items_left - 1, (node.items_failed or 0) + (1 if failed else 0)
         self._set_node(node, items_left=left, items_failed=failures)
-        held = [j for j in self._items(execution_id, node_id) if j.status is JobStatus.HELD]
+        settled = self.tables.jobs.get(job.id)
+        named = (settled.data or {}).get("releases") if settled is not None else None
+        held = self.tables.jobs.get(uuid.UUID(named)) if named else None
         released = None
-        if held:
-            lowest = self._set_job(held[0], status=JobStatus.QUEUED, enqueued_at=now)
-            released = self._named(lowest)
+        if held is not None and held.status is JobStatus.HELD:
+            released = self._named(self._set_job(held, status=JobStatus.QUEUED, enqueued_at=now))
         return ItemsLeft(left=left, failed=failures, released=released)
 
     def close_map(

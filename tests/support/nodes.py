@@ -41,6 +41,11 @@ def record(ctx: NodeContext, value: Any = None) -> None:
         )
 
 
+@conveyor.node("test.noop")
+def noop() -> None:
+    """No work and no effect: what such a node costs is the engine's alone."""
+
+
 @conveyor.node("test.add")
 def add(a: float, b: float, ctx: NodeContext) -> dict[str, float]:
     record(ctx, a + b)

@@ -177,19 +177,29 @@ def test_an_item_whose_templates_read_the_input_is_claimed_with_it(bench: Bench)
     assert run.context["input"] == {"rows": [1], "tag": "t"}
 
 
-def test_each_settled_item_releases_the_held_item_of_lowest_index(bench: Bench) -> None:
+def test_each_settled_item_releases_the_held_item_a_window_after_it(bench: Bench) -> None:
     execution_id, _ = start(bench, list(range(5)), window=2)
 
+    # When the second item settles first, then the first, then the one the second released
     first = bench.complete(item_run(bench, execution_id, 1), "one")
     second = bench.complete(item_run(bench, execution_id, 0), "zero")
 
+    # Then each released the item two places after it, which its job named
     jobs = items(bench, execution_id)
-    assert [d.job_id for d in first] == [jobs[2].id]
-    assert [d.job_id for d in second] == [jobs[3].id]
+    assert [d.job_id for d in first] == [jobs[3].id]
+    assert [d.job_id for d in second] == [jobs[2].id]
     assert statuses(bench, execution_id) == [
         "completed", "completed", "queued", "queued", "held",
     ]  # fmt: skip
     assert bench.probe.nodes(execution_id)["m"].items_left == 3
+    assert [d.job_id for d in bench.complete(item_run(bench, execution_id, 3), "three")] == []
+    assert [d.job_id for d in bench.complete(item_run(bench, execution_id, 2), "two")] == [
+        jobs[4].id
+    ]
+    assert [j.data for j in jobs] == [
+        {"releases": str(jobs[2].id)}, {"releases": str(jobs[3].id)},
+        {"releases": str(jobs[4].id)}, {}, {},
+    ]  # fmt: skip
 
 
 def fast(bench: Bench, run: NodeRun, output: Any) -> list[Dispatch] | None:
@@ -521,14 +531,15 @@ def test_a_requeue_leaves_a_finished_map_s_dead_items_dead(bench: Bench) -> None
 
 def test_settle_item_counts_only_while_the_map_runs(bench: Bench) -> None:
     execution_id, _ = start(bench, [1, 2, 3], window=1)
+    first = items(bench, execution_id)[0].record()
 
     with bench.store() as store:
-        counted = store.settle_item(execution_id, "m", True, bench.clock())
+        counted = store.settle_item(first, "m", True, bench.clock())
     with bench.store() as store:
         closed = store.close_map(execution_id, "m", bench.clock(), "stop")
     with bench.store() as store:
         again = store.close_map(execution_id, "m", bench.clock(), "stop again")
-        after = store.settle_item(execution_id, "m", False, bench.clock())
+        after = store.settle_item(first, "m", False, bench.clock())
 
     assert counted is not None and (counted.left, counted.failed) == (2, 1)
     assert counted.released is not None and counted.released.item_index == 1
