@@ -1,7 +1,7 @@
 """This tree's Conveyor beside an older commit's, on the same services: worker sets
 alternate between the two, cycle after cycle, and each figure is the median over cycles.
 
-    python -m benchmarks.ab REF [--figure fanout|latency] [--fanout 200] [--cycles 4]
+    python -m benchmarks.ab REF [--figure fanout|map|latency] [--fanout 200] [--cycles 4]
                                 [--runs 3] [--json ab.json]
 
 Why: this machine's speed drifts by 15 to 30 % within minutes, so two runs of
@@ -31,7 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare, harness
+from benchmarks import compare, harness, maps
+from benchmarks.bench import Bench
 from conveyor.engine.validation import parse_workflow
 
 LATENCY_RUNS = 150  # sequential triggers per side and cycle (the first five warm up)
@@ -63,7 +64,7 @@ class Side:
         self.name, self.env, self.python, self.cwd = name, env, python, cwd
 
 
-def sides(bench: compare.Bench, old_root: Path) -> list[Side]:
+def sides(bench: Bench, old_root: Path) -> list[Side]:
     """This tree's side, and the old commit's: its tree first on the path (``-m`` puts the
     working directory there too), then this environment's libraries."""
     libraries = ":".join(site.getsitepackages())
@@ -78,22 +79,23 @@ def sides(bench: compare.Bench, old_root: Path) -> list[Side]:
     return [Side("this tree", bench.env, (sys.executable,), harness.ROOT), old]
 
 
-def fanout_runs(bench: compare.Bench, n: int, runs: int) -> list[float]:
-    compare.conveyor_fanout(bench, n)  # untimed: connections, imports, definition caches
-    return [compare.conveyor_fanout(bench, n) * 1000 for _ in range(runs)]
+def fanout_runs(bench: Bench, n: int, runs: int, one: Callable[[Bench, int], float]) -> list[float]:
+    """``runs`` fan-outs (``one``: a static one, or a map) of ``n`` (ms per node)."""
+    one(bench, n)  # untimed: connections, imports, definition caches
+    return [one(bench, n) * 1000 for _ in range(runs)]
 
 
-def latency_p50(bench: compare.Bench, key: str) -> float:
+def latency_p50(bench: Bench, key: str) -> float:
     """The median trigger -> node start of sequential runs on idle workers (ms)."""
     found = [compare.conveyor_latency(bench, key)[0] for _ in range(LATENCY_RUNS)]
     return statistics.median(found[5:]) * 1000  # the first five warm up
 
 
 def measure(
-    bench: compare.Bench, both: list[Side], cycles: int, one: Callable[[str], list[float]]
+    bench: Bench, both: list[Side], cycles: int, one: Callable[[str], list[float]]
 ) -> dict[str, list[float]]:
     """Each cycle starts each side's workers in turn and takes its figures, each side on
-    tables at rest (compare.Bench.at_rest): not on the dead rows the other side just left."""
+    tables at rest (Bench.at_rest): not on the dead rows the other side just left."""
     found: dict[str, list[float]] = {side.name: [] for side in both}
     for cycle in range(cycles):
         for side in both:
@@ -106,8 +108,8 @@ def measure(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("ref", help="the older commit (any git revision)")
-    parser.add_argument("--figure", choices=["fanout", "latency"], default="fanout")
-    parser.add_argument("--fanout", type=int, default=200, help="fan-out width")
+    parser.add_argument("--figure", choices=["fanout", "map", "latency"], default="fanout")
+    parser.add_argument("--fanout", type=int, default=200, help="fan-out width (map: items)")
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3, help="fan-out runs per side and cycle")
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
@@ -115,12 +117,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     with harness.services() as svc, worktree(args.ref) as old_root:
-        bench = compare.Bench(svc, args.concurrency)
-        if args.figure == "fanout":
-            bench.client.apply(parse_workflow(compare.fanout_definition(args.fanout)))
-            unit = "ms per node"
+        bench = Bench(svc, args.concurrency)
+        if args.figure in ("fanout", "map"):
+            static = args.figure == "fanout"
+            definition = compare.fanout_definition(args.fanout) if static else maps.DEFINITION
+            bench.client.apply(parse_workflow(definition))
+            unit = "ms per node" if static else "ms per item"
+            one = compare.conveyor_fanout if static else maps.conveyor_map
             found = measure(bench, sides(bench, old_root), args.cycles,
-                            lambda _: fanout_runs(bench, args.fanout, args.runs))  # fmt: skip
+                            lambda _: fanout_runs(bench, args.fanout, args.runs, one))  # fmt: skip
         else:
             bench.client.apply(parse_workflow(compare.STARTED))
             unit = "ms, trigger -> node start p50"

@@ -22,7 +22,8 @@ from typing import Any
 from sqlalchemy import func, select
 
 from benchmarks import harness
-from benchmarks.compare import NOOP, Bench, conveyor_fanout, fanout_definition
+from benchmarks.bench import NOOP, Bench
+from benchmarks.compare import conveyor_fanout, fanout_definition
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import NodeState
 

@@ -1,17 +1,20 @@
 """Conveyor beside raw Celery, in one run on the same Redis, PostgreSQL and worker settings:
 
 1. fan-out / fan-in: one root, N parallel no-op nodes and a join, against a root task that
-   starts a Celery chord of N no-op tasks and a callback (time per node);
+   starts a Celery chord of N no-op tasks and a callback (time per node); in the same
+   rounds, a map of N no-op items against a chord over the same list (time per item, against
+   the chord's and the static fan-out's: :mod:`benchmarks.maps`);
 2. throughput: one-node executions drained by fresh workers, against plain Celery tasks with
    ``acks_late`` (nodes per second);
 3. latency: trigger -> node start and trigger -> execution completed over sequential runs on
    idle workers, against apply_async -> task start (p50 / p95 / p99);
 4. scale: the throughput again with finished jobs already in the tables; then the retention
-   sweep deletes them (executions per second, Conveyor's alone).
+   sweep deletes them (executions per second, Conveyor's alone); then a map of 100,000 items
+   (its time, and the peak RSS of the workers and of the process that triggered it).
 
     python -m benchmarks [--fanout 200,2000] [--executions 10000] [--latency-runs 500]
-                         [--scale-rows 1000000] [--concurrency 4] [--rounds 3]
-                         [--json results.json]
+                         [--scale-rows 1000000] [--scale-map 100000] [--concurrency 4]
+                         [--rounds 3] [--skip fanout,map,...] [--json results.json]
 
 Needs PostgreSQL and Redis as the tests do (a database of its own; Redis db 14, flushed).
 Both sides run real ``celery worker`` processes with the same concurrency, prefetch 1 and late
@@ -23,29 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta
-from pathlib import Path
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-import redis
 from sqlalchemy import func, select, text
 
-from benchmarks import harness
-from conveyor.config import Settings
+from benchmarks import harness, maps
+from benchmarks.bench import END_POLL, HOT_TABLES, NOOP, Bench
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, NodeState
-from conveyor.service import Conveyor
-from conveyor.store import Database
-from conveyor.tasks.app import create_app
-from conveyor.tasks.dispatch import CeleryDispatcher
 
-NOOP = {"function": "bench.noop"}
 ONE_NODE = {"name": "one", "nodes": [{"id": "n", "type": "python", "config": NOOP}]}
 # The latency's node: it records when its code started, as the raw task does.
 STARTED = {"name": "started", "nodes": [{"id": "n", "type": "python",
@@ -54,15 +48,6 @@ STARTED = {"name": "started", "nodes": [{"id": "n", "type": "python",
 # A pause before each latency run: the workers finish the last run's aftermath (acks, task
 # events, permits) and are idle when the next run starts.
 SETTLE = 0.002
-# How often each side looks for the fan-out's end (raw: a Redis GET; Conveyor: a SELECT).
-END_POLL = 0.005
-# The tables every node writes (and leaves dead row versions in).
-HOT_TABLES = ("executions", "node_states", "jobs", "job_attempts")
-LIMITS = {
-    "CONVEYOR_LIMIT_GLOBAL": "100000",
-    "CONVEYOR_LIMIT_TENANT": "100000",
-    "CONVEYOR_LIMIT_WORKFLOW": "100000",
-}
 
 
 def fanout_definition(n: int) -> dict[str, Any]:
@@ -77,96 +62,39 @@ def fanout_definition(n: int) -> dict[str, Any]:
     }
 
 
-class Bench:
-    """The services, a client of Conveyor, and the worker settings both sides share."""
-
-    def __init__(self, svc: harness.Services, concurrency: int) -> None:
-        self.svc = svc
-        self.concurrency = concurrency
-        self.database = Database(svc.database_url)
-        app = create_app(Settings(database_url=svc.database_url, broker_url=svc.redis_url))
-        self.client = Conveyor(self.database, CeleryDispatcher(app))
-        self.redis = redis.Redis.from_url(svc.redis_url)
-        self.env = svc.env(**LIMITS)
-
-    @contextmanager
-    def conveyor_workers(
-        self,
-        env: dict[str, str] | None = None,
-        python: Sequence[str] = (sys.executable,),
-        cwd: Path = harness.ROOT,
-    ) -> Iterator[float]:
-        specs = [("workflow-execution", 1), ("workflow-node", self.concurrency)]
-        with harness.workers("conveyor.tasks", specs, env or self.env, python, cwd) as ready:
-            yield ready
-
-    @contextmanager
-    def raw_workers(self) -> Iterator[float]:
-        with harness.workers("benchmarks.nodes:raw", [("raw", self.concurrency)], self.env) as r:
-            yield r
-
-    def raw_app(self) -> Any:
-        from benchmarks.nodes import raw
-
-        raw.conf.update(broker_url=self.svc.redis_url, result_backend=self.svc.redis_url)
-        return raw
-
-    def at_rest(self) -> None:
-        """Bring the tables to the state a server at rest keeps them in, before a figure:
-        vacuumed and analyzed, as autovacuum leaves them (this machine's server runs without
-        it), and the pages that wrote checkpointed. So no figure depends on the dead rows the
-        figures before it left (pgbench vacuums before each run for the same reason); the
-        rows a figure's own rounds leave are its own cost.
-
-        A table nothing has written yet is left alone: there is nothing to vacuum, and an
-        ANALYZE would record it empty. Autovacuum replaces that record after its first fifty
-        rows (and the plans made on it with it); this server would keep it, and the plans a
-        worker makes on a table it believes empty read the whole table on every node."""
-        with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
-            written = [
-                name for name in HOT_TABLES
-                if c.execute(text("SELECT pg_relation_size(:t)"), {"t": name}).scalar_one()
-            ]  # fmt: skip
-            if written:
-                c.execute(text(f"VACUUM ANALYZE {', '.join(written)}"))
-            c.execute(text("CHECKPOINT"))
-
-    def finished_at(self, execution_id: uuid.UUID, timeout: float, poll: float = 0.002) -> datetime:
-        """Wait for an execution to complete; when it finished (the worker's clock)."""
-        deadline = time.monotonic() + timeout
-        query = select(Execution.status, Execution.finished_at).where(Execution.id == execution_id)
-        with self.database.engine.connect() as conn:
-            while True:
-                status, finished = conn.execute(query).one()
-                if status is ExecutionStatus.COMPLETED and finished is not None:
-                    return finished
-                if status.finished:
-                    raise RuntimeError(f"execution {execution_id} ended {status.value}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"execution {execution_id} not completed in {timeout} s")
-                conn.rollback()
-                time.sleep(poll)
-
-
 # -- 1. fan-out / fan-in -------------------------------------------------------------------
 
 
-def fanout(bench: Bench, n: int, rounds: int) -> dict[str, Any]:
-    """Seconds per node from trigger to the join's end, for Conveyor and for a chord: the
-    median of ``rounds`` runs each, alternating between the two with both pools running,
-    after one untimed run each (connections, imports, the definition cache)."""
+def fanout(bench: Bench, n: int, rounds: int, mapped: bool = False) -> dict[str, list[float]]:
+    """Seconds per node from trigger to the join's end, for Conveyor and for a chord (and,
+    ``mapped``, per item of a map of ``n`` items and of a chord over the same list,
+    :mod:`benchmarks.maps`): ``rounds`` runs of each, the sides taking turns with both pools
+    running, after one untimed run each (connections, imports, the definition cache)."""
     bench.client.apply(parse_workflow(fanout_definition(n)))
+    sides: dict[str, Callable[[], float]] = {
+        "conveyor": lambda: conveyor_fanout(bench, n), "raw": lambda: raw_fanout(bench, n),
+    }  # fmt: skip
+    if mapped:
+        bench.client.apply(parse_workflow(maps.DEFINITION))
+        sides |= {"map": lambda: maps.conveyor_map(bench, n),
+                  "raw_map": lambda: maps.raw_map(bench, n)}  # fmt: skip
     bench.at_rest()
-    ours, chords = [], []
+    found: dict[str, list[float]] = {side: [] for side in sides}
     with bench.conveyor_workers(), bench.raw_workers():
         for i in range(rounds + 1):
-            conveyor, chord = conveyor_fanout(bench, n), raw_fanout(bench, n)
-            if i:
-                ours.append(conveyor)
-                chords.append(chord)
+            for side, one in sides.items():
+                took = one()
+                if i:
+                    found[side].append(took)
+    return found
+
+
+def figure(ours: list[float], raws: list[float], per: str) -> dict[str, Any]:
+    """Both sides' medians (seconds per ``per``) and every round's figure."""
     return {
-        "conveyor_s_per_node": statistics.median(ours), "raw_s_per_node": statistics.median(chords),
-        "conveyor_rounds": ours, "raw_rounds": chords,
+        f"conveyor_s_per_{per}": statistics.median(ours),
+        f"raw_s_per_{per}": statistics.median(raws),
+        "conveyor_rounds": ours, "raw_rounds": raws,
     }  # fmt: skip
 
 
@@ -181,12 +109,7 @@ def raw_fanout(bench: Bench, n: int) -> float:
     key = f"bench:chord:{uuid.uuid4().hex[:6]}"
     started = time.time()
     bench.raw_app().send_task("bench.raw_root", args=[n, key], queue="raw")
-    deadline = time.monotonic() + 120 + n
-    while (done := bench.redis.get(key)) is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the chord's callback did not run")
-        time.sleep(END_POLL)
-    return (float(done) - started) / (n + 2)
+    return (bench.raw_finished_at(key, timeout=120 + n) - started) / (n + 2)
 
 
 # -- 2. and 4. throughput ------------------------------------------------------------------
@@ -378,11 +301,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--executions", type=int, default=10_000)
     parser.add_argument("--latency-runs", type=int, default=500)
     parser.add_argument("--scale-rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--scale-map", type=int, default=100_000, help="items of the scale's map (0: none)"
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
     parser.add_argument(
         "--rounds", type=int, default=3, help="fan-out and throughput runs (the median)"
     )
-    parser.add_argument("--skip", default="", help="skip: fanout,throughput,latency,scale")
+    parser.add_argument("--skip", default="", help="skip: fanout,map,throughput,latency,scale")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -394,7 +320,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bench.client.apply(parse_workflow(ONE_NODE))
         if "fanout" not in skip:
             for n in (int(w) for w in args.fanout.split(",") if w):
-                figures[f"fanout_{n}"] = fanout(bench, n, args.rounds)
+                found = fanout(bench, n, args.rounds, mapped="map" not in skip)
+                figures[f"fanout_{n}"] = figure(found["conveyor"], found["raw"], "node")
+                if "map" in found:
+                    figures[f"map_{n}"] = figure(found["map"], found["raw_map"], "item")
         if "throughput" not in skip or "scale" not in skip:
             figures["throughput"] = throughput(bench, args)
         if "latency" not in skip:
@@ -413,6 +342,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "conveyor_per_s": median(conveyor_throughput, bench, args),
                 **retention_sweep(bench, args.scale_rows),
             }
+            if args.scale_map:
+                figures["map_scale"] = maps.scale(bench, args.scale_map)
         bench.database.dispose()
         bench.redis.close()
 
@@ -449,6 +380,10 @@ def ratios(figures: dict[str, Any]) -> dict[str, float]:
     for name, f in figures.items():
         if name.startswith("fanout_"):
             found[f"{name}_per_node"] = f["conveyor_s_per_node"] / f["raw_s_per_node"]
+        if name.startswith("map_") and name != "map_scale":
+            found[f"{name}_per_item"] = f["conveyor_s_per_item"] / f["raw_s_per_item"]
+            static = figures[f"fanout_{name[4:]}"]["conveyor_s_per_node"]
+            found[f"{name}_of_static"] = f["conveyor_s_per_item"] / static
     if "throughput" in figures:
         t = figures["throughput"]
         found["throughput_of_raw"] = t["conveyor_per_s"] / t["raw_per_s"]
@@ -466,6 +401,8 @@ def ratios(figures: dict[str, Any]) -> dict[str, float]:
 
 TARGETS = {
     "per_node": ("<=", 1.5),
+    "per_item": ("<=", 1.3),
+    "of_static": ("<=", 1.2),
     "throughput_of_raw": (">=", 0.5),
     "node_start_p50": ("<=", 2.0),
     "node_start_p99": ("<=", 3.0),
@@ -490,6 +427,14 @@ def table(figures: dict[str, Any], found: dict[str, float], args: argparse.Names
                          f"{f['conveyor_s_per_node'] * 1e3:.2f} ms",
                          f"{f['raw_s_per_node'] * 1e3:.2f} ms",
                          f"x{r:.2f}  {_verdict('per_node', r)}"))  # fmt: skip
+        if name.startswith("map_") and name != "map_scale":
+            r, static = found[f"{name}_per_item"], found[f"{name}_of_static"]
+            rows.append((f"map {name[4:]}: per item",
+                         f"{f['conveyor_s_per_item'] * 1e3:.2f} ms",
+                         f"{f['raw_s_per_item'] * 1e3:.2f} ms",
+                         f"x{r:.2f}  {_verdict('per_item', r)}"))  # fmt: skip
+            rows.append((f"map {name[4:]}: of the static fan-out", "", "",
+                         f"x{static:.2f}  {_verdict('of_static', static)}"))  # fmt: skip
     if "throughput" in figures:
         t, r = figures["throughput"], found["throughput_of_raw"]
         rows.append((f"throughput ({args.executions} one-node)", f"{t['conveyor_per_s']:.0f} /s",
@@ -510,6 +455,8 @@ def table(figures: dict[str, Any], found: dict[str, float], args: argparse.Names
                      "", f"x{r:.2f} of empty  {_verdict('scale_of_empty', r)}"))  # fmt: skip
         rows.append((f"retention sweep of {s['pruned']:,} executions",
                      f"{s['pruned_per_s']:.0f} /s", "", ""))  # fmt: skip
+    if "map_scale" in figures:
+        rows += maps.scale_rows(figures["map_scale"])
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{a:<{width}}  {b:>12}  {c:>12}  {d}" for a, b, c, d in rows)
 

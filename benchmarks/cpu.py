@@ -29,9 +29,9 @@ from typing import Any
 from sqlalchemy import text
 
 from benchmarks import harness
+from benchmarks.bench import Bench
 from benchmarks.compare import (
     ONE_NODE,
-    Bench,
     conveyor_fanout,
     fanout_definition,
     raw_fanout,

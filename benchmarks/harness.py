@@ -23,6 +23,8 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "14"))
+# The Redis server without a db number: another (say on 6380) keeps a run off a shared one.
+REDIS_SERVER = os.environ.get("BENCH_REDIS_SERVER", "redis://127.0.0.1:6379")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def services() -> Iterator[Services]:
     cfg.set_main_option("script_location", str(ROOT / "migrations"))
     cfg.set_main_option("sqlalchemy.url", url)
     command.upgrade(cfg, "head")
-    found = Services(database_url=url, redis_url=f"redis://127.0.0.1:6379/{REDIS_DB}")
+    found = Services(database_url=url, redis_url=f"{REDIS_SERVER}/{REDIS_DB}")
     found.flush()
     try:
         yield found

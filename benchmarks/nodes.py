@@ -7,7 +7,7 @@ import time
 from functools import lru_cache
 
 import redis
-from celery import Celery, chord
+from celery import Celery, chord, group
 from celery.signals import worker_ready
 
 import conveyor
@@ -16,6 +16,11 @@ import conveyor
 @conveyor.node("bench.noop")
 def noop() -> dict[str, bool]:
     return {"ok": True}
+
+
+@conveyor.node("bench.nothing")
+def nothing() -> None:
+    """A no-op whose output is null (a map's item that adds least to its map's output)."""
 
 
 @conveyor.node("bench.sleep")
@@ -104,3 +109,16 @@ def raw_join(_results: object, key: str) -> None:
 def raw_root(n: int, key: str) -> None:
     """The root of the fan-out: starts a chord of ``n`` members and the join."""
     chord([raw_member.s() for _ in range(n)])(raw_join.s(key))
+
+
+@raw.task(name="bench.raw_item", ignore_result=False)
+def raw_item(item: object) -> object:
+    """A chord member over a list's item: no work, the item as its result."""
+    return item
+
+
+@raw.task(name="bench.raw_map_root")
+def raw_map_root(items: list[object], key: str) -> None:
+    """The root of the map's twin: a chord over ``items`` and the join, as a map's own job
+    makes a job per item of the list it reads."""
+    chord(group(raw_item.s(i) for i in items))(raw_join.s(key))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +38,9 @@ class NodeRun:
     # The largest output its node may record, as JSON (CONVEYOR_MAX_OUTPUT_BYTES): a map's
     # items' outputs, put together by the item that settles last, are held to it.
     output_bytes: int = Bounds().output_bytes
+    # Whether the claim read the execution's input: a map's item whose templates do not read
+    # it leaves it out (execution.input None); what settles its map reads it (with_input).
+    input_read: bool = True
 
     @property
     def attempt(self) -> int:
@@ -60,9 +63,12 @@ def claim_node(
     """queued -> processing, a new attempt row, and the inputs the node will read (read by
     the claim itself when the message's hints name the node); ``output_bytes`` bounds what
     its outcome may record (:attr:`NodeRun.output_bytes`)."""
-    hinted = _hinted_needs(hints)
+    hinted = _hinted(hints)
     # with its attempt and node started, and the outputs of the hinted needs
-    claimed = store.claim_node_job(job_id, now, worker, needs=hinted[1] if hinted else ())
+    claimed = store.claim_node_job(
+        job_id, now, worker, needs=hinted.needs if hinted else (),
+        input=hinted.input if hinted else True,
+    )  # fmt: skip
     if claimed is None:
         return None
     job, execution, outputs = claimed
@@ -77,9 +83,12 @@ def claim_node(
     item = job.item_index is not None
     # A map node's own job reads every need (its ``over``); the hint named its items' reads.
     makes_items = node.map is not None and not item
-    if outputs is None or hinted is None or hinted[0] != job.node_id or makes_items:
+    if outputs is None or hinted is None or hinted.node_id != job.node_id or makes_items:
         rows = store.node_rows(execution.id, node.item_reads if item else node.needs)
         outputs = {need: row.output for need, row in rows.items()}
+    input_read = hinted is None or hinted.input
+    if not input_read and (not item or hinted is None or hinted.node_id != job.node_id):
+        execution, input_read = store.execution(execution.id), True
     context = context_of(execution, outputs)
     if item:
         context |= {"item": job.item, "index": job.item_index}
@@ -87,14 +96,32 @@ def claim_node(
     inputs = store.rerun_input(execution.id, node.id) if execution.reruns else None
     return NodeRun(
         job=job, execution=execution, workflow=workflow, node=node, context=context,
-        inputs=inputs, output_bytes=output_bytes,
+        inputs=inputs, output_bytes=output_bytes, input_read=input_read,
     )  # fmt: skip
 
 
-def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
-    """The hinted node and the needs its claim reads, when its definition is in this
-    process's cache: for a map, those its items read (a chained map's items never read the
-    list they came from; the map node's own job reads the rest)."""
+def with_input(store: Store, run: NodeRun) -> NodeRun:
+    """``run`` with its execution's input, for what settles a map (its successors' and the
+    execution's output templates may read it) after an item's claim left it out."""
+    if run.input_read:
+        return run
+    return replace(run, execution=store.execution(run.execution.id), input_read=True)
+
+
+@dataclass(frozen=True)
+class _Hinted:
+    """What the claim reads for the node a message's hints name."""
+
+    node_id: str
+    needs: list[str]  # the needs whose outputs it reads
+    input: bool  # whether it reads the execution's input
+
+
+def _hinted(hints: NodeHints | None) -> _Hinted | None:
+    """The hinted node and what its claim reads, when its definition is in this process's
+    cache: for a map, what its items read (a chained map's items never read the list they came
+    from, nor the input unless their templates name it; the map node's own job reads the
+    rest)."""
     if hints is None or hints.node_id is None:
         return None
     cached = cached_workflow(hints.workflow_id)
@@ -104,4 +131,6 @@ def _hinted_needs(hints: NodeHints | None) -> tuple[str, list[str]] | None:
         node = cached[0].node(hints.node_id)
     except KeyError:  # a hint naming no node of that version: the claim reads the job's
         return None
-    return node.id, sorted(set(node.item_reads if node.map is not None else node.needs))
+    if node.map is None:
+        return _Hinted(node.id, sorted(set(node.needs)), input=True)
+    return _Hinted(node.id, sorted(set(node.item_reads)), input=node.item_reads_input)

@@ -132,6 +132,13 @@ class Node(BaseModel):
         named = templates.referenced_nodes([self.inputs, self.config])
         return tuple(sorted(named & set(self.needs)))
 
+    @cached_property
+    def item_reads_input(self) -> bool:
+        """Whether an item of this map reads the execution's input (its inputs or config
+        name ``input``). An item's claim reads the input only then: a map over a list in the
+        input would otherwise read the whole list again for each of its items. Not a field."""
+        return templates.may_read([self.inputs, self.config], "input")
+
     @property
     def snooze_bound(self) -> int:
         return DEFAULT_MAX_SNOOZES if self.max_snoozes is None else self.max_snoozes

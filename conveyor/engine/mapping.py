@@ -7,12 +7,13 @@ CONVEYOR_MAP_WINDOW if lower or unset), the rest ``held``, without a message. Ea
 node job like any other: its own permits, claim, tries, timeout, heartbeats and dead letter.
 
 The node's state is the map's counter. Each item that settles (completes, or dies after its
-tries) counts it down under the row's lock and releases the held item of lowest index, in its
-own transaction (published after the commit): at most a window of items is queued or running,
-however long the list. The item that counts the last finishes the node, its output the items'
-outputs in index order (one ordered read), and settles it as any node settles; so the fan-in
-happens once, however the last items finish. An item that fails is handled as the map's
-``on_item_failure`` says (:func:`item_dead`).
+tries) counts it down under the row's lock and releases the held item a window after it (its
+job names that item's index, found by the map's key however long the list), in its own
+transaction (published after the commit): each place in the window runs one item after
+another, so at most a window of items is queued or running. The item that counts the last
+finishes the node, its output the items' outputs in index order (one ordered read), and
+settles it as any node settles; so the fan-in happens once, however the last items finish.
+An item that fails is handled as the map's ``on_item_failure`` says (:func:`item_dead`).
 
 A rerun through a map (:mod:`conveyor.engine.reruns`) holds its items' jobs with the node's own
 and clears its counter; when the node's own try renders the list again, each item whose index
@@ -24,12 +25,13 @@ node's output and counts.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from conveyor.engine import bounds, node_types, templates, trigger_limits
 from conveyor.engine.cancellation import stop_children
-from conveyor.engine.claiming import NodeRun
+from conveyor.engine.claiming import NodeRun, with_input
 from conveyor.engine.definitions import ItemFailure, MapSpec, Node
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import dispatch_of, node_dispatches
@@ -164,11 +166,7 @@ def open_map(
     retries = trigger_limits.retry_policy(run.workflow, node, execution.limits).max_attempts - 1
     rerun = execution.reruns > 0  # its items may have jobs of an earlier run, taken again
     queued: list[NewJob] = []
-    for start in range(0, len(items), ITEM_CHUNK):
-        chunk = [
-            NewItem(id=new_id(), index=i, item=items[i], held=i >= room)
-            for i in range(start, min(start + ITEM_CHUNK, len(items)))
-        ]
+    for chunk in _chunks(items, room):
         kept = store.renew_items(execution, node.id, chunk, retries, now) if rerun else {}
         store.add_item_jobs(
             execution, node.id, [c for c in chunk if c.index not in kept], retries, now
@@ -192,6 +190,20 @@ def retire_earlier(store: Store, run: NodeRun, total: int, now: datetime) -> Non
         store.retire_items(run.execution.id, run.node.id, total, now, error)
 
 
+def _chunks(items: list[Any], room: int) -> Iterator[list[NewItem]]:
+    """The items' jobs, ITEM_CHUNK at a time, those past the first ``room`` held, each naming
+    the index ``room`` after it, whose held item its settle releases (by the map's key: the
+    same index in a re-run map, whichever job it takes)."""
+    for start in range(0, len(items), ITEM_CHUNK):
+        yield [
+            NewItem(
+                id=new_id(), index=i, item=items[i], held=i >= room,
+                releases=i + room if i + room < len(items) else None,
+            )
+            for i in range(start, min(start + ITEM_CHUNK, len(items)))
+        ]  # fmt: skip
+
+
 def complete_alone(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
 ) -> list[Dispatch] | None:
@@ -207,8 +219,8 @@ def complete_alone(
 def complete_item(
     store: Store, run: NodeRun, output: Any, now: datetime, duration: float
 ) -> AfterCommit:
-    """An item's successful try: its output kept on its job, the map counted down (the next
-    held item released, and the node finished if it was the last)."""
+    """An item's successful try: its output kept on its job, the map counted down (the held
+    item it names released, and the node finished if it was the last)."""
     job = run.job
     if store.complete_item(job, output, now, duration):
         return settled(store, run, now)
@@ -241,14 +253,14 @@ def item_dead(store: Store, run: NodeRun, now: datetime, message: str) -> AfterC
         why = f"map node {node.id!r} failed: {error}"
         cancelled = cancelled + stop_children(store, execution_id, now, why, node_id=node.id).forget
     return AfterCommit(forget=cancelled) + node_failed(
-        store, run, now, f"node {node.id!r} failed: {error}"
+        store, with_input(store, run), now, f"node {node.id!r} failed: {error}"
     )
 
 
 def settled(store: Store, run: NodeRun, now: datetime, *, failed: bool = False) -> AfterCommit:
-    """One more item settled: the map counted down, the next held item released, and the
+    """One more item settled: the map counted down, the held item it names released, and the
     node finished by the item that counted the last (nothing, once the node has failed)."""
-    counted = store.settle_item(run.execution.id, run.node.id, failed, now)
+    counted = store.settle_item(run.job, run.node.id, failed, now)
     if counted is None:
         return AfterCommit()
     released = [dispatch_of(counted.released, run.workflow.name)] if counted.released else []
@@ -263,6 +275,7 @@ def _finish(store: Store, run: NodeRun, now: datetime, failed: int) -> AfterComm
     item's slot its error, under ``continue``), or fails naming the failed items (run_all),
     or fails because those outputs together are larger than a node's output may be (their
     size measured before any is read: a worker never holds more of them than that)."""
+    run = with_input(store, run)  # its successors' and the execution's templates may read it
     execution_id, node_id = run.execution.id, run.node.id
     run_all = spec(run.node).on_item_failure is ItemFailure.RUN_ALL
     if not (failed and run_all) and (size := store.items_size(execution_id, node_id)) > (

@@ -315,11 +315,13 @@ class Jobs(Protocol):
         now: datetime,
         worker: str | None,
         needs: Sequence[str] = (),
+        input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """The claim of a node: the job (queued or parked -> processing) with its execution
         and, unless the execution has finished, its try started (an attempt row), its node
         running and, with ``needs``, their outputs (the third item; None without needs or
-        when the execution has finished). None when the job is not a runnable node job.
+        when the execution has finished). With ``input`` False the execution's input is not
+        read: the record's is None. None when the job is not a runnable node job.
         Needs no transaction around it."""
         ...
 
@@ -405,7 +407,7 @@ class Jobs(Protocol):
 
 class MapItems(Protocol):
     """A map node's items (conveyor.engine.mapping): item jobs, counted down on the node's
-    state under its row lock, each settle releasing the next held item."""
+    state under its row lock, each settle releasing the held item its item's job names."""
 
     def add_item_jobs(
         self,
@@ -416,7 +418,8 @@ class MapItems(Protocol):
         now: datetime,
     ) -> None:
         """Item jobs of the map node ``node_id``: queued, or held (no message) for those the
-        window has no room for yet. Callers insert a long list in chunks."""
+        window has no room for yet, each naming the held item it releases (``releases``).
+        Callers insert a long list in chunks."""
         ...
 
     def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
@@ -439,11 +442,12 @@ class MapItems(Protocol):
         ...
 
     def settle_item(
-        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+        self, job: JobRecord, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:
-        """One more item of the map settled (``failed``: dead), under the node state's row
-        lock, while the node runs; and its held item of lowest index released (queued).
-        None, nothing changed, when the node does not run any more (it failed fast)."""
+        """The item ``job`` of the map settled (``failed``: dead): the map counted down under
+        the node state's row lock, while the node runs, and the held item ``job`` names
+        (:attr:`NewItem.releases`) released (queued), found by the map's key. None, nothing
+        changed, when the node does not run any more (it failed fast)."""
         ...
 
     def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:

@@ -69,13 +69,22 @@ class NewJob:
 
 @dataclass(frozen=True, kw_only=True)
 class NewItem:
-    """A map's item job about to be inserted: queued, or ``held`` (no message) until an item
-    before it settles and makes room in the map's window."""
+    """A map's item job about to be inserted: queued, or ``held`` (no message) until the item
+    a window before it settles and makes room in the map's window."""
 
     id: uuid.UUID
     index: int
     item: Any
     held: bool = False
+    # The index of the held item this one releases when it settles: the item a window after
+    # it (None: there is none). A settle finds it by the map's key (execution, node, index),
+    # whatever the table's statistics say, and whichever job a re-run map gave that index.
+    releases: int | None = None
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The item job's ``data``: the index of the held item it releases, if any."""
+        return {} if self.releases is None else {"releases": self.releases}
 
 
 @dataclass(frozen=True, kw_only=True)

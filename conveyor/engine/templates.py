@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import Template, Undefined, nodes
+from jinja2 import Template, Undefined, meta, nodes
 from jinja2.environment import TemplateExpression
 from jinja2.exceptions import SecurityError
 from jinja2.exceptions import TemplateError as JinjaTemplateError
@@ -183,6 +183,23 @@ def referenced_nodes(value: Any, *, expression: bool = False) -> set[str]:
         if expression or is_template(text):
             found |= read(text, expression=expression).nodes
     return found
+
+
+def may_read(value: Any, name: str) -> bool:
+    """Whether a template inside ``value`` may read the name ``name`` of the context
+    (``input``, ``nodes``, ``execution``); one that does not parse, or is too long to, may."""
+    for text in _strings(value):
+        if not is_template(text):
+            continue
+        if len(text) > MAX_TEMPLATE_CHARS:
+            return True
+        try:
+            tree = _parse(text, expression=False)
+        except (JinjaTemplateError, RecursionError):
+            return True
+        if name in meta.find_undeclared_variables(tree):
+            return True
+    return False
 
 
 def _is_nodes_name(node: nodes.Node) -> bool:

@@ -404,7 +404,8 @@ class Job(Base):
             postgresql_where=text("item_index IS NOT NULL"),
             sqlite_where=text("item_index IS NOT NULL"),
         ),
-        # A map's held items, lowest index first: each settled item releases the next.
+        # A map's held items, by index: those a cancel or a failed map cancels (a settled
+        # item releases the one its job names by the map's key, not through this index).
         Index(
             "ix_jobs_held",
             "execution_id",

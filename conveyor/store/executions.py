@@ -134,8 +134,10 @@ class ExecutionQueries(StoreCore):
             raise DuplicateExecution("its idempotency or deduplication key is taken") from exc
         return execution_id
 
-    def execution(self, execution_id: uuid.UUID) -> ExecutionRecord:
-        row = self._core(select(EXECUTIONS).where(EXECUTIONS.c.id == execution_id)).one_or_none()
+    def execution(self, execution_id: uuid.UUID, *, input: bool = True) -> ExecutionRecord:
+        """With ``input`` False, the record's input is None: not read (nor parsed)."""
+        columns = EXECUTIONS.c if input else _WITHOUT_INPUT
+        row = self._core(select(*columns).where(EXECUTIONS.c.id == execution_id)).one_or_none()
         if row is None:
             raise ExecutionNotFound(
                 f"no execution has id {execution_id}; list them with `conveyor executions list`"
@@ -498,3 +500,8 @@ _HOLD_KEY = (
     .where(EXECUTIONS.c.id == bindparam("execution_id"))
     .with_for_update(read=True, key_share=True)
 )
+# An execution's columns with its input left out (None): a map's item that does not read it.
+_WITHOUT_INPUT = [
+    *(c for c in EXECUTIONS.c if c.name != "input"),
+    null().label("input"),
+]

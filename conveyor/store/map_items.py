@@ -1,6 +1,7 @@
 """The SQL of a map node's items (part of :class:`~conveyor.store.sql_store.SqlStore`; see
 :mod:`conveyor.engine.mapping`): item jobs inserted, completed with their outputs, counted
-down on the node's state, released from held one by one, and read back in order."""
+down on the node's state, released from held one by one (each by the id the settled item's
+job names, in ``jobs.data``), and read back in order."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from conveyor.engine.states import (
 from conveyor.models import Job
 from conveyor.models.base import JsonType
 from conveyor.store.jobs import (
-    HELD,
     JobQueries,
     cancel_unstarted_jobs,
     current_try,
@@ -94,15 +94,17 @@ class MapItemQueries(JobQueries):
             return None
         if not self.complete_item(job, output, now, duration):
             return None
-        return self.settle_item(job.execution_id, node_id, False, now)
+        return self.settle_item(job, node_id, False, now)
 
     def settle_item(
-        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+        self, job: JobRecord, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:
-        """Two statements: the counter (which takes the node state's row lock, so that two
-        items settling at once take turns), then the release of the lowest held item. The
-        release skips held rows another transaction has locked: only a cancel of the
-        execution does (it cancels them), as another settle of the map waits for the lock."""
+        """Three statements: the counter (which takes the node state's row lock, so that two
+        items settling at once take turns), the item the settled one names, then its release,
+        by key (a held item found by its status and order instead reads every held row of
+        every map when the statistics were taken with none held). The release skips a row
+        another transaction has locked: only a cancel of the execution does (it cancels it)."""
+        execution_id = job.execution_id
         counted = self._core(
             update(NODE_STATES)
             .where(
@@ -119,14 +121,16 @@ class MapItemQueries(JobQueries):
         ).one_or_none()
         if counted is None:
             return None
-        lowest = (
-            select(Job.id)
-            .where(Job.execution_id == execution_id, Job.node_id == node_id, HELD)
-            .order_by(Job.item_index)
-            .limit(1)
-        )
-        still = unindexed(JOBS.c.status) == JobStatus.HELD
-        released = self._take(lowest, still, status=JobStatus.QUEUED, enqueued_at=now)
+        data = self._core(select(JOBS.c.data).where(JOBS.c.id == job.id)).scalar()
+        released: list[JobRecord] = []
+        if data and data.get("releases") is not None:
+            named = select(Job.id).where(
+                Job.execution_id == job.execution_id,
+                Job.node_id == node_id,
+                Job.item_index == int(data["releases"]),
+            )
+            still = unindexed(JOBS.c.status) == JobStatus.HELD
+            released = self._take(named, still, status=JobStatus.QUEUED, enqueued_at=now)
         return ItemsLeft(
             left=counted.items_left,
             failed=counted.items_failed,
@@ -206,7 +210,7 @@ class MapItemQueries(JobQueries):
             )
         }
         rows = [
-            {"job_id": found[i.index], "new_item": i.item,
+            {"job_id": found[i.index], "new_item": i.item, "new_data": i.data,
              "new_status": JobStatus.HELD if i.held else JobStatus.QUEUED}
             for i in items if i.index in found
         ]  # fmt: skip
@@ -223,6 +227,7 @@ class MapItemQueries(JobQueries):
             .where(JOBS.c.id == bindparam("job_id"))
             .values(
                 status=bindparam("new_status"), item=bindparam("new_item", type_=JsonType),
+                data=bindparam("new_data", type_=JsonType),
                 output=None, last_error=None, completed_at=None, next_run_at=None,
                 retry_count=0, tries_before=tried, max_retries=max_retries,
                 priority=execution.priority, enqueued_at=now,
@@ -275,7 +280,7 @@ def item_job_row(
     execution: ExecutionRecord, node_id: str, item: NewItem, max_retries: int, now: datetime
 ) -> dict[str, Any]:
     return {
-        "id": item.id, "kind": JobKind.NODE, "queue": NODE_QUEUE, "data": {},
+        "id": item.id, "kind": JobKind.NODE, "queue": NODE_QUEUE, "data": item.data,
         "status": JobStatus.HELD if item.held else JobStatus.QUEUED,
         "priority": execution.priority, "max_retries": max_retries, "retry_count": 0,
         "tries_before": 0, "tenant_id": execution.tenant_id,

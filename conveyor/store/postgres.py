@@ -151,9 +151,10 @@ class PostgresStore(SqlStore):
         now: datetime,
         worker: str | None,
         needs: Sequence[str] = (),
+        input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """One statement, which also reads the outputs of ``needs``."""
-        params = {"id": job_id, "now": now, "worker": worker}
+        params = {"id": job_id, "now": now, "worker": worker, "input": input}
         # (no array parameter for none or one: planned once, see postgres_statements)
         if not needs:
             rows = self._hot(hot.CLAIM_NODE_ALONE, params)

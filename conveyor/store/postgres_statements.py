@@ -177,6 +177,8 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 # attempt row and the node's state, as claim_job + execution + add_attempt + start_node do.
 # A map's item leaves its node's state alone: that row is the map's counter, which the items'
 # claims would otherwise all queue for (and its status is the map's, running until it ends).
+# The execution's input is returned only when asked for (``input``): an item whose templates
+# do not read it is not sent the list its map may have come from, once per item.
 _CLAIM = """
 WITH job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
@@ -200,7 +202,8 @@ WITH job AS (
       AND node_states.node_id = job.node_id AND job.item_index IS NULL
 )
 SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
-       ex.input AS x_input, ex.created_at AS x_created_at, ex.scheduled_for AS x_scheduled_for,
+       CASE WHEN :input THEN ex.input END AS x_input, ex.created_at AS x_created_at,
+       ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate, {needs},
        ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns,
        job.item_index AS x_item_index, job.item AS x_item,
@@ -219,6 +222,7 @@ _CLAIM_PARAMS = (
     bindparam("id", type_=Uuid()),
     bindparam("now", type_=UTCDateTime()),
     bindparam("worker", type_=String()),
+    bindparam("input", type_=Boolean()),
 )
 CLAIM_NODE = Statement(
     text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEEDS, runnable=_RUNNABLE)).bindparams(
@@ -437,8 +441,9 @@ FROM unnest(CAST(:job_ids AS uuid[]), CAST(:job_statuses AS varchar[]),
 
 # A map's item's whole success in one statement (PostgreSQL), when it is not the map's last:
 # its node state (the map's counter) locked first, then the job completed with its output, its
-# try, the counter one item fewer and the held item of lowest index released, its row as a
-# job's (skipping a held row another transaction holds: only a cancel, which cancels it).
+# try, the counter one item fewer and the held item its job names (data->>'releases', its
+# index) released by the map's key, its row as a job's (skipping a held row another
+# transaction holds: only a cancel, which cancels it).
 # When the counter says it may be the last (or the node or the execution does not run, or the
 # try is not current) nothing changes and no row comes back: the caller takes the transaction,
 # which reads the items' outputs and settles the node.
@@ -455,7 +460,7 @@ WITH locked AS (
     WHERE id = :id AND status || '' = 'processing'
       AND tries_before + retry_count + 1 = :attempt AND (SELECT yes FROM alone)
       AND (SELECT status FROM executions WHERE id = :execution_id) IN ('pending', 'running')
-    RETURNING id
+    RETURNING id, data
 ), attempt AS (
     UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
                             error = NULL, timed_out = false
@@ -466,9 +471,9 @@ WITH locked AS (
     RETURNING items_left, items_failed
 ), next AS (
     SELECT h.id FROM jobs h
-    WHERE h.execution_id = :execution_id AND h.node_id = :node_id AND h.status = 'held'
-      AND EXISTS (SELECT 1 FROM counted)
-    ORDER BY h.item_index LIMIT 1
+    WHERE h.execution_id = :execution_id AND h.node_id = :node_id
+      AND h.item_index = (SELECT CAST(data ->> 'releases' AS integer) FROM job)
+      AND h.status || '' = 'held' AND EXISTS (SELECT 1 FROM counted)
     FOR UPDATE SKIP LOCKED
 ), released AS (
     UPDATE jobs SET status = 'queued', enqueued_at = :now

@@ -71,6 +71,7 @@ class SqlStore(
         now: datetime,
         worker: str | None,
         needs: Sequence[str] = (),
+        input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None: ...
 
     @abstractmethod

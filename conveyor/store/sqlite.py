@@ -92,12 +92,13 @@ class SqliteStore(SqlStore):
         now: datetime,
         worker: str | None,
         needs: Sequence[str] = (),
+        input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """See :class:`~conveyor.engine.ports.Jobs`."""
         job = self.claim_job(job_id, JobKind.NODE, now)
         if job is None or job.node_id is None:
             return None
-        execution = self.execution(job.execution_id)
+        execution = self.execution(job.execution_id, input=input)
         if execution.status.finished:
             return job, execution, None
         self.add_attempt(job, worker, now)

@@ -39,7 +39,7 @@ class MemoryMapItems(MemoryJobs):
                 execution, item.id, now, kind=JobKind.NODE, queue=NODE_QUEUE,
                 status=JobStatus.HELD if item.held else JobStatus.QUEUED,
                 max_retries=max_retries, node_id=node_id, item_index=item.index,
-                item=stored(item.item),
+                item=stored(item.item), data=item.data,
             )  # fmt: skip
 
     def open_map(self, execution_id: uuid.UUID, node_id: str, total: int) -> None:
@@ -72,12 +72,12 @@ class MemoryMapItems(MemoryJobs):
             return None
         if not self.complete_item(job, output, now, duration):
             return None
-        return self.settle_item(job.execution_id, node_id, False, now)
+        return self.settle_item(job, node_id, False, now)
 
     def settle_item(
-        self, execution_id: uuid.UUID, node_id: str, failed: bool, now: datetime
+        self, job: JobRecord, node_id: str, failed: bool, now: datetime
     ) -> ItemsLeft | None:
-        node = self.tables.node_states.get((execution_id, node_id))
+        node = self.tables.node_states.get((job.execution_id, node_id))
         if (
             node is None
             or node.status is not NodeStatus.RUNNING
@@ -87,11 +87,12 @@ class MemoryMapItems(MemoryJobs):
             return None
         left, failures = node.items_left - 1, (node.items_failed or 0) + (1 if failed else 0)
         self._set_node(node, items_left=left, items_failed=failures)
-        held = [j for j in self._items(execution_id, node_id) if j.status is JobStatus.HELD]
+        settled = self.tables.jobs.get(job.id)
+        named = (settled.data or {}).get("releases") if settled is not None else None
+        held = None if named is None else self._item_at(job.execution_id, node_id, int(named))
         released = None
-        if held:
-            lowest = self._set_job(held[0], status=JobStatus.QUEUED, enqueued_at=now)
-            released = self._named(lowest)
+        if held is not None and held.status is JobStatus.HELD:
+            released = self._named(self._set_job(held, status=JobStatus.QUEUED, enqueued_at=now))
         return ItemsLeft(left=left, failed=failures, released=released)
 
     def map_runs(self, execution_id: uuid.UUID, node_id: str) -> bool:
@@ -134,9 +135,9 @@ class MemoryMapItems(MemoryJobs):
             tried = sum(1 for job_id, _ in self.tables.attempts if job_id == job.id)
             self._set_job(
                 job, status=JobStatus.HELD if item.held else JobStatus.QUEUED,
-                item=stored(item.item), output=None, last_error=None, completed_at=None,
-                next_run_at=None, retry_count=0, tries_before=tried, max_retries=max_retries,
-                priority=execution.priority, enqueued_at=now,
+                item=stored(item.item), data=stored(item.data), output=None, last_error=None,
+                completed_at=None, next_run_at=None, retry_count=0, tries_before=tried,
+                max_retries=max_retries, priority=execution.priority, enqueued_at=now,
             )  # fmt: skip
             renewed[item.index] = job.id
         return renewed
@@ -158,6 +159,10 @@ class MemoryMapItems(MemoryJobs):
             for r in rows
         )
         return sum(slot + len(", ") for slot in slots)
+
+    def _item_at(self, execution_id: uuid.UUID, node_id: str, index: int) -> JobRow | None:
+        """The map's item job at ``index`` (the map's key)."""
+        return next((j for j in self._items(execution_id, node_id) if j.item_index == index), None)
 
     def _items(self, execution_id: uuid.UUID, node_id: str) -> list[JobRow]:
         """The map's item jobs, in index order."""

@@ -54,11 +54,14 @@ class MemoryJobs(MemoryExecutions):
         now: datetime,
         worker: str | None,
         needs: Sequence[str] = (),
+        input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         job = self.claim_job(job_id, JobKind.NODE, now)
         if job is None or job.node_id is None:
             return None
         execution = self.execution(job.execution_id)
+        if not input:
+            execution = replace(execution, input=None)
         if execution.status.finished:
             return job, execution, None
         self.add_attempt(job, worker, now)

@@ -164,6 +164,7 @@ class JobRow:
     item_index: int | None = None  # a map's item: its index, value and output
     item: Any = None
     output: Any = None
+    data: Any = field(default_factory=dict)  # a map's item: the held item it releases
 
     @property
     def try_number(self) -> int:

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tests.acceptance.conftest import ROOT
+from tests.conftest import REDIS_SERVER
 
 
 def run_benchmark(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Any]:
     """Run a benchmark module (``args``: its name and options), its figures written to
-    ``out``: its output and the figures, once it exited cleanly."""
+    ``out``, on the tests' Redis server: its output and the figures, once it exited cleanly."""
     result = subprocess.run(
         [sys.executable, "-m", *args, "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "BENCH_REDIS_SERVER": REDIS_SERVER},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     return result, json.loads(out.read_text())
@@ -45,18 +48,31 @@ def test_the_schedules_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> 
 def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_path: Path) -> None:
     result, figures = run_benchmark(
         tmp_path / "compare.json", "benchmarks", "--fanout", "5", "--executions", "20",
-        "--latency-runs", "5", "--scale-rows", "200", "--concurrency", "2", "--rounds", "1",
+        "--latency-runs", "5", "--scale-rows", "200", "--scale-map", "30", "--concurrency", "2",
+        "--rounds", "1",
     )  # fmt: skip
-    assert set(figures["figures"]) == {"fanout_5", "throughput", "latency", "scale"}
+    found = figures["figures"]
+    assert set(found) == {"fanout_5", "map_5", "throughput", "latency", "scale", "map_scale"}
     assert set(figures["ratios"]) >= {
-        "fanout_5_per_node", "throughput_of_raw", "latency_node_start_p50",
-        "latency_node_start_p99", "scale_of_empty",
+        "fanout_5_per_node", "map_5_per_item", "map_5_of_static", "throughput_of_raw",
+        "latency_node_start_p50", "latency_node_start_p99", "scale_of_empty",
     }  # fmt: skip
     assert all(v > 0 for v in figures["ratios"].values())
+    # the map ran in the fan-out's rounds, beside its chord over the same list
+    assert len(found["map_5"]["conveyor_rounds"]) == len(found["map_5"]["raw_rounds"]) == 1
     assert len(figures["raw_latencies"]["trigger_to_node_start"]) == 5
     # the sweep deleted the executions loaded a day old, and kept those the figures ran
-    assert figures["figures"]["scale"]["pruned"] == 200
+    assert found["scale"]["pruned"] == 200
+    # the scale's map: timed, with the peak RSS of the trigger's process and of each worker's
+    # (the planner's and the node pool's main processes, and their pools' processes)
+    scale = found["map_scale"]
+    assert scale["items"] == 30 and scale["seconds"] > 0 and scale["trigger_rss_mb"] > 0
+    processes = [w["process"] for w in scale["workers"]]
+    assert {"workflow-execution, main", "workflow-node, main"} <= set(processes), processes
+    assert any(p.startswith("workflow-node, pool") for p in processes), processes
+    assert all(w["peak_rss_mb"] >= w["ready_rss_mb"] > 0 for w in scale["workers"])
     assert "raw Celery" in result.stdout and "target" in result.stdout
+    assert "map 5: per item" in result.stdout and "map of 30 items" in result.stdout
 
 
 def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(

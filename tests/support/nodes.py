@@ -41,6 +41,11 @@ def record(ctx: NodeContext, value: Any = None) -> None:
         )
 
 
+@conveyor.node("test.noop")
+def noop() -> None:
+    """No work and no effect: what such a node costs is the engine's alone."""
+
+
 @conveyor.node("test.add")
 def add(a: float, b: float, ctx: NodeContext) -> dict[str, float]:
     record(ctx, a + b)
@@ -184,15 +189,27 @@ def chaos_effect(seconds: float, ctx: NodeContext) -> dict[str, str]:
     run again (a worker killed after the effect, a duplicate) leaves one effect row (whose
     `runs` counts the re-runs)."""
     time.sleep(seconds)
+    _chaos_record(ctx.idempotency_key)
+    return {"key": ctx.idempotency_key}
+
+
+@conveyor.node("test.chaos_collect")
+def chaos_collect(values: list[Any], ctx: NodeContext) -> dict[str, Any]:
+    """A map's successor with the same careful effect (keyed, its re-runs counted), returning
+    the values it got, in the order it got them."""
+    _chaos_record(ctx.idempotency_key)
+    return {"values": values}
+
+
+def _chaos_record(key: str) -> None:
     with _engine().begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO chaos_effects (key) VALUES (:k) "
                 "ON CONFLICT (key) DO UPDATE SET runs = chaos_effects.runs + 1"
             ),
-            {"k": ctx.idempotency_key},
+            {"k": key},
         )
-    return {"key": ctx.idempotency_key}
 
 
 @conveyor.node("test.current_span")

@@ -89,6 +89,25 @@ def test_an_item_reads_only_the_needs_its_inputs_and_config_name() -> None:
     assert node.item_reads == ("config",)
 
 
+@pytest.mark.parametrize(
+    ("inputs", "config", "reads"),
+    [
+        ({"row": "{{ item }}", "at": "{{ index }}"}, {}, False),
+        ({"row": "{{ item }}", "plain": "input"}, {}, False),  # not a template
+        ({"scale": "{{ input.scale * item }}"}, {}, True),
+        ({"text": "{% set x = input %}{{ x.a }}"}, {}, True),
+        ({}, {"function": "f", "url": "{{ input['base'] }}/{{ item }}"}, True),
+        ({"broken": "{{ input.a "}, {}, True),  # does not parse: may read anything
+    ],
+)
+def test_an_item_reads_the_execution_s_input_only_when_its_templates_name_it(
+    inputs: dict[str, Any], config: dict[str, Any], reads: bool
+) -> None:
+    node = Node.model_validate(mapped() | {"inputs": inputs, "config": config or {"function": "f"}})
+
+    assert node.item_reads_input is reads
+
+
 def test_an_item_s_context_carries_its_item_and_index_and_keys_its_effects_by_them() -> None:
     item = NodeContext(execution_id="e", node_id="m", attempt=1, item={"id": 7}, index=3)
     plain = NodeContext(execution_id="e", node_id="m", attempt=1)

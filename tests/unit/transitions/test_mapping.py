@@ -120,19 +120,89 @@ def test_an_item_s_try_sees_its_item_and_index_and_leaves_its_node_to_the_map(
     assert not bench.alone(run, {"out": 2})  # never the one-statement success
 
 
-def test_each_settled_item_releases_the_held_item_of_lowest_index(bench: Bench) -> None:
+def test_an_item_claimed_by_its_hints_is_not_sent_the_input_its_templates_do_not_read(
+    bench: Bench,
+) -> None:
+    # Given a map over its input's rows, last in its workflow, whose output reads the input
+    output = {"tag": "{{ input.tag }}", "m": "{{ nodes.m }}"}
+    name = bench.apply("mapping", mapped(), defaults=NO_RETRY, output=output).name
+    made = bench.trigger(name, {"rows": [1, 2], "tag": "t"})
+    (own,) = made.dispatches
+
+    # When the map node's own job and then its items are claimed as their messages hint them
+    expanding = bench.claimed(own.job_id, own.hints)
+    published = bench.units.run(
+        lambda s: success.expand(
+            s, expanding, mapping.items_of(expanding), bench.clock(), 0.01, 1000
+        )
+    ).dispatches  # fmt: skip
+    runs = [bench.claimed(d.job_id, d.hints) for d in published]
+
+    # Then the own job read the list from the input, the items did not read the input, and the
+    # last item's settle read it for the execution's output
+    assert mapping.items_of(expanding) == [1, 2]
+    assert [(r.execution.input, r.context["input"]) for r in runs] == [(None, None)] * 2
+    for run, output in zip(runs, ["one", "two"], strict=True):
+        bench.complete(run, output)
+    done = bench.probe.execution(made.execution_id)
+    assert (done.status, done.output) == (
+        ExecutionStatus.COMPLETED, {"tag": "t", "m": ["one", "two"]},
+    )  # fmt: skip
+
+
+def test_a_map_failed_by_an_item_not_sent_the_input_settles_with_the_input(bench: Bench) -> None:
+    # Given a fail_fast map that continues on failure, whose workflow's output reads the input
+    mapping_node = {**mapped(), "continue_on_failure": True}
+    output = {"tag": "{{ input.tag }}"}
+    name = bench.apply("mapping", mapping_node, defaults=NO_RETRY, output=output).name
+    made = bench.trigger(name, {"rows": [1, 2], "tag": "t"})
+    published = expand(bench, made.execution_id)
+    dead = bench.claimed(published[0].job_id, published[0].hints)
+    assert dead.execution.input is None
+
+    # When its first item dies
+    bench.fail(dead, NonRetryableError("bad item"))
+
+    # Then the node failed, and the execution went on without it to its output
+    assert bench.statuses(made.execution_id) == {"m": "failed"}
+    done = bench.probe.execution(made.execution_id)
+    assert (done.status, done.output) == (ExecutionStatus.COMPLETED, {"tag": "t"})
+
+
+def test_an_item_whose_templates_read_the_input_is_claimed_with_it(bench: Bench) -> None:
+    name = bench.apply(
+        "mapping", mapped() | {"inputs": {"v": "{{ input.tag }}-{{ item }}"}}, defaults=NO_RETRY
+    ).name
+    made = bench.trigger(name, {"rows": [1], "tag": "t"})
+    (published,) = expand(bench, made.execution_id)
+
+    run = bench.claimed(published.job_id, published.hints)
+
+    assert run.context["input"] == {"rows": [1], "tag": "t"}
+
+
+def test_each_settled_item_releases_the_held_item_a_window_after_it(bench: Bench) -> None:
     execution_id, _ = start(bench, list(range(5)), window=2)
 
+    # When the second item settles first, then the first, then the one the second released
     first = bench.complete(item_run(bench, execution_id, 1), "one")
     second = bench.complete(item_run(bench, execution_id, 0), "zero")
 
+    # Then each released the item two places after it, which its job named
     jobs = items(bench, execution_id)
-    assert [d.job_id for d in first] == [jobs[2].id]
-    assert [d.job_id for d in second] == [jobs[3].id]
+    assert [d.job_id for d in first] == [jobs[3].id]
+    assert [d.job_id for d in second] == [jobs[2].id]
     assert statuses(bench, execution_id) == [
         "completed", "completed", "queued", "queued", "held",
     ]  # fmt: skip
     assert bench.probe.nodes(execution_id)["m"].items_left == 3
+    assert [d.job_id for d in bench.complete(item_run(bench, execution_id, 3), "three")] == []
+    assert [d.job_id for d in bench.complete(item_run(bench, execution_id, 2), "two")] == [
+        jobs[4].id
+    ]
+    assert [j.data for j in jobs] == [
+        {"releases": 2}, {"releases": 3}, {"releases": 4}, {}, {},
+    ]  # fmt: skip
 
 
 def fast(bench: Bench, run: NodeRun, output: Any) -> list[Dispatch] | None:
@@ -667,15 +737,16 @@ def test_a_requeue_leaves_a_finished_map_s_dead_items_dead(bench: Bench) -> None
 
 def test_settle_item_counts_and_map_runs_says_so_only_while_the_map_runs(bench: Bench) -> None:
     execution_id, _ = start(bench, [1, 2, 3], window=1)
+    first = items(bench, execution_id)[0].record()
 
     with bench.store() as store:
-        counted = store.settle_item(execution_id, "m", True, bench.clock())
+        counted = store.settle_item(first, "m", True, bench.clock())
         runs = store.map_runs(execution_id, "m")
     with bench.store() as store:
         closed = store.close_map(execution_id, "m", bench.clock(), "stop")
     with bench.store() as store:
         again = store.close_map(execution_id, "m", bench.clock(), "stop again")
-        after = store.settle_item(execution_id, "m", False, bench.clock())
+        after = store.settle_item(first, "m", False, bench.clock())
         runs_after = store.map_runs(execution_id, "m")
 
     assert (runs, runs_after) == (True, False)

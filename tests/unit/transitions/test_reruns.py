@@ -500,7 +500,9 @@ def test_a_rerun_through_a_map_runs_its_items_again_on_their_jobs_keeping_their_
     again = [item_run(bench, execution_id, i) for i in (0, 1)]
     assert [r.job.try_number for r in again] == [2, 2]  # numbered on after the earlier tries
     bench.complete(again[1], "TWO")
-    bench.complete(again[0], "ONE")
+    bench.complete(again[0], "ONE")  # releases the held item a window after it, by its index
+    assert items(bench, execution_id)[2].status is JobStatus.QUEUED
+    assert [j.data for j in items(bench, execution_id)] == [{"releases": 2}, {}, {}]
     (z,) = bench.complete(item_run(bench, execution_id, 2), "THREE")
 
     # Then it completes with the new outputs, and every earlier try is kept
