@@ -11,6 +11,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
 from sqlalchemy.engine import make_url
 
 import conveyor
@@ -51,6 +53,22 @@ def current_revision(url: str | None = None) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+def head_revision() -> str:
+    """The revision this release's migrations end at (one head: ``alembic heads``)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "the migrations have no revision"
+    return head
+
+
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one of this release's migrations; a database at another one
+    was migrated by a later release."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except AlembicError:
+        return False
 
 
 def display_url(url: str | None = None) -> str:
