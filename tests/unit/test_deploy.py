@@ -23,6 +23,7 @@ from conveyor.cli import app
 from conveyor.config import get_settings
 from conveyor.engine.queues import ALL_QUEUES
 from conveyor.migrations import ROOT
+from tests.support.logging_state import kept_logging
 
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 KUBERNETES = ROOT / "deploy" / "kubernetes" / "base"
@@ -318,7 +319,8 @@ def test_every_kubernetes_deployment_that_reads_the_database_waits_for_the_schem
     assert waiting == set(of_kind("Deployment")) - NO_SCHEMA
     assert "conveyor-api" in waiting and "conveyor-worker-node" in waiting
     # and the command they run is the CLI's
-    helped = CliRunner().invoke(app, ["db", "wait", "--help"])
+    with kept_logging():  # the command configures this process's logging
+        helped = CliRunner().invoke(app, ["db", "wait", "--help"])
     assert helped.exit_code == 0 and "--timeout" in helped.stdout
 
 
