@@ -58,7 +58,8 @@ def current_revision(url: str | None = None) -> str | None:
 def head_revision() -> str:
     """The revision this release's migrations end at (one head: ``alembic heads``)."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "the migrations have no revision"
+    if head is None:
+        raise ConfigurationError(f"the migrations at {MIGRATIONS} have no revision")
     return head
 
 

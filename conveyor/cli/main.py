@@ -129,8 +129,8 @@ def _root(
 ) -> None:
     if verbose and quiet:
         usage_error("-v and -q contradict each other; give one")
-    server = ctx.invoked_subcommand in _SERVERS
-    level = QUIET if quiet else _LEVELS[min(max(verbose, int(server)), 2)]
-    logs.configure(_log_format(), level, tracebacks=verbose > 0 or server)
+    verbosity = max(verbose, 1 if ctx.invoked_subcommand in _SERVERS else 0)
+    level = QUIET if quiet else _LEVELS[min(verbosity, 2)]
+    logs.configure(_log_format(), level, tracebacks=verbosity > 0)
     # Python shows a warning (a deprecation in the user's node module) by default: so does this
     logging.getLogger("py.warnings").setLevel(QUIET if quiet else min(level, logging.WARNING))
