@@ -317,7 +317,8 @@ class Settings(BaseSettings):
     log_format: str = Field(
         default="json",
         pattern="^(json|console)$",
-        description="Worker and beat logs: json (one object a line) or console.",
+        description="Logs: json (one object a line) or console; the conveyor command and its API "
+        "are console unless this is set.",
     )
     tracing: str = Field(
         default="none",

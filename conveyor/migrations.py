@@ -11,6 +11,8 @@ from pathlib import Path
 from alembic import command, op
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -72,6 +74,23 @@ def build_index(
             name, table, columns, unique=unique, postgresql_where=predicate,
             postgresql_concurrently=True,
         )  # fmt: skip
+
+
+def head_revision() -> str:
+    """The revision this release's migrations end at (one head: ``alembic heads``)."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise ConfigurationError(f"the migrations at {MIGRATIONS} have no revision")
+    return head
+
+
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one of this release's migrations; a database at another one
+    was migrated by a later release."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except AlembicError:
+        return False
 
 
 def display_url(url: str | None = None) -> str:

@@ -42,7 +42,7 @@ from conveyor.exceptions import (
 )
 from conveyor.service import Conveyor
 from conveyor.store.listing import ExecutionFilter
-from conveyor.wiring import function_parameters, http_allow, known_functions
+from conveyor.wiring import http_allow, known_functions
 
 router = APIRouter(
     prefix="/v1",
@@ -104,12 +104,13 @@ def apply_workflow(
     definition: Annotated[dict[str, Any], Body(description="A workflow definition.")],
 ) -> Applied:
     """Validate a definition and store it as a new version if it changed (200 if not)."""
+    # The python nodes' inputs are checked against their functions by the service's apply,
+    # whoever applies
     workflow = parse_workflow(
         definition,
         known_functions=known_functions(),
         http_allow=http_allow(),
         bounds=get_settings().bounds,
-        parameters=function_parameters(),
     )
     record, stored = service.apply(workflow, tenant.name)
     if not stored:

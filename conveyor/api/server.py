@@ -4,6 +4,11 @@ At a shutdown uvicorn stops accepting connections, then waits for every response
 finish before it runs the app's shutdown. A live stream finishes only with its execution, so
 it would wait for hours. This server first ends the streams (each closes cleanly, without a
 finished status: a client opens it again on another process), then shuts down as uvicorn does.
+
+uvicorn's own records (its start, each request's access line, an error in the app) go through
+the process's logging (:func:`conveyor.logs.configure`, which the ``conveyor`` command calls):
+on stderr, JSON when the logs are, at the level it set. uvicorn's default configuration would
+give them handlers of their own, in its format, the access lines on stdout.
 """
 
 from __future__ import annotations
@@ -30,4 +35,6 @@ def serve(host: str, port: int, settings: Settings | None = None) -> None:
     from conveyor.api.app import create_app
 
     app = create_app(settings=settings)
-    ApiServer(uvicorn.Config(app, host=host, port=port, log_level="info")).run()
+    # No log_config: uvicorn's loggers keep no handler of their own and propagate to the root
+    # one; no log_level: they take the root's.
+    ApiServer(uvicorn.Config(app, host=host, port=port, log_config=None, log_level=None)).run()

@@ -118,3 +118,18 @@ def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> view
             if deadline is not None and time.monotonic() >= deadline:
                 return view
             time.sleep(POLL_SECONDS)
+
+
+def who_fires(whose: str) -> str:
+    """What starts a schedule's runs in this deployment, said after a schedule is added or
+    resumed, or a definition that declares some is applied: ``whose`` begins the sentence
+    ("its", "the schedules of nightly: their")."""
+    if get_settings().embedded:
+        return (
+            f"{whose} runs start while `conveyor api` or `conveyor worker` runs (the embedded "
+            f"default has no beat): keep one of them running"
+        )
+    return (
+        f"{whose} runs start while `celery -A conveyor.tasks beat` runs, with workers serving "
+        f"workflow-scheduled and the workflow's queues"
+    )

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from conveyor import wiring
 from conveyor.cli import render
-from conveyor.cli.common import load_imports
+from conveyor.cli.common import load_imports, who_fires
 from conveyor.config import get_settings
 from conveyor.definition_files import load_definition
 from conveyor.engine.definitions import Workflow
@@ -62,7 +62,8 @@ def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path,
 
 
 def apply_files(paths: Sequence[Path], tenant: str, console: Console = render.out) -> list[str]:
-    """Validate all, then store each; the names applied, each reported on ``console``."""
+    """Validate all, then store each; the names applied, each reported on ``console``, and
+    what starts the runs of the schedules they declare."""
     workflows = check_files(paths)
     service = wiring.service()
     for workflow in workflows.values():
@@ -73,4 +74,7 @@ def apply_files(paths: Sequence[Path], tenant: str, console: Console = render.ou
             else f"unchanged (version {record.version})"
         )
         console.print(f"{record.name}: {state}", markup=False)
+    if scheduled := [w.name for w in workflows.values() if w.schedules]:
+        whose = f"the schedules of {', '.join(scheduled)}: their"
+        console.print(who_fires(whose), markup=False, soft_wrap=True)
     return [w.name for w in workflows.values()]

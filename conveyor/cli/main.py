@@ -80,6 +80,9 @@ def main() -> None:
 # Node failures and retries are in the tables already: errors only, unless asked; -q: none.
 _LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG}
 QUIET = logging.CRITICAL + 1
+# A server's log is what its operator reads (its start, each request, an error's traceback), as
+# a worker's is: info and tracebacks unless -q or -vv says otherwise.
+_SERVERS = {"api"}
 
 
 def _log_format() -> str:
@@ -100,6 +103,7 @@ def _version(asked: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     verbose: Annotated[
         int,
         typer.Option(
@@ -125,7 +129,8 @@ def _root(
 ) -> None:
     if verbose and quiet:
         usage_error("-v and -q contradict each other; give one")
-    level = QUIET if quiet else _LEVELS[min(verbose, 2)]
-    logs.configure(_log_format(), level, tracebacks=verbose > 0)
+    verbosity = max(verbose, 1 if ctx.invoked_subcommand in _SERVERS else 0)
+    level = QUIET if quiet else _LEVELS[min(verbosity, 2)]
+    logs.configure(_log_format(), level, tracebacks=verbosity > 0)
     # Python shows a warning (a deprecation in the user's node module) by default: so does this
     logging.getLogger("py.warnings").setLevel(QUIET if quiet else min(level, logging.WARNING))

@@ -18,8 +18,14 @@ from rich.table import Table
 
 from conveyor import views, wiring
 from conveyor.cli import render
-from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group, parse_input
-from conveyor.config import get_settings
+from conveyor.cli.common import (
+    JsonFlag,
+    Tenant,
+    embedded_schema,
+    group,
+    parse_input,
+    who_fires,
+)
 from conveyor.engine.cron import MisfirePolicy, parse_cron
 from conveyor.engine.definitions import ScheduleSpec
 from conveyor.engine.records import ScheduleRecord
@@ -183,19 +189,7 @@ def schedules_add(
             lambda s: schedules.add(s, tenant=tenant, workflow=workflow, spec=spec, now=_now())
         )
     _say(record, "added")
-    render.out.print(_who_fires(), markup=False, soft_wrap=True)
-
-
-def _who_fires() -> str:
-    if get_settings().embedded:
-        return (
-            "its runs start while `conveyor api` or `conveyor worker` runs (the embedded "
-            "default has no beat): keep one of them running"
-        )
-    return (
-        "its runs start while `celery -A conveyor.tasks beat` runs, with workers serving "
-        "workflow-scheduled and the workflow's queues"
-    )
+    render.out.print(who_fires("its"), markup=False, soft_wrap=True)
 
 
 @schedules_app.command("pause")
@@ -212,7 +206,7 @@ def schedules_resume(name: Name, tenant: Tenant = DEFAULT_TENANT) -> None:
     with embedded_schema():
         record = wiring.database().run(lambda s: schedules.resume(s, tenant, name, _now()))
     _say(record, "resumed")
-    render.out.print(_who_fires(), markup=False, soft_wrap=True)
+    render.out.print(who_fires("its"), markup=False, soft_wrap=True)
 
 
 @schedules_app.command("remove")

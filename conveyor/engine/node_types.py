@@ -246,6 +246,8 @@ def branches(node: Node) -> tuple[str, ...]:
 
 # The built-in types.
 
+PYTHON = "python"  # runs a function registered with @conveyor.node, its inputs as keywords
+
 
 def _python_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
     fn = config.get("function")
@@ -258,10 +260,21 @@ def _python_problems(config: Mapping[str, Any], checking: Checking) -> list[str]
             f"config.function {fn!r} is not registered{hint}; decorate it with "
             f"@conveyor.node({fn!r}) in a module listed in CONVEYOR_IMPORTS"
         ]
-    found = checking.parameters(fn) if checking.parameters is not None else None
-    inputs = checking.node.get("inputs", {})
+    if checking.parameters is None:
+        return []
+    return function_input_problems(config, checking.node.get("inputs", {}), checking.parameters)
+
+
+def function_input_problems(
+    config: Mapping[str, Any], inputs: object, parameters: FunctionParameters
+) -> list[str]:
+    """What a python node's inputs cannot give the function its config names, as
+    ``parameters`` says it takes; nothing for a function not registered in this process (it
+    is checked when it runs)."""
+    fn = config.get("function")
+    found = parameters(fn) if isinstance(fn, str) else None
     if found is None or not isinstance(inputs, Mapping):
-        return []  # a function not registered here is checked when it runs
+        return []
     return input_problems(inputs, found)
 
 
@@ -403,7 +416,7 @@ def _workflow_problems(config: Mapping[str, Any], checking: Checking) -> list[st
 
 # The tries of these two are I/O: the worker attaches their executors (conveyor.nodes).
 register(
-    NodeType(name="python", config_keys=frozenset({"function"}), check=_python_problems, maps=True)
+    NodeType(name=PYTHON, config_keys=frozenset({"function"}), check=_python_problems, maps=True)
 )
 register(
     NodeType(

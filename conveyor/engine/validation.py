@@ -93,6 +93,19 @@ def validate(
     return list(dict.fromkeys(errors))
 
 
+def input_errors(workflow: Workflow, parameters: FunctionParameters) -> list[str]:
+    """Each python node's inputs that its function cannot take, as :func:`validate` words
+    them given ``parameters``: that check alone, for a definition valid otherwise that may
+    not have passed it (a :class:`Workflow` built in Python and applied, see
+    :meth:`conveyor.service.Clients.apply`)."""
+    return [
+        f"node {node.id!r}: {problem}"
+        for node in workflow.nodes
+        if node.type == node_types.PYTHON
+        for problem in node_types.function_input_problems(node.config, node.inputs, parameters)
+    ]
+
+
 def _count_errors(nodes: list[Mapping[str, Any]], bounds: Bounds) -> list[str]:
     """The nodes past CONVEYOR_MAX_NODES, or the needs past CONVEYOR_MAX_NEEDS."""
     if len(nodes) > bounds.nodes:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor import tracing
+from conveyor import nodes, tracing
 from conveyor.engine import (
     cancellation,
     credentials,
@@ -17,6 +17,7 @@ from conveyor.engine import (
     subscriptions,
     trigger_limits,
     triggering,
+    validation,
     workflows,
 )
 from conveyor.engine.definitions import Workflow
@@ -24,6 +25,7 @@ from conveyor.engine.records import DeliveryReceipt, TenantRef, WorkflowRecord
 from conveyor.engine.states import Priority, TriggerSource
 from conveyor.exceptions import (
     AuthError,
+    DefinitionError,
     NotFound,
     ReplayedDelivery,
     SignatureError,
@@ -50,7 +52,13 @@ class Clients(ServiceBase):
     def apply(
         self, workflow: Workflow, tenant: str = DEFAULT_TENANT
     ) -> tuple[WorkflowRecord, bool]:
-        """Store the definition if it changed, and make its declared schedules match it."""
+        """Store the definition if it changed, and make its declared schedules match it.
+        :class:`DefinitionError` when a python node's inputs do not fit the function
+        registered in this process under its name (whoever built the definition: the API,
+        the CLI or an application's own code); a function registered elsewhere only is
+        checked when it runs."""
+        if problems := validation.input_errors(workflow, nodes.function_parameters):
+            raise DefinitionError(problems, f"workflow {workflow.name!r}")
 
         def work(store: SqlStore) -> tuple[WorkflowRecord, bool]:
             applied = workflows.apply_workflow(store, tenant, workflow, utcnow())

@@ -200,6 +200,27 @@ def test_conveyor_api_on_the_embedded_default_fires_schedules_and_answers_its_pr
     assert "Application shutdown complete" in (home.path / "api.log").read_text()
 
 
+def test_applying_a_definition_with_schedules_on_the_embedded_default_says_what_starts_them(
+    tmp_path: Path,
+) -> None:
+    # Given a fresh embedded home and a definition that declares a schedule
+    fresh = Home(tmp_path)
+    (tmp_path / "flip.py").write_text(NODES)
+    (tmp_path / "nightly.yaml").write_text(FLOW.replace("name: flow", "name: nightly")
+                                           + "schedules: [{cron: '0 3 * * *'}]\n")  # fmt: skip
+
+    applied = fresh.run("workflow", "apply", "nightly.yaml")
+
+    # Then it says what the embedded default needs running for them, as `schedules add` does
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.splitlines() == [
+        "nightly: stored version 1",
+        "the schedules of nightly: their runs start while `conveyor api` or `conveyor worker` "
+        "runs (the embedded default has no beat): keep one of them running",
+    ]
+    fresh.db.dispose()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

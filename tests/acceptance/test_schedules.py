@@ -113,9 +113,27 @@ def test_the_schedules_command_refuses_bad_input_and_manages_a_schedule(
                     "Europe/Paris", "--name", "mornings", env=acceptance_env)  # fmt: skip
     assert good.returncode == 0, good.stderr
     assert "tick at 09:00 on Monday through Friday (0 9 * * 1-5, Europe/Paris)" in good.stdout
+    # and says what starts its runs when a broker is configured
+    assert "its runs start while `celery -A conveyor.tasks beat` runs" in good.stdout
     for verb in ("pause", "resume", "remove"):
         done = conveyor("schedules", verb, "mornings", env=acceptance_env)
         assert done.returncode == 0, done.stderr
     gone = conveyor("schedules", "pause", "mornings", env=acceptance_env)
     assert gone.returncode == 1
     assert "no schedule named 'mornings'" in gone.stderr
+
+
+def test_applying_a_definition_with_schedules_says_what_starts_their_runs(
+    client: Conveyor, acceptance_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "tick.yaml").write_text(json.dumps({**RECORDER, "schedules": [{"cron": "@daily"}]}))
+    (tmp_path / "plain.yaml").write_text(json.dumps({**RECORDER, "name": "plain"}))
+    files = [str(tmp_path / "plain.yaml"), str(tmp_path / "tick.yaml")]
+
+    applied = conveyor("workflow", "apply", *files, env=acceptance_env)
+
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.splitlines()[-1] == (
+        "the schedules of tick: their runs start while `celery -A conveyor.tasks beat` runs, "
+        "with workers serving workflow-scheduled and the workflow's queues"
+    )

@@ -73,7 +73,7 @@ def empty_limiter() -> Iterator[RedisLimiter]:
 def waiting_jobs(db: Database, status: JobStatus, width: int = WIDTH) -> list[uuid.UUID]:
     """A fan-out's node jobs, committed and then left ``status`` with no message anywhere."""
     nodes = [{"id": f"n{i}", "type": "python", "config": {"function": "test.sleep_add"},
-              "inputs": {"a": 1, "b": 2}} for i in range(width)]  # fmt: skip
+              "inputs": {"a": 1, "b": 2, "seconds": 0}} for i in range(width)]  # fmt: skip
     service = Conveyor(db, Recorded())
     service.apply(parse_workflow({"name": "wide", "nodes": nodes}))
     made = db.run(

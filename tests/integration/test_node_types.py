@@ -13,7 +13,7 @@ import pytest
 
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus
 from conveyor.engine.validation import parse_workflow
-from conveyor.exceptions import InvalidTransition
+from conveyor.exceptions import DefinitionError, InvalidTransition
 from conveyor.service import Conveyor
 from tests.support.outbound import http_allowed
 from tests.support.services import effects, wait_for
@@ -296,6 +296,29 @@ def test_cancel_stops_running_nodes_and_cancels_pending_ones(conveyor_service: C
     assert states["next"].status is NodeStatus.CANCELLED
     slept = [e for e in effects(conveyor_service.db.url) if e["node_id"] == "nap"]
     assert len(slept) == 1  # the node saw ctx.cancelled and returned early
+
+
+def test_applying_from_python_refuses_inputs_a_registered_function_does_not_take(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a definition built in Python, valid but for its inputs: test.add takes (a, b, ctx)
+    node = {"id": "s", "type": "python", "config": {"function": "test.add"},
+            "inputs": {"a": 1, "bb": 2}}  # fmt: skip
+    workflow = parse_workflow({"name": "sum", "nodes": [node]})
+
+    # When it is applied through the service, as the API and the CLI do
+    with pytest.raises(DefinitionError) as refused:
+        conveyor_service.apply(workflow)
+
+    # Then it is refused with the sentences they give, and nothing is stored
+    assert refused.value.errors == [
+        "node 's': inputs.bb is not a parameter: function 'test.add' takes (a, b, ctx); did you "
+        "mean 'b'?",
+        "node 's': function 'test.add' takes (a, b, ctx): 'b' has no default, so inputs.b is "
+        "required; add it",
+    ]
+    with conveyor_service.db.transaction() as store:
+        assert store.list_workflows(store.tenant_id("default")) == []
 
 
 def test_applying_a_changed_definition_makes_a_new_version_and_executions_pin_theirs(

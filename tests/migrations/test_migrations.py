@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +15,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 from typer.testing import CliRunner
 
 from conveyor import migrations
@@ -23,6 +26,8 @@ from conveyor.store.engines import make_engine
 from tests.conftest import PG_ADMIN_URL, RUN_ID
 from tests.support.logging_state import kept_logging
 from tests.support.services import alembic_config, create_database, drop_database
+
+CONVEYOR = str(Path(sys.executable).parent / "conveyor")  # the installed console script
 
 
 @pytest.fixture
@@ -370,3 +375,44 @@ def test_0021_stopped_during_its_index_builds_runs_again_to_the_end(postgres_url
     engine.dispose()
     assert invalid == 0
     assert "WHERE ((node_id IS NOT NULL) AND (item_index IS NULL))" in str(key)
+
+
+def test_db_wait_exits_once_the_schema_is_at_head_and_says_why_on_timeout(
+    postgres_url: str,
+) -> None:
+    env = {**os.environ, "CONVEYOR_DATABASE_URL": postgres_url}
+    head = ScriptDirectory.from_config(alembic_config(postgres_url)).get_current_head()
+    gone = postgres_url.rsplit("/", 1)[0] + "/conveyor_never_made"
+
+    # An empty database, or none at all: it gives up after its timeout, saying what is wrong
+    empty = conveyor("db", "wait", "--timeout", "0", env=env)
+    assert empty.returncode == 1
+    assert f"has no schema (this release's is revision {head}); run `conveyor db upgrade`" in (
+        " ".join(empty.stderr.split())
+    )
+    missing = conveyor("db", "wait", "--timeout", "0", env={**env, "CONVEYOR_DATABASE_URL": gone})
+    assert missing.returncode == 1
+    assert "is unreachable" in missing.stderr and "conveyor_never_made" in missing.stderr
+
+    # Waiting on the empty database, it exits 0 once the schema has been brought to head
+    with subprocess.Popen(
+        [CONVEYOR, "db", "wait", "--timeout", "120"], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as waiting:  # fmt: skip
+        command.upgrade(alembic_config(postgres_url), "0021")
+        assert waiting.poll() is None  # a revision short of head is not enough
+        command.upgrade(alembic_config(postgres_url), "head")
+        out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, err
+    assert f"at revision {head}" in out
+
+    # And a database a later release migrated further is there too
+    engine = make_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    assert conveyor("db", "wait", "--timeout", "0", env=env).returncode == 0
+
+
+def conveyor(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CONVEYOR, *args], env=env, text=True, capture_output=True, timeout=60)

@@ -1,5 +1,6 @@
-"""A page's shell block, read from the markdown and run as a reader runs it, so that the test
-of an example runs the commands its page shows and the page cannot drift from them."""
+"""A page's code blocks, read from the markdown, its shell blocks run as a reader runs them, so
+that the test of an example runs the code and the commands its page shows and the page cannot
+drift from them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FENCED = re.compile(r"^```([\w-]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 HEADING = re.compile(r"^#{1,6} .+$", re.MULTILINE)
 
 
@@ -19,14 +20,36 @@ def block_under(page: Path, heading: str) -> list[str]:
     """The commands of the first ```sh block between ``heading`` (a whole line, e.g.
     ``## Run it``) and the next heading: one per line, a trailing backslash joining lines,
     blank lines and whole-line comments left out."""
+    blocks = blocks_under(page, heading, "sh")
+    assert blocks, f"{page.name}: no ```sh block under {heading!r}"
+    return commands_of(blocks[0])
+
+
+def blocks_under(page: Path, heading: str, language: str) -> list[str]:
+    """The text of every ```LANGUAGE block between ``heading`` and the next heading, in
+    order."""
     text = page.read_text()
     start = text.index(f"\n{heading}\n") + len(heading) + 2
-    following = HEADING.search(text, start)
-    section = text[start : following.start() if following else len(text)]
-    found = SH_BLOCK.search(section)
-    assert found, f"{page.name}: no ```sh block under {heading!r}"
-    joined = found.group(1).replace("\\\n", " ")
+    end = _section_end(text, start)
+    return [m.group(2) for m in FENCED.finditer(text, start, end) if m.group(1) == language]
+
+
+def commands_of(block: str) -> list[str]:
+    """A shell block's commands: one per line, a trailing backslash joining lines, blank
+    lines and whole-line comments left out."""
+    joined = block.replace("\\\n", " ")
     return [line.strip() for line in joined.splitlines() if line.strip() and line[0] != "#"]
+
+
+def _section_end(text: str, position: int) -> int:
+    """Where the next heading after ``position`` starts (a fenced block's lines starting with
+    # are no heading: a shell comment, a YAML one)."""
+    while (heading := HEADING.search(text, position)) is not None:
+        block = FENCED.search(text, position)
+        if block is None or heading.start() < block.start():
+            return heading.start()
+        position = block.end()
+    return len(text)
 
 
 @dataclass(frozen=True)

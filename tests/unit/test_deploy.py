@@ -23,6 +23,7 @@ from conveyor.cli import app
 from conveyor.config import get_settings
 from conveyor.engine.queues import ALL_QUEUES
 from conveyor.migrations import ROOT
+from tests.support.logging_state import kept_logging
 
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 KUBERNETES = ROOT / "deploy" / "kubernetes" / "base"
@@ -298,11 +299,36 @@ def test_kubernetes_probes_the_api_on_health_and_ready() -> None:
     assert "conveyor-api" in of_kind("Service")
 
 
+def init_containers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = manifest["spec"]["template"]["spec"].get("initContainers", [])
+    return result
+
+
+# Deployments whose processes never read the database: beat only sends messages, Flower only
+# reads the broker's events
+NO_SCHEMA = {"conveyor-beat", "conveyor-flower"}
+
+
+def test_every_kubernetes_deployment_that_reads_the_database_waits_for_the_schema() -> None:
+    # The migrate Job is applied with the Deployments: their pods must not start before it
+    waiting = set()
+    for name, deployment in of_kind("Deployment").items():
+        commands = [c["args"][:3] for c in init_containers(deployment)]
+        if ["conveyor", "db", "wait"] in commands:
+            waiting.add(name)
+    assert waiting == set(of_kind("Deployment")) - NO_SCHEMA
+    assert "conveyor-api" in waiting and "conveyor-worker-node" in waiting
+    # and the command they run is the CLI's
+    with kept_logging():  # the command configures this process's logging
+        helped = CliRunner().invoke(app, ["db", "wait", "--help"])
+    assert helped.exit_code == 0 and "--timeout" in helped.stdout
+
+
 def test_every_kubernetes_container_requests_resources_and_reads_the_settings() -> None:
     pods = [*of_kind("Deployment").values(), *of_kind("Job").values()]
     assert len(pods) == 8  # api, beat, flower, four workers, migrate
     for pod in pods:
-        for container in containers(pod):
+        for container in [*init_containers(pod), *containers(pod)]:
             name = pod["metadata"]["name"]
             assert container["resources"]["requests"].keys() == {"cpu", "memory"}, name
             sources = [next(iter(s.values()))["name"] for s in container["envFrom"]]
