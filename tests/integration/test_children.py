@@ -64,7 +64,7 @@ def job_of(service: Conveyor, execution_id: uuid.UUID, node_id: str) -> Job:
         ).one()
 
 
-def wait_until(check: Any, timeout: float = 20.0) -> Any:
+def wait_until(check: Any, timeout: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout
     while not (found := check()):
         assert time.monotonic() < deadline, "it did not happen in time"
