@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import parents, templates, triggering
+from conveyor.engine import templates, triggering
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
@@ -179,6 +179,3 @@ def settle_waiting(store: Store, now: datetime, limit: int) -> tuple[int, list[D
     for child_id in found:
         dispatches += settle_parent(store, store.execution(child_id), now)
     return len(found), dispatches
-
-
-parents.bind(settle_parent)
