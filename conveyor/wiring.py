@@ -4,7 +4,9 @@ from here.
 
 Building the service imports no Celery: its dispatcher builds the Celery app at its first
 publish, so a process that only reads or migrates (``conveyor workflow validate``,
-``conveyor executions list``, the API answering reads) never loads it.
+``conveyor executions list``, the API answering reads) never loads it. Nor does asking for
+the database import the service, the limiter, metrics or tracing (Redis's client, which
+imports OpenTelemetry's SDK): a command that only reads imports what reading needs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from conveyor import metrics, tracing
 from conveyor.config import get_settings
 from conveyor.engine import template_budget as budgets
 from conveyor.engine.addresses import AllowList
@@ -31,14 +32,14 @@ from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import Dispatch
 from conveyor.engine.template_budget import Budget
 from conveyor.exceptions import ConfigurationError
-from conveyor.limiter import RedisLimiter
-from conveyor.service import Conveyor
 from conveyor.store import Database
 
 if TYPE_CHECKING:
     from celery import Celery
 
     from conveyor.alerts.duty import Alerter
+    from conveyor.limiter import RedisLimiter
+    from conveyor.service import Conveyor
 
 _imported: set[str] = set()
 _lock = threading.Lock()
@@ -49,6 +50,9 @@ _celery_app: Celery | None = None
 @lru_cache(maxsize=1)
 def service() -> Conveyor:
     """The service of this process: the one the tasks, the API and the CLI call."""
+    from conveyor import metrics, tracing
+    from conveyor.service import Conveyor
+
     settings = get_settings()
     budgets.configure(template_budget())  # every process that renders builds this
     tracing.configure(settings.tracing)  # every process that triggers or runs nodes builds this
@@ -120,6 +124,8 @@ def database() -> Database:
 def limiter() -> RedisLimiter | None:
     """The Redis limiter, or None when limits are off or the embedded default runs (one
     process whose worker threads already bound its concurrency)."""
+    from conveyor.limiter import RedisLimiter
+
     settings = get_settings()
     if not settings.limits_enabled or settings.embedded:
         return None
@@ -143,6 +149,7 @@ def default_limits() -> Limits:
 
 def alerter(service: Conveyor) -> Alerter:
     """The alert duty, with the thresholds and webhook of the settings."""
+    from conveyor import metrics
     from conveyor.alerts.duty import Alerter
     from conveyor.alerts.rules import Thresholds
 

@@ -1,6 +1,6 @@
-"""The ``conveyor`` command. :mod:`conveyor.cli.main` gathers the sub-commands, each in a module
-of its own that imports only the shared :mod:`conveyor.cli.common` (and the definition files'
-:mod:`conveyor.cli.definitions`), never the root."""
+"""The ``conveyor`` command. :mod:`conveyor.cli.main` lists the sub-commands and imports the
+module of the one that runs; each module imports only the shared :mod:`conveyor.cli.common`
+(and the definition files' :mod:`conveyor.cli.definitions`), never the root."""
 
 from conveyor.cli.main import app, main
 

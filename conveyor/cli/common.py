@@ -1,6 +1,7 @@
 """What every sub-command of ``conveyor`` shares: the options they have in common, how they
 end with a user's error, the embedded database's first use, and the embedded workers a command
-runs to carry its work to its end. It imports no sub-command."""
+runs to carry its work to its end. It imports no sub-command, and at its top nothing the root
+of ``conveyor`` does not need (``conveyor --version`` imports it)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from conveyor import migrations, views, wiring
-from conveyor.cli import render
-from conveyor.config import get_settings
 from conveyor.engine.states import ExecutionStatus
+
+if TYPE_CHECKING:
+    from conveyor import views
 
 POLL_SECONDS = 0.2
 
@@ -37,6 +38,8 @@ def group(help: str, **kwargs: Any) -> typer.Typer:
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
+    from conveyor.cli import render
+
     render.err.print(message, style="red", markup=False, soft_wrap=True)
     raise typer.Exit(code)
 
@@ -74,12 +77,17 @@ def parse_time(raw: str | None, option: str = "--at") -> datetime | None:
 def load_imports() -> None:
     """Import the modules of CONVEYOR_IMPORTS (they register node functions); a module that
     will not import is a ConfigurationError saying which and what to do."""
+    from conveyor import wiring
+
     wiring.load_imports()
 
 
 @contextmanager
 def embedded_schema() -> Iterator[None]:
     """The embedded database is migrated on first use; production runs `conveyor db upgrade`."""
+    from conveyor import migrations
+    from conveyor.config import get_settings
+
     if get_settings().embedded:
         migrations.upgrade()
     yield
@@ -90,6 +98,9 @@ def workers_if_embedded() -> Iterator[bool]:
     """On the embedded default, migrate and run worker threads in this process; yield whether
     it did. A command that publishes work needs them: the in-process broker's messages are
     gone when the command exits, so it waits for the work to finish first."""
+    from conveyor import migrations
+    from conveyor.config import get_settings
+
     if not get_settings().embedded:
         yield False
         return
@@ -102,12 +113,16 @@ def workers_if_embedded() -> Iterator[bool]:
 
 
 def execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
+    from conveyor import views, wiring
+
     with wiring.database().transaction() as store:
         return views.execution_view(store, execution_id)
 
 
 def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> views.ExecutionJson:
     """Poll the execution until it finishes or ``timeout`` seconds pass; the last view."""
+    from conveyor.cli import render
+
     deadline = None if timeout is None else time.monotonic() + timeout
     with render.live_progress(live) as show:
         while True:
@@ -124,6 +139,8 @@ def who_fires(whose: str) -> str:
     """What starts a schedule's runs in this deployment, said after a schedule is added or
     resumed, or a definition that declares some is applied: ``whose`` begins the sentence
     ("its", "the schedules of nightly: their")."""
+    from conveyor.config import get_settings
+
     if get_settings().embedded:
         return (
             f"{whose} runs start while `conveyor api` or `conveyor worker` runs (the embedded "

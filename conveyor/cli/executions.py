@@ -12,7 +12,7 @@ import uuid
 from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -32,10 +32,8 @@ from conveyor.cli.common import (
     wait_for,
     workers_if_embedded,
 )
-from conveyor.cli.definitions import apply_files
 from conveyor.config import get_settings
 from conveyor.definition_files import SUFFIXES
-from conveyor.engine.reruns import Rerun
 from conveyor.engine.states import (
     ExecutionStatus,
     JobStatus,
@@ -44,10 +42,14 @@ from conveyor.engine.states import (
     TriggerSource,
 )
 from conveyor.exceptions import InvalidQuery, InvalidTransition
-from conveyor.service.reads import cursor_of
 from conveyor.store import DEFAULT_TENANT
 from conveyor.store.listing import ExecutionFilter
 
+if TYPE_CHECKING:
+    from conveyor.engine.reruns import Rerun
+
+# The definition files' and the service's modules are imported by the commands that use them
+# (a read needs neither).
 EXAMPLES = migrations.ROOT / "examples"
 INPUT_SUFFIX = ".input.json"  # examples/<name>.input.json: the input of examples/<name>.yaml
 
@@ -110,6 +112,8 @@ def run(
     payload = parse_input(input)
     run_at = parse_time(at)
     path = Path(target)
+    from conveyor.cli.definitions import apply_files
+
     known_file = path.is_file() and path.suffix.lower() in SUFFIXES
     with workers_if_embedded() as embedded:
         # stdout carries only the id (or the JSON): the apply notice goes to stderr
@@ -316,6 +320,8 @@ def executions_watch(
     """Print each change of the status of the tenant's executions as it happens, those
     triggered later included (the events of GET /v1/stream), until Ctrl-C."""
     if after is not None:
+        from conveyor.service.reads import cursor_of
+
         try:
             cursor_of(after, "--after")
         except InvalidQuery as exc:
@@ -444,6 +450,7 @@ def demo() -> None:
             "workers (CONVEYOR_IMPORTS=conveyor.demo)"
         )
     from conveyor import demo as demo_nodes  # registers the examples' node functions
+    from conveyor.cli.definitions import apply_files
 
     files = sorted(
         p

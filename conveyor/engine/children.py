@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import parents, templates, triggering
+from conveyor.engine import templates, triggering
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
@@ -204,6 +204,3 @@ def settle_waiting(store: Store, now: datetime, limit: int) -> tuple[int, AfterC
     for child_id in found:
         after += settle_parent(store, store.execution(child_id), now)
     return len(found), after
-
-
-parents.bind(settle_parent)

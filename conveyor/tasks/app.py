@@ -96,11 +96,19 @@ def create_app(settings: Settings) -> Celery:
     return app
 
 
+# A recovery sweep waits in the queue at least this long before it is dropped as expired:
+# with a short interval (the chaos tier's 1 s), a planner busier than one interval would
+# otherwise drop every sweep, and nothing lost would be recovered until it caught up.
+RECOVER_EXPIRES_FLOOR = 10.0
+
+
 def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """``celery -A conveyor.tasks beat`` sends the due check: at second 0 of every minute by
     default, else every ``CONVEYOR_SCHEDULE_CHECK_INTERVAL`` seconds. A check that waited in
     the queue longer than one interval is dropped: the next one does its work. Any number of
-    beats may run; their checks share the due schedules, never firing one slot twice."""
+    beats may run; their checks share the due schedules, never firing one slot twice. The
+    recovery sweep expires after its interval too, but never sooner than
+    :data:`RECOVER_EXPIRES_FLOOR`."""
     interval = settings.schedule_check_interval
     every: crontab | float = crontab() if interval == 60 else interval
     recover = settings.recover_interval
@@ -113,7 +121,10 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "conveyor-recover": {
             "task": "conveyor.scheduled.recover",
             "schedule": recover,
-            "options": {"queue": SCHEDULED_QUEUE, "expires": recover},
+            "options": {
+                "queue": SCHEDULED_QUEUE,
+                "expires": max(recover, RECOVER_EXPIRES_FLOOR),
+            },
         },
         "conveyor-prune": {
             "task": "conveyor.scheduled.prune",

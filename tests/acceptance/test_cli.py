@@ -16,9 +16,13 @@ from tests.acceptance.conftest import ROOT
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]  # the installed console script
 
 
-def conveyor(*args: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def conveyor(
+    *args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float | None = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``conveyor ARGS``; ``timeout=None`` leaves a command that waits for an execution
+    to its test's own timeout."""
     return subprocess.run(
-        [*CONVEYOR, *args], env=env, cwd=cwd, text=True, capture_output=True, timeout=120
+        [*CONVEYOR, *args], env=env, cwd=cwd, text=True, capture_output=True, timeout=timeout
     )
 
 

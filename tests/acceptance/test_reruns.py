@@ -39,7 +39,8 @@ def diamond(flag: Path) -> dict[str, object]:
     }
 
 
-# Three `conveyor` processes and two workers start, each in seconds on a loaded machine.
+# Three `conveyor` processes and two workers start, each in seconds on a loaded machine; the
+# two that wait for the execution have no time limit of their own but the test's.
 @pytest.mark.timeout(300)
 def test_a_failed_diamond_reruns_from_its_failed_node_on_real_workers_and_completes(
     acceptance_env: dict[str, str],
@@ -56,14 +57,14 @@ def test_a_failed_diamond_reruns_from_its_failed_node_on_real_workers_and_comple
     definition.write_text(json.dumps(diamond(flag)))
     applied = conveyor("workflow", "apply", str(definition), env=env)
     assert applied.returncode == 0, applied.stderr
-    failed = conveyor("run", "rerun-diamond", "--wait", "--json", env=env)
+    failed = conveyor("run", "rerun-diamond", "--wait", "--json", env=env, timeout=None)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     execution_id = json.loads(failed.stdout)["execution_id"]
 
     # When the cause is fixed and the operator reruns it from that node
     flag.touch()
     rerun = conveyor("executions", "rerun", execution_id, "--from", "broken", "--wait", "--json",
-                     env=env)  # fmt: skip
+                     env=env, timeout=None)  # fmt: skip
 
     # Then it completes; the node and its downstream ran again, the rest did not
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr

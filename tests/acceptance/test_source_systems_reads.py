@@ -18,9 +18,10 @@ from tests.acceptance.test_api import api  # noqa: F401  (the fixture: `conveyor
 from tests.acceptance.test_cli import conveyor
 
 Start = Callable[..., subprocess.Popen[str]]
+# Runs until the test cancels it, however long the test takes on a loaded machine
 SLOW = {"name": "export", "nodes": [{"id": "render", "type": "python",
                                      "config": {"function": "test.sleep"},
-                                     "inputs": {"seconds": 60}}]}  # fmt: skip
+                                     "inputs": {"seconds": 3600}}]}  # fmt: skip
 SUM = {"name": "sum", "nodes": [{"id": "add", "type": "python", "config": {"function": "test.add"},
                                  "inputs": {"a": 1, "b": 1}}]}  # fmt: skip
 DOOMED = {"name": "doomed", "defaults": {"retry": {"max_attempts": 3, "backoff": 0.01}},
@@ -42,6 +43,8 @@ def until(check: Callable[[], Any], what: str, seconds: float = 30) -> Any:
     return found
 
 
+# A worker, `conveyor api` and a dozen `conveyor` calls, each seconds on a loaded machine.
+@pytest.mark.timeout(300)
 def test_a_heartbeat_moves_in_show_and_the_api_and_executions_are_found_and_counted(
     api: str,  # noqa: F811
     start_worker: Start,

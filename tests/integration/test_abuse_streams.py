@@ -142,7 +142,6 @@ def test_five_hundred_streams_share_one_database_connection_and_each_hears_its_e
     conveyor_service.apply(parse_workflow(ONE_NODE), "globex")
     executions = [held(conveyor_service) for _ in range(250)]
     others, _ = held(conveyor_service, "globex")
-    other_took: list[float] = []
     # (another API server of this test run, on this database, may hold a LISTEN connection)
     before, hubs_before = connections()
     samples: list[tuple[int, int]] = []
@@ -152,9 +151,7 @@ def test_five_hundred_streams_share_one_database_connection_and_each_hears_its_e
             base_url=api, headers={"Authorization": f"Bearer {other_key}"}, timeout=30
         ) as other:
             for _ in range(20):
-                started = time.monotonic()
                 assert (await other.get("/v1/executions")).status_code == 200
-                other_took.append(time.monotonic() - started)
             async with other.stream("GET", f"/v1/executions/{others}/events") as stream:
                 assert stream.status_code == 200
                 async for line in stream.aiter_lines():
@@ -185,6 +182,10 @@ def test_five_hundred_streams_share_one_database_connection_and_each_hears_its_e
             samples.append(await asyncio.to_thread(connections))
             samples.append((await asyncio.to_thread(registered), 0))
             await globex_meanwhile(api)
+            # The other tenant's calls were answered, and its stream opened, while all 500
+            # streams were open: none has ended (each ends after its execution, not run yet).
+            # The issue saw its calls time out after 20 s, every connection taken.
+            assert not any(stream.done() for stream in streams)
 
             # When every execution's node runs
             for _, dispatches in executions:
@@ -209,9 +210,6 @@ def test_five_hundred_streams_share_one_database_connection_and_each_hears_its_e
             "completed",
         ]
         assert [data["status"] for kind, data in seen if kind == "node"] == ["running", "completed"]
-    # and the other tenant's calls were answered promptly meanwhile (a generous bound: the
-    # issue saw them time out after 20 s), and its own stream opened
-    assert max(other_took) < 3.0, other_took
 
 
 def test_a_tenant_past_its_cap_gets_429_while_another_tenant_still_opens_streams(

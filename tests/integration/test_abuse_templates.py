@@ -8,7 +8,6 @@ seconds) answers 422 at once, and another tenant's requests keep answering meanw
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 import uuid
@@ -239,19 +238,23 @@ def test_another_tenant_keeps_answering_while_eight_trigger_bombs_run(
     # Given a tenant whose workflow's root delay burns its whole template budget,
     attacker, victim = client(api_url, make_key("mallory")), client(api_url, make_key("alice"))
     assert attacker.post("/v1/workflows", json=delayed(FORK + "1")).status_code == 201
-    victim_times: list[float] = []
+    victim_calls: list[tuple[float, float]] = []  # (sent, answered), on one clock
+    bomb_calls: list[tuple[float, float]] = []
     stop = threading.Event()
 
     def victim_requests() -> None:
         while not stop.is_set():
             for path in ("/health", "/v1/executions"):
-                started = time.monotonic()
+                sent = time.monotonic()
                 assert victim.get(path).status_code == 200
-                victim_times.append(time.monotonic() - started)
+                victim_calls.append((sent, time.monotonic()))
 
     def bomb(_: int) -> int:
         with client(api_url, attacker.headers["Authorization"].split()[1]) as api:
-            return api.post("/v1/workflows/wait/executions", json={"input": {}}).status_code
+            sent = time.monotonic()
+            code = api.post("/v1/workflows/wait/executions", json={"input": {}}).status_code
+            bomb_calls.append((sent, time.monotonic()))
+            return code
 
     # when eight of its triggers run at once, twice over,
     watcher = threading.Thread(target=victim_requests)
@@ -265,11 +268,14 @@ def test_another_tenant_keeps_answering_while_eight_trigger_bombs_run(
         attacker.close()
         victim.close()
 
-    # then each answers 422, and the other tenant's requests kept answering.
+    # then each answers 422, and the other tenant's requests kept being answered while the
+    # bombs ran: more of them were sent and answered between the first bomb's send and the
+    # last bomb's answer than there were bombs (an API that a bomb blocked would answer it
+    # between bombs only, once each at most), whatever the machine's pace
     assert codes == [422] * 16
-    assert len(victim_times) >= 10
-    p99 = statistics.quantiles(victim_times, n=100)[98]
-    assert p99 < 2.0, f"p99 {p99:.2f} s over {len(victim_times)} requests"
+    first_sent, last_answered = min(s for s, _ in bomb_calls), max(a for _, a in bomb_calls)
+    meanwhile = [s for s, a in victim_calls if first_sent <= s and a <= last_answered]
+    assert len(meanwhile) > len(bomb_calls), (len(meanwhile), len(victim_calls))
 
 
 def test_a_trigger_after_a_bomb_was_mended_runs_the_mended_version(

@@ -82,3 +82,16 @@ def test_beat_goes_on_when_it_cannot_write_its_heartbeat(
 
     assert interval > 0
     assert f"beat cannot touch its heartbeat file {unwritable}" in caplog.text
+
+
+@pytest.mark.parametrize(("interval", "expires"), [(1.0, 10.0), (9.5, 10.0), (30.0, 30.0)])
+def test_a_recovery_sweep_expires_after_its_interval_but_never_within_ten_seconds(
+    interval: float, expires: float
+) -> None:
+    # A planner busier than a short interval still runs the sweeps it is sent
+    app = create_app(Settings(broker_url="memory://", recover_interval=interval))
+
+    recover = app.conf.beat_schedule["conveyor-recover"]
+
+    assert recover["schedule"] == interval
+    assert recover["options"] == {"queue": "workflow-scheduled", "expires": expires}
