@@ -28,7 +28,7 @@ from conveyor.service import Conveyor, utcnow
 from conveyor.store.listing import ExecutionFilter
 from tests.conftest import TEST_DB_URL
 from tests.integration.test_api import MakeKey, client
-from tests.integration.test_dedupe_policy import waiting_on_a_lock
+from tests.support import nodes as test_nodes
 from tests.support.services import effects, in_thread, lock_waiters, wait_for
 
 
@@ -303,7 +303,10 @@ def test_two_starts_of_one_try_racing_make_one_child(conveyor_service: Conveyor)
 def test_the_childs_finish_and_its_parents_settle_commit_together(
     conveyor_service: Conveyor,
 ) -> None:
-    apply(conveyor_service, "kid", py("x", "add", a=1, b=2))
+    # (the child's node waits at a barrier until the lock is taken: a warm worker could
+    # otherwise finish the child before the test locks its parent's job)
+    gate = test_nodes.barriers["settle-together"] = threading.Barrier(2)
+    apply(conveyor_service, "kid", py("x", "barrier", name="settle-together", value=3))
     apply(conveyor_service, "parent", call("child", "kid"))
     with conveyor_service.db.transaction() as holder:
         # Given the parent's waiting job locked by another transaction
@@ -320,7 +323,8 @@ def test_the_childs_finish_and_its_parents_settle_commit_together(
             text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": job.id}
         )
         # When the child's node completes, its transaction waits to settle the parent
-        wait_until(lambda: waiting_on_a_lock(conveyor_service))
+        gate.wait(timeout=60)
+        wait_until(lambda: lock_waiters(conveyor_service) > 0)
         # Then the child's completion is not visible before the parent's node settles
         with conveyor_service.db.transaction() as store:
             assert store.execution_row(child.id).status is ExecutionStatus.RUNNING

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text, update
+from sqlalchemy import update
 
 from conveyor.engine.states import ExecutionStatus, JobKind, JobStatus
 from conveyor.engine.validation import parse_workflow
@@ -23,7 +23,7 @@ from conveyor.models import Job
 from conveyor.service import Conveyor, utcnow
 from conveyor.store.listing import ExecutionFilter
 from tests.integration.test_api import MakeKey, client
-from tests.support.services import wait_for
+from tests.support.services import lock_waiters, wait_for
 
 
 def summing(name: str, policy: str) -> dict[str, Any]:
@@ -148,7 +148,7 @@ def test_a_replace_racing_the_start_jobs_claim_waits_and_then_replaces_nothing(
         )
         racing.start()
         deadline = time.monotonic() + 20
-        while racing.is_alive() and not waiting_on_a_lock(conveyor_service):
+        while racing.is_alive() and not lock_waiters(conveyor_service):
             assert time.monotonic() < deadline, "the replace neither ended nor waited"
             time.sleep(0.02)
     racing.join(timeout=20)
@@ -159,15 +159,3 @@ def test_a_replace_racing_the_start_jobs_claim_waits_and_then_replaces_nothing(
         execution = store.execution(made.execution_id)
     assert (execution.status, execution.input) == (ExecutionStatus.PENDING, {"v": 1})
     conveyor_service.cancel(made.execution_id)
-
-
-def waiting_on_a_lock(service: Conveyor) -> bool:
-    with service.db.transaction() as store:
-        return bool(
-            store.session.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-            ).scalar()
-        )
