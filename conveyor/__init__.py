@@ -10,6 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from conveyor.celery_nodes import celery_task
+    from conveyor.client import AsyncClient, Client
     from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
     from conveyor.engine.node_types import NodeContext
     from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
@@ -23,10 +25,17 @@ if TYPE_CHECKING:
         Skip,
         Snooze,
     )
+    from conveyor.flows import Flow, Map, item_of
     from conveyor.nodes import node
 
 # Each public name, and the module it lives in.
 _HOMES = {
+    "AsyncClient": "conveyor.client",
+    "Client": "conveyor.client",
+    "Flow": "conveyor.flows",
+    "Map": "conveyor.flows",
+    "celery_task": "conveyor.celery_nodes",
+    "item_of": "conveyor.flows",
     "CancelExecution": "conveyor.exceptions",
     "ConveyorError": "conveyor.exceptions",
     "Defaults": "conveyor.engine.definitions",
@@ -47,6 +56,12 @@ _HOMES = {
     "node": "conveyor.nodes",
 }
 __all__ = [
+    "AsyncClient",
+    "Client",
+    "Flow",
+    "Map",
+    "celery_task",
+    "item_of",
     "CancelExecution",
     "ConveyorError",
     "Defaults",
