@@ -232,7 +232,7 @@ class AsyncClient:
         priority: Priority | None = None,
     ) -> Execution[Any]:
         return await asyncio.to_thread(
-            self.client.start, workflow, input,  # type: ignore[arg-type]
+            self.client.start, workflow, input,
             idempotency_key=idempotency_key, dedupe_key=dedupe_key, priority=priority,
         )  # fmt: skip
 
@@ -269,5 +269,5 @@ def _timed_out(execution: Execution[Any], timeout: float | None) -> WaitTimeout:
 
 def _typed(output: Any, output_type: type[Out] | None) -> Out:
     if isinstance(output_type, type) and issubclass(output_type, BaseModel):
-        return output_type.model_validate(output)  # type: ignore[return-value]
+        return output_type.model_validate(output)
     return output  # type: ignore[no-any-return]

@@ -389,7 +389,7 @@ class Flow(Generic[In, Out]):
             raw["retry"] = retry.model_dump(mode="json")
         for key in ("timeout", "continue_on_failure", "max_snoozes"):
             if key in options:
-                raw[key] = options[key]  # type: ignore[literal-required]
+                raw[key] = options[key]
         self._nodes[node_id] = _Placed(raw=raw, where=where)
 
     def _needs(self, node_id: str, after: Sequence[NodeHandle[Any] | Branch]) -> list[str]:
