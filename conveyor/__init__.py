@@ -57,17 +57,15 @@ _HOMES = {
 }
 __all__ = [
     "AsyncClient",
-    "Client",
-    "Flow",
-    "Map",
-    "celery_task",
-    "item_of",
     "CancelExecution",
+    "Client",
     "ConveyorError",
     "Defaults",
     "DefinitionError",
     "ExecutionStatus",
+    "Flow",
     "JobStatus",
+    "Map",
     "Node",
     "NodeContext",
     "NodeError",
@@ -78,7 +76,9 @@ __all__ = [
     "Skip",
     "Snooze",
     "Workflow",
+    "celery_task",
     "enqueue",
+    "item_of",
     "node",
 ]
 

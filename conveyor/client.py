@@ -21,10 +21,10 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, overload
+from typing import TYPE_CHECKING, Any, Generic, Self, overload
 
 from pydantic import BaseModel
-from typing_extensions import Self, TypeVar
+from typing_extensions import TypeVar
 
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.exceptions import ExecutionFailed, WaitTimeout
@@ -151,9 +151,7 @@ class Client:
             time.sleep(self.poll)
         return found
 
-    def run(
-        self, workflow: Flow[In, Out], input: In, *, timeout: float | None = None
-    ) -> Out:
+    def run(self, workflow: Flow[In, Out], input: In, *, timeout: float | None = None) -> Out:
         """Start an execution and wait for its output."""
         return self.wait(self.start(workflow, input), timeout)
 
@@ -239,7 +237,11 @@ class AsyncClient:
     async def status(self, execution: Execution[Any] | uuid.UUID) -> ExecutionStatus:
         return await asyncio.to_thread(self.client.status, execution)
 
-    async def wait(self, execution: Execution[Out], timeout: float | None = None) -> Out:
+    async def wait(
+        self,
+        execution: Execution[Out],
+        timeout: float | None = None,  # noqa: ASYNC109 (Client.wait's; asyncio.timeout works too)
+    ) -> Out:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (found := await asyncio.to_thread(self.client.finished, execution)) is None:
             if deadline is not None and time.monotonic() >= deadline:
@@ -248,7 +250,11 @@ class AsyncClient:
         return found
 
     async def run(
-        self, workflow: Flow[In, Out], input: In, *, timeout: float | None = None
+        self,
+        workflow: Flow[In, Out],
+        input: In,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> Out:
         return await self.wait(await self.start(workflow, input), timeout)
 

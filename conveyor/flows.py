@@ -302,7 +302,9 @@ class Flow(Generic[In, Out]):
         self._place(id, "http", given, options, _caller())
         return NodeHandle(self, id)
 
-    def delay(self, id: str, seconds: Any, **options: Unpack[NodeOptions]) -> NodeHandle[DelayOutput]:
+    def delay(
+        self, id: str, seconds: Any, **options: Unpack[NodeOptions]
+    ) -> NodeHandle[DelayOutput]:
         """Place a delay node: held ``seconds`` (a number or a reference) in the database."""
         self._place(id, "delay", {"seconds": seconds}, options, _caller())
         return NodeHandle(self, id)
@@ -381,8 +383,14 @@ class Flow(Generic[In, Out]):
         found = [*needs, *_reads(options.get("inputs", {})), *_reads(config)]
         if (spread := options.get("map")) is not None:
             found += _reads(spread.over)
-        raw: dict[str, Any] = {"id": node_id, "type": kind, "config": config, "inputs": inputs,
-                               "needs": [n for n in dict.fromkeys(found) if n != node_id]}  # fmt: skip
+        needs = [n for n in dict.fromkeys(found) if n != node_id]
+        raw: dict[str, Any] = {
+            "id": node_id,
+            "type": kind,
+            "config": config,
+            "inputs": inputs,
+            "needs": needs,
+        }
         if spread is not None:
             raw["map"] = spread.spec()
         if (retry := options.get("retry")) is not None:

@@ -75,7 +75,11 @@ def registered_name(fn: object) -> str | None:
     a flow's node, a Celery task), or None."""
     for name, found in list(_REGISTRY.items()):
         wrapped = getattr(found, "__wrapped__", None)
-        if found is fn or wrapped is fn or (wrapped is not None and wrapped == getattr(fn, "run", None)):
+        if (
+            found is fn
+            or wrapped is fn
+            or (wrapped is not None and wrapped == getattr(fn, "run", None))
+        ):
             return name
     return None
 

@@ -1,6 +1,6 @@
 """examples/diamond.yaml in Python: one node fans out to three that run in parallel, then join.
 
-    conveyor workflow apply --module examples.python.diamond
+conveyor workflow apply --module examples.python.diamond
 """
 
 from __future__ import annotations

@@ -38,7 +38,9 @@ def test_every_yaml_example_has_a_python_form() -> None:
 def test_the_python_form_stores_exactly_the_yaml_definition(example: str) -> None:
     module, attribute = PYTHON_FORMS[example]
     flow = getattr(importlib.import_module(module), attribute)
-    from_yaml = Workflow.model_validate(load_definition(ROOT / "examples" / example, max_bytes=10**6))
+    from_yaml = Workflow.model_validate(
+        load_definition(ROOT / "examples" / example, max_bytes=10**6)
+    )
 
     from_python = flow.definition()
 
@@ -123,7 +125,7 @@ def test_a_node_declared_twice_is_refused_at_its_second_line() -> None:
 def test_an_unregistered_function_object_is_refused_with_the_fix() -> None:
     def loose() -> None: ...
 
-    with pytest.raises(DefinitionError, match="decorate it with @conveyor.node"):
+    with pytest.raises(DefinitionError, match=r"decorate it with @conveyor\.node"):
         Flow("loose").call(loose, id="x")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BROKEN = '''\
+BROKEN = """\
 from typing import TypedDict
 
 from pydantic import BaseModel
@@ -46,7 +46,7 @@ flow.returns({"words": count.out["wrds"]})
 
 def total(client: conveyor.Client) -> int:
     return client.run(flow, None)["word"]
-'''
+"""
 
 
 @pytest.mark.timeout(600)  # mypy reads conveyor's modules the flows import, once per cache
