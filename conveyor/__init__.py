@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from conveyor.celery_nodes import celery_task
     from conveyor.client import AsyncClient, Client
-    from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
+    from conveyor.engine.definitions import (
+        Defaults,
+        ItemFailure,
+        Node,
+        RetryPolicy,
+        ScheduleSpec,
+        Workflow,
+    )
     from conveyor.engine.node_types import NodeContext
     from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
     from conveyor.enqueuing import enqueue
@@ -33,6 +40,8 @@ _HOMES = {
     "AsyncClient": "conveyor.client",
     "Client": "conveyor.client",
     "Flow": "conveyor.flows",
+    "ItemFailure": "conveyor.engine.definitions",
+    "ScheduleSpec": "conveyor.engine.definitions",
     "Map": "conveyor.flows",
     "celery_task": "conveyor.celery_nodes",
     "item_of": "conveyor.flows",
@@ -64,6 +73,7 @@ __all__ = [
     "DefinitionError",
     "ExecutionStatus",
     "Flow",
+    "ItemFailure",
     "JobStatus",
     "Map",
     "Node",
@@ -73,6 +83,7 @@ __all__ = [
     "NonRetryableError",
     "Priority",
     "RetryPolicy",
+    "ScheduleSpec",
     "Skip",
     "Snooze",
     "Workflow",

@@ -6,7 +6,6 @@ from typing import TypedDict
 
 import conveyor
 from conveyor import demo
-from conveyor.engine.definitions import ItemFailure
 from examples.python.diamond import diamond
 
 
@@ -25,7 +24,7 @@ each = children.child(
     "each",
     diamond,
     map=conveyor.Map(
-        over=children.input["xs"], concurrency=2, on_item_failure=ItemFailure.FAIL_FAST
+        over=children.input["xs"], concurrency=2, on_item_failure=conveyor.ItemFailure.FAIL_FAST
     ),
     inputs={"x": conveyor.item_of(children.input["xs"])},
 )

@@ -172,3 +172,28 @@ def _next_line() -> int:
     frame = inspect.currentframe()
     assert frame is not None and frame.f_back is not None
     return frame.f_back.f_lineno + 1
+
+
+BROKEN_MODULE = """
+import conveyor
+
+flow = conveyor.Flow("broken-module")
+flow.call("some.function", id="first")
+flow.delay("wait", -5)
+"""
+
+
+def test_apply_module_names_the_line_of_a_faulty_node_and_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from conveyor.cli import app
+
+    (tmp_path / "flows_with_a_fault.py").write_text(BROKEN_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    result = CliRunner().invoke(app, ["workflow", "apply", "--module", "flows_with_a_fault"])
+
+    assert result.exit_code == 1
+    assert f"{tmp_path / 'flows_with_a_fault.py'}:6: node 'wait': config.seconds" in result.output
