@@ -21,10 +21,10 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Self, overload
+from typing import TYPE_CHECKING, Any, Generic, Self, TypedDict, overload
 
 from pydantic import BaseModel
-from typing_extensions import TypeVar
+from typing_extensions import TypeVar, Unpack
 
 from conveyor.engine.states import ExecutionStatus, Priority, TriggerSource
 from conveyor.exceptions import ExecutionFailed, WaitTimeout
@@ -39,6 +39,14 @@ Out = TypeVar("Out", default=Any)
 
 # Seconds between two reads of an execution a wait follows.
 POLL_SECONDS = 0.2
+
+
+class StartOptions(TypedDict, total=False):
+    """What a start may say besides the workflow and its input."""
+
+    idempotency_key: str  # a key the tenant used before returns that start's execution
+    dedupe_key: str  # while an execution with it is active, the workflow's dedupe policy decides
+    priority: Priority
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,34 +104,16 @@ class Client:
 
     @overload
     def start(
-        self,
-        workflow: Flow[In, Out],
-        input: In,
-        *,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        priority: Priority | None = None,
+        self, workflow: Flow[In, Out], input: In, **options: Unpack[StartOptions]
     ) -> Execution[Out]: ...
 
     @overload
     def start(
-        self,
-        workflow: str,
-        input: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        priority: Priority | None = None,
+        self, workflow: str, input: Any = None, **options: Unpack[StartOptions]
     ) -> Execution[Any]: ...
 
     def start(
-        self,
-        workflow: Flow[Any, Any] | str,
-        input: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        priority: Priority | None = None,
+        self, workflow: Flow[Any, Any] | str, input: Any = None, **options: Unpack[StartOptions]
     ) -> Execution[Any]:
         """Start an execution of the workflow (by its flow or its name, as applied). With an
         idempotency key the tenant used before, that start's execution is returned
@@ -131,9 +121,8 @@ class Client:
         decides (``dedupe``)."""
         name = workflow if isinstance(workflow, str) else workflow.name
         made = self.service.submit(
-            name, input, tenant=self.tenant, priority=priority, source=TriggerSource.API,
-            idempotency_key=idempotency_key, dedupe_key=dedupe_key,
-        )  # fmt: skip
+            name, input, tenant=self.tenant, source=TriggerSource.API, **options
+        )
         output_type = None if isinstance(workflow, str) else workflow.output_type
         return Execution(id=made.execution_id, workflow=name, replayed=made.replayed,
                          dedupe=made.dedupe, output_type=output_type)  # fmt: skip
@@ -200,39 +189,18 @@ class AsyncClient:
 
     @overload
     async def start(
-        self,
-        workflow: Flow[In, Out],
-        input: In,
-        *,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        priority: Priority | None = None,
+        self, workflow: Flow[In, Out], input: In, **options: Unpack[StartOptions]
     ) -> Execution[Out]: ...
 
     @overload
     async def start(
-        self,
-        workflow: str,
-        input: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        priority: Priority | None = None,
+        self, workflow: str, input: Any = None, **options: Unpack[StartOptions]
     ) -> Execution[Any]: ...
 
     async def start(
-        self,
-        workflow: Flow[Any, Any] | str,
-        input: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        dedupe_key: str | None = None,
-        priority: Priority | None = None,
+        self, workflow: Flow[Any, Any] | str, input: Any = None, **options: Unpack[StartOptions]
     ) -> Execution[Any]:
-        return await asyncio.to_thread(
-            self.client.start, workflow, input,
-            idempotency_key=idempotency_key, dedupe_key=dedupe_key, priority=priority,
-        )  # fmt: skip
+        return await asyncio.to_thread(lambda: self.client.start(workflow, input, **options))
 
     async def status(self, execution: Execution[Any] | uuid.UUID) -> ExecutionStatus:
         return await asyncio.to_thread(self.client.status, execution)
