@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypedDict, cast
 
@@ -33,6 +33,8 @@ from pydantic import BaseModel
 from typing_extensions import TypeVar, Unpack
 
 from conveyor import nodes
+from conveyor.engine.addresses import AllowList
+from conveyor.engine.bounds import Bounds
 from conveyor.engine.definitions import (
     Dedupe,
     Defaults,
@@ -340,11 +342,25 @@ class Flow(Generic[In, Out]):
 
     # The definition.
 
-    def definition(self) -> Workflow:
-        """The stored definition, validated; :class:`DefinitionError` lists every problem,
-        a node's at the file and line that declared it."""
+    def definition(
+        self,
+        *,
+        known_functions: Collection[str] | None = None,
+        http_allow: AllowList | None = None,
+        bounds: Bounds | None = None,
+    ) -> Workflow:
+        """The stored definition, validated (given the checks of
+        :func:`~conveyor.engine.validation.validate`, as `conveyor workflow apply` gives a
+        file); :class:`DefinitionError` lists every problem, a node's at the file and line
+        that declared it."""
         raw = self.raw()
-        errors = validate(raw, parameters=nodes.function_parameters)
+        errors = validate(
+            raw,
+            known_functions=known_functions,
+            http_allow=http_allow,
+            bounds=bounds,
+            parameters=nodes.function_parameters,
+        )
         if errors:
             raise DefinitionError([self._located(e) for e in errors], f"flow {self.name!r}")
         return Workflow.model_validate(raw)

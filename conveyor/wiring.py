@@ -21,7 +21,7 @@ from contextlib import suppress
 from datetime import timedelta
 from functools import lru_cache
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.config import get_settings
 from conveyor.engine import template_budget as budgets
@@ -206,13 +206,14 @@ def _search_current_directory() -> None:
 
 def flow_definitions(modules: Sequence[str], named_by: str) -> list[Workflow]:
     """The definitions of the flows (:class:`conveyor.Flow`) the modules declare at their top
-    level, each once, validated; ``named_by`` (a setting, an option) is what named the modules,
-    for the errors. CONVEYOR_IMPORTS is imported first, as a worker would."""
-    from conveyor.flows import flows_in
+    level, each once, validated as a definition file is; ``named_by`` (a setting, an option)
+    is what named the modules, for the errors. CONVEYOR_IMPORTS is imported first, as a worker
+    would, then the modules (which register their flows' functions)."""
+    from conveyor.flows import Flow, flows_in
 
     load_imports()
     _search_current_directory()
-    found: dict[str, Workflow] = {}
+    found: dict[str, Flow[Any, Any]] = {}
     for module in modules:
         flows = flows_in(_import(module, named_by))
         if not flows:
@@ -220,8 +221,12 @@ def flow_definitions(modules: Sequence[str], named_by: str) -> list[Workflow]:
                 f"{named_by} names the module {module!r}, which declares no conveyor.Flow at "
                 f"its top level; declare the flows there, or name the module that does"
             )
-        found |= {flow.name: flow.definition() for flow in flows}
-    return list(found.values())
+        found |= {flow.name: flow for flow in flows}
+    known, allow, bounds = known_functions(), http_allow(), get_settings().bounds
+    return [
+        flow.definition(known_functions=known, http_allow=allow, bounds=bounds)
+        for flow in found.values()
+    ]
 
 
 def apply_modules() -> list[str]:
