@@ -168,7 +168,7 @@ class _Placed:
 
 class NodeHandle(Generic[R]):
     """A node placed in a flow: name it in another node's ``after``; read its output through
-    :attr:`out`."""
+    :attr:`out` (:attr:`outs` for a map)."""
 
     def __init__(self, flow: Flow[Any, Any], node_id: str) -> None:
         self.flow, self.id = flow, node_id
@@ -176,7 +176,21 @@ class NodeHandle(Generic[R]):
     @property
     def out(self) -> R:
         """The node's output, read when a successor runs (``{{ nodes.<id> }}``)."""
+        self._mapped(False, "its outputs are a list: read them through .outs")
         return cast(R, Ref("nodes", self.id))
+
+    @property
+    def outs(self) -> list[R]:
+        """A map's outputs, one per item in item order (``{{ nodes.<id> }}``)."""
+        self._mapped(True, "it runs once: read its output through .out")
+        return cast(list[R], Ref("nodes", self.id))
+
+    def _mapped(self, expected: bool, otherwise: str) -> None:
+        """Refuse the read that would render the wrong shape: a map's output is a list."""
+        placed = self.flow._nodes.get(self.id)
+        if placed is not None and ("map" in placed.raw) is not expected:
+            kind = "not a map" if expected else "a map"
+            raise DefinitionError([f"{_caller()}: node {self.id!r} is {kind}; {otherwise}"])
 
     def __repr__(self) -> str:
         return f"<node {self.id!r} of flow {self.flow.name!r}>"
@@ -331,6 +345,18 @@ class Flow(Generic[In, Out]):
         if version is not None:
             config["version"] = version
         self._place(id, "workflow", config, options, _caller())
+        return NodeHandle(self, id)
+
+    def add(
+        self,
+        id: str,
+        type: str,
+        config: Mapping[str, Any] | None = None,
+        **options: Unpack[NodeOptions],
+    ) -> NodeHandle[Any]:
+        """Place a node of any registered type (:mod:`conveyor.engine.node_types`), its
+        config as a definition file writes it: a type that has no method here yet."""
+        self._place(id, type, dict(config or {}), options, _caller())
         return NodeHandle(self, id)
 
     def returns(self, output: Out) -> None:

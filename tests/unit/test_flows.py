@@ -197,3 +197,25 @@ def test_apply_module_names_the_line_of_a_faulty_node_and_stores_nothing(
 
     assert result.exit_code == 1
     assert f"{tmp_path / 'flows_with_a_fault.py'}:6: node 'wait': config.seconds" in result.output
+
+
+def test_a_maps_outputs_are_read_as_a_list_and_its_single_output_is_refused() -> None:
+    flow = Flow("mapped", input=Page)
+    each = flow.call("f", id="each", map=conveyor.Map(over=["a", "b"]))
+    once = flow.call("g", id="once")
+
+    assert str(ref(each.outs)[0]) == "{{ nodes.each[0] }}"
+    with pytest.raises(DefinitionError, match="node 'each' is a map; its outputs are a list"):
+        each.out  # noqa: B018
+    with pytest.raises(DefinitionError, match="node 'once' is not a map"):
+        once.outs  # noqa: B018
+
+
+def test_a_node_of_any_registered_type_can_be_placed_by_its_config() -> None:
+    flow = Flow("generic")
+    first = flow.add("wait", "delay", {"seconds": 5})
+    flow.add("ping", "http", {"url": "https://example.com"}, after=[first])
+
+    made = flow.definition()
+
+    assert (made.node("wait").config, made.node("ping").needs) == ({"seconds": 5}, ["wait"])
