@@ -1,7 +1,7 @@
-"""Workflows written in Python on the embedded default, as an application meets it: a fresh
-directory, no CONVEYOR_* settings (SQLite, the in-process broker and worker threads). The
-client runs a flow to its typed result, sync and async; CONVEYOR_APPLY_MODULES stores a
-module's flows when the workers start."""
+"""Workflows written in Python as an application meets them: on the embedded default (a
+fresh directory, no CONVEYOR_* settings: SQLite, the in-process broker and worker threads)
+the client runs a flow to its typed result, sync and async, and CONVEYOR_APPLY_MODULES stores
+a module's flows when the workers start; in production a `celery worker` does the same."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import conveyor
+from conveyor.service import Conveyor
+from examples.python.diamond import diamond
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVEYOR = str(Path(sys.executable).parent / "conveyor")
@@ -69,3 +74,25 @@ def test_the_workers_store_the_flows_of_conveyor_apply_modules_as_they_start(
 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["output"] == {"x": 2, "total": 16 + 14 + 12}
+
+
+def test_a_celery_worker_stores_the_flows_of_conveyor_apply_modules_and_runs_them(
+    client: Conveyor, start_worker: Callable[..., subprocess.Popen[str]]
+) -> None:
+    # Given a production worker told to apply the diamond (its functions: conveyor.demo)
+    start_worker(
+        "workflow-execution,workflow-node",
+        env={
+            "CONVEYOR_APPLY_MODULES": "examples.python.diamond",
+            "CONVEYOR_IMPORTS": "conveyor.demo",
+        },
+    )
+
+    # When an application runs it through the client, on the production service
+    result = conveyor.Client(client).run(diamond, {"x": 3}, timeout=90)
+
+    # Then the worker had stored it, as written in Python, and ran it
+    assert result == {"x": 3, "total": 70}
+    with client.db.transaction() as store:
+        stored = {w.name: w for w in store.list_workflows(store.tenant_id("default"))}
+    assert stored["diamond"].digest == diamond.definition().digest()
