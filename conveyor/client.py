@@ -128,7 +128,7 @@ class Client:
                          dedupe=made.dedupe, output_type=output_type)  # fmt: skip
 
     def status(self, execution: Execution[Any] | uuid.UUID) -> ExecutionStatus:
-        return ExecutionStatus(self._view(execution)["status"])
+        return self.service.execution_status(_id(execution), tenant=self.tenant)
 
     def wait(self, execution: Execution[Out], timeout: float | None = None) -> Out:
         """The execution's output once it completes; :class:`ExecutionFailed` if it fails or
@@ -146,10 +146,10 @@ class Client:
 
     def finished(self, execution: Execution[Out]) -> Out | None:
         """The output if the execution completed, None while it runs; ExecutionFailed."""
-        view = self._view(execution)
-        status = ExecutionStatus(view["status"])
-        if not status.finished:
+        if not self.status(execution).finished:
             return None
+        view = self._view(execution)  # the whole view once: its output, or its error
+        status = ExecutionStatus(view["status"])
         if status is not ExecutionStatus.COMPLETED:
             raise ExecutionFailed(
                 f"execution {execution.id} of {execution.workflow!r} is {status.value}: "

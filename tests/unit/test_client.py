@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 import conveyor
 from conveyor.client import Execution
+from conveyor.engine.states import ExecutionStatus
 from conveyor.exceptions import ExecutionFailed, WaitTimeout
 from conveyor.service import Conveyor
 
@@ -21,10 +22,13 @@ class Total(BaseModel):
 
 
 class Reads:
-    """The one method of the service a wait calls."""
+    """The two methods of the service a wait calls."""
 
     def __init__(self, status: str, output: Any = None, error: str | None = None) -> None:
         self.view = {"status": status, "output": output, "error": error}
+
+    def execution_status(self, execution_id: uuid.UUID, *, tenant: str) -> ExecutionStatus:
+        return ExecutionStatus(self.view["status"])
 
     def execution(self, execution_id: uuid.UUID, *, tenant: str) -> dict[str, Any]:
         return self.view
