@@ -445,11 +445,16 @@ class Flow(Generic[In, Out]):
     def _needs(self, node_id: str, after: Sequence[NodeHandle[Any] | Branch]) -> list[str]:
         needs = []
         for parent in after:
+            handle = parent.condition if isinstance(parent, Branch) else parent
+            if handle.flow is not self:
+                raise DefinitionError(
+                    [f"{_caller()}: node {node_id!r} names {handle!r} in after; a node needs "
+                     f"nodes of its own flow: run another flow with flow.child(...)"]
+                )  # fmt: skip
             if isinstance(parent, Branch):
-                config = self._nodes[parent.condition.id].raw["config"]
+                config = self._nodes[handle.id].raw["config"]
                 config.setdefault(parent.key, []).append(node_id)
-                parent = parent.condition
-            needs.append(parent.id)
+            needs.append(handle.id)
         return needs
 
 

@@ -219,3 +219,11 @@ def test_a_node_of_any_registered_type_can_be_placed_by_its_config() -> None:
     made = flow.definition()
 
     assert (made.node("wait").config, made.node("ping").needs) == ({"seconds": 5}, ["wait"])
+
+
+def test_a_node_of_another_flow_cannot_be_a_need() -> None:
+    other = Flow("other")
+    theirs = other.call("f", id="theirs")
+
+    with pytest.raises(DefinitionError, match="a node needs nodes of its own flow"):
+        Flow("mine").call("g", id="mine", after=[theirs])
