@@ -10,7 +10,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
+    from conveyor.celery_nodes import celery_task
+    from conveyor.client import AsyncClient, Client
+    from conveyor.engine.definitions import (
+        Defaults,
+        ItemFailure,
+        Node,
+        RetryPolicy,
+        ScheduleSpec,
+        Workflow,
+    )
     from conveyor.engine.node_types import NodeContext
     from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
     from conveyor.enqueuing import enqueue
@@ -23,10 +32,19 @@ if TYPE_CHECKING:
         Skip,
         Snooze,
     )
+    from conveyor.flows import Flow, Map, item_of
     from conveyor.nodes import node
 
 # Each public name, and the module it lives in.
 _HOMES = {
+    "AsyncClient": "conveyor.client",
+    "Client": "conveyor.client",
+    "Flow": "conveyor.flows",
+    "ItemFailure": "conveyor.engine.definitions",
+    "ScheduleSpec": "conveyor.engine.definitions",
+    "Map": "conveyor.flows",
+    "celery_task": "conveyor.celery_nodes",
+    "item_of": "conveyor.flows",
     "CancelExecution": "conveyor.exceptions",
     "ConveyorError": "conveyor.exceptions",
     "Defaults": "conveyor.engine.definitions",
@@ -47,12 +65,17 @@ _HOMES = {
     "node": "conveyor.nodes",
 }
 __all__ = [
+    "AsyncClient",
     "CancelExecution",
+    "Client",
     "ConveyorError",
     "Defaults",
     "DefinitionError",
     "ExecutionStatus",
+    "Flow",
+    "ItemFailure",
     "JobStatus",
+    "Map",
     "Node",
     "NodeContext",
     "NodeError",
@@ -60,10 +83,13 @@ __all__ = [
     "NonRetryableError",
     "Priority",
     "RetryPolicy",
+    "ScheduleSpec",
     "Skip",
     "Snooze",
     "Workflow",
+    "celery_task",
     "enqueue",
+    "item_of",
     "node",
 ]
 

@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Modules to import at start-up, comma-separated; they register node functions.",
     )
+    apply_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Modules whose workflows written in Python (conveyor.Flow) a worker stores "
+        "at start-up for the default tenant, comma-separated (as `conveyor workflow apply "
+        "--module`).",
+    )
     promote_interval: float = Field(
         default=0.5, gt=0, description="Seconds between checks for due retries and delays."
     )
@@ -350,7 +356,7 @@ class Settings(BaseSettings):
         default=300.0, ge=0, description="Alert when a due schedule is this late (s)."
     )
 
-    @field_validator("imports", "http_allow", mode="before")
+    @field_validator("imports", "apply_modules", "http_allow", mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         # CONVEYOR_IMPORTS=app.nodes,app.more; a JSON list is accepted too

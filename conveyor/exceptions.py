@@ -288,3 +288,17 @@ class InvalidQuery(ConveyorError, ValueError):
 class RerunError(ConveyorError):
     """The rerun cannot be made as asked: name a node of the execution's workflow, and give
     an input only as a JSON object, to a node that reads inputs."""
+
+
+class WaitTimeout(ConveyorError):
+    """The execution did not finish within the wait's timeout; it goes on running: wait
+    again, read its status, or cancel it."""
+
+
+class ExecutionFailed(ConveyorError):
+    """The execution failed or was cancelled, so it has no result; its error says why
+    (``conveyor executions show ID`` shows each node's)."""
+
+    def __init__(self, message: str | None = None, *, status: str = "failed") -> None:
+        self.status = status
+        super().__init__(message)

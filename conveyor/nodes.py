@@ -70,6 +70,20 @@ def node(name: str) -> Callable[[F], F]:
     return register
 
 
+def registered_name(fn: object) -> str | None:
+    """The name ``fn`` is registered under (itself, or wrapped by :func:`functools.wraps`:
+    a flow's node, a Celery task), or None."""
+    for name, found in list(_REGISTRY.items()):
+        wrapped = getattr(found, "__wrapped__", None)
+        if (
+            found is fn
+            or wrapped is fn
+            or (wrapped is not None and wrapped == getattr(fn, "run", None))
+        ):
+            return name
+    return None
+
+
 def registered_functions() -> frozenset[str]:
     return frozenset(_REGISTRY)
 

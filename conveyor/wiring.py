@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from contextlib import suppress
 from datetime import timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from conveyor.config import get_settings
 from conveyor.engine import template_budget as budgets
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from conveyor.alerts.duty import Alerter
+    from conveyor.engine.definitions import Workflow
     from conveyor.limiter import RedisLimiter
     from conveyor.service import Conveyor
 
@@ -202,25 +204,58 @@ def _search_current_directory() -> None:
             sys.path.insert(0, here)
 
 
-def _import(module: str) -> None:
+def flow_definitions(modules: Sequence[str], named_by: str) -> list[Workflow]:
+    """The definitions of the flows (:class:`conveyor.Flow`) the modules declare at their top
+    level, each once, validated as a definition file is; ``named_by`` (a setting, an option)
+    is what named the modules, for the errors. CONVEYOR_IMPORTS is imported first, as a worker
+    would, then the modules (which register their flows' functions)."""
+    from conveyor.flows import Flow, flows_in
+
+    load_imports()
+    _search_current_directory()
+    found: dict[str, Flow[Any, Any]] = {}
+    for module in modules:
+        flows = flows_in(_import(module, named_by))
+        if not flows:
+            raise ConfigurationError(
+                f"{named_by} names the module {module!r}, which declares no conveyor.Flow at "
+                f"its top level; declare the flows there, or name the module that does"
+            )
+        found |= {flow.name: flow for flow in flows}
+    known, allow, bounds = known_functions(), http_allow(), get_settings().bounds
+    return [
+        flow.definition(known_functions=known, http_allow=allow, bounds=bounds)
+        for flow in found.values()
+    ]
+
+
+def apply_modules() -> list[str]:
+    """Store the flows of the modules CONVEYOR_APPLY_MODULES names (a worker at its start),
+    for the default tenant; the names of those stored as a new version."""
+    modules = get_settings().apply_modules
+    definitions = flow_definitions(modules, "CONVEYOR_APPLY_MODULES") if modules else []
+    return [w.name for w in definitions if service().apply(w)[1]]
+
+
+def _import(module: str, named_by: str = "CONVEYOR_IMPORTS") -> ModuleType:
     try:
-        importlib.import_module(module)
+        return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if module == missing or module.startswith(missing + "."):
             raise ConfigurationError(
-                f"CONVEYOR_IMPORTS names the module {module!r}, which is not found (searched "
+                f"{named_by} names the module {module!r}, which is not found (searched "
                 f"the current directory {os.getcwd()} and sys.path); run from the directory "
                 f"that holds it, add that directory to PYTHONPATH, or install its package"
             ) from exc
         raise ConfigurationError(
-            f"the module {module!r} of CONVEYOR_IMPORTS imports {missing!r}, which is not "
+            f"the module {module!r} of {named_by} imports {missing!r}, which is not "
             f"installed; install it where this process runs (pip install ...)"
         ) from exc
     except (ImportError, SyntaxError) as exc:
         raise ConfigurationError(
-            f"the module {module!r} of CONVEYOR_IMPORTS does not import: "
-            f"{type(exc).__name__}: {exc}; fix it, or remove it from CONVEYOR_IMPORTS"
+            f"the module {module!r} of {named_by} does not import: "
+            f"{type(exc).__name__}: {exc}; fix it, or remove it from {named_by}"
         ) from exc
 
 

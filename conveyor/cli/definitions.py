@@ -64,9 +64,18 @@ def check_files(paths: Sequence[Path], *, say_valid: bool = False) -> dict[Path,
 def apply_files(paths: Sequence[Path], tenant: str, console: Console = render.out) -> list[str]:
     """Validate all, then store each; the names applied, each reported on ``console``, and
     what starts the runs of the schedules they declare."""
-    workflows = check_files(paths)
+    return _store(list(check_files(paths).values()), tenant, console)
+
+
+def apply_modules(modules: Sequence[str], tenant: str, console: Console = render.out) -> list[str]:
+    """The flows the modules declare, validated all (an error names the line that declared
+    the faulty node), then stored as :func:`apply_files` stores files."""
+    return _store(wiring.flow_definitions(modules, "--module"), tenant, console)
+
+
+def _store(workflows: Sequence[Workflow], tenant: str, console: Console) -> list[str]:
     service = wiring.service()
-    for workflow in workflows.values():
+    for workflow in workflows:
         record, stored = service.apply(workflow, tenant)
         state = (
             f"stored version {record.version}"
@@ -74,7 +83,7 @@ def apply_files(paths: Sequence[Path], tenant: str, console: Console = render.ou
             else f"unchanged (version {record.version})"
         )
         console.print(f"{record.name}: {state}", markup=False)
-    if scheduled := [w.name for w in workflows.values() if w.schedules]:
+    if scheduled := [w.name for w in workflows if w.schedules]:
         whose = f"the schedules of {', '.join(scheduled)}: their"
         console.print(who_fires(whose), markup=False, soft_wrap=True)
-    return [w.name for w in workflows.values()]
+    return [w.name for w in workflows]

@@ -9,8 +9,8 @@ import typer
 
 from conveyor import views, wiring
 from conveyor.cli import render
-from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group
-from conveyor.cli.definitions import apply_files, check_files
+from conveyor.cli.common import JsonFlag, Tenant, embedded_schema, group, usage_error
+from conveyor.cli.definitions import apply_files, apply_modules, check_files
 from conveyor.store import DEFAULT_TENANT
 
 workflow_app = group("Workflow definitions: validate, apply, list.")
@@ -25,11 +25,35 @@ def workflow_validate(files: Files) -> None:
     check_files(files, say_valid=True)
 
 
+Modules = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--module",
+        "-m",
+        help="A module (importable from here) whose workflows written in Python "
+        "(conveyor.Flow) are applied; repeat for more.",
+    ),
+]
+
+
 @workflow_app.command("apply")
-def workflow_apply(files: Files, tenant: Tenant = DEFAULT_TENANT) -> None:
-    """Validate definition files and store each changed one as a new version."""
+def workflow_apply(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(metavar="[FILE]...", help="Definition files (.yaml, .yml or .json)."),
+    ] = None,
+    modules: Modules = None,
+    tenant: Tenant = DEFAULT_TENANT,
+) -> None:
+    """Validate definition files, or the flows of Python modules, and store each changed one
+    as a new version."""
+    if not files and not modules:
+        usage_error("name definition files, or modules with --module")
     with embedded_schema():
-        apply_files(files, tenant)
+        if modules:
+            apply_modules(modules, tenant)
+        if files:
+            apply_files(files, tenant)
 
 
 @workflow_app.command("list")

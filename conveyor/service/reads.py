@@ -68,12 +68,21 @@ class Reads(ServiceBase):
         errors, its jobs with every attempt, the follow-up left on it."""
         wanted = _execution_id(execution_id)
         with self.db.transaction() as store:
-            if not store.owns_execution(store.tenant_id(tenant), wanted):
-                raise ExecutionNotFound(
-                    f"tenant {tenant!r} has no execution with id {wanted}; list them with "
-                    f"Conveyor.executions(tenant={tenant!r})"
-                )
+            _owned(store, tenant, wanted)
             return views.execution_view(store, wanted)
+
+    def execution_status(
+        self, execution_id: uuid.UUID | str, *, tenant: str = DEFAULT_TENANT
+    ) -> ExecutionStatus:
+        """An execution's status alone: one row read, where :meth:`execution` reads its
+        nodes, jobs and tries (what a client's wait polls). ExecutionNotFound as there."""
+        wanted = _execution_id(execution_id)
+        with self.db.transaction() as store:
+            _owned(store, tenant, wanted)
+            status = store.execution_status(wanted)
+        if status is None:  # removed by the retention sweep since
+            raise ExecutionNotFound(f"tenant {tenant!r} has no execution with id {wanted}")
+        return status
 
     def executions(
         self,
@@ -186,6 +195,15 @@ class Reads(ServiceBase):
             )
 
         return self.db.run(read)
+
+
+def _owned(store: SqlStore, tenant: str, execution_id: uuid.UUID) -> None:
+    """ExecutionNotFound unless the tenant owns the execution."""
+    if not store.owns_execution(store.tenant_id(tenant), execution_id):
+        raise ExecutionNotFound(
+            f"tenant {tenant!r} has no execution with id {execution_id}; list them with "
+            f"Conveyor.executions(tenant={tenant!r})"
+        )
 
 
 def _execution_id(value: uuid.UUID | str) -> uuid.UUID:

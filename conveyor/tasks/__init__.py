@@ -226,6 +226,9 @@ def _on_worker_starting(options: dict[str, Any] | None = None, **_: Any) -> None
 @worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     wiring.load_imports()
+    # CONVEYOR_APPLY_MODULES: the flows it stores before it serves (embedded workers too:
+    # their commands migrate first)
+    wiring.apply_modules()
     # Configure the ORM mappers now, in one thread, before any fork: configuring takes a
     # global lock that a child forked mid-way would inherit held.
     configure_mappers()

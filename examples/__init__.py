@@ -1,0 +1,1 @@
+"""Example workflows (YAML, and Python under examples/python)."""

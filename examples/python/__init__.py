@@ -1,0 +1,1 @@
+"""The examples of examples/*.yaml written in Python (see docs/python.md)."""
