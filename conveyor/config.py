@@ -175,6 +175,15 @@ class Settings(BaseSettings):
         "that would start a child deeper fails, not retried. Bounds workflows that start "
         "each other in a circle.",
     )
+    event_retention_seconds: float = Field(
+        default=604_800.0,
+        gt=0,
+        le=31_536_000,
+        description="How long an application event sent with a key is kept for the wait "
+        "nodes that begin after it arrived (a wait takes the earliest kept event of its key "
+        "that came since its execution started); the retention sweep deletes it then. At "
+        "most a year.",
+    )
     max_children: int = Field(
         default=1000,
         ge=1,

@@ -74,6 +74,7 @@ def service() -> Conveyor:
         map_window=settings.map_window,
         max_child_depth=settings.max_child_depth,
         bounds=settings.bounds,
+        event_retention=timedelta(seconds=settings.event_retention_seconds),
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made
