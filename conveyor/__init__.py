@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from conveyor.engine.definitions import Defaults, Node, RetryPolicy, Workflow
     from conveyor.engine.node_types import NodeContext
     from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
-    from conveyor.enqueuing import enqueue
+    from conveyor.enqueuing import enqueue, send_event
     from conveyor.exceptions import (
         CancelExecution,
         ConveyorError,
@@ -45,6 +45,7 @@ _HOMES = {
     "Workflow": "conveyor.engine.definitions",
     "enqueue": "conveyor.enqueuing",
     "node": "conveyor.nodes",
+    "send_event": "conveyor.enqueuing",
 }
 __all__ = [
     "CancelExecution",
@@ -65,6 +66,7 @@ __all__ = [
     "Workflow",
     "enqueue",
     "node",
+    "send_event",
 ]
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -69,11 +69,12 @@ class Began:
 
 @dataclass(frozen=True, kw_only=True)
 class Sent:
-    """What an event did: the waits it woke (their job ids), and what is left to do after
-    commit (their successors' messages)."""
+    """What an event did: the waits it woke (their job ids, and their executions), and what
+    is left to do after commit (their successors' messages)."""
 
     woke: list[uuid.UUID]
     after: AfterCommit
+    executions: list[uuid.UUID] = field(default_factory=list)
 
 
 def begin_wait(
@@ -149,24 +150,26 @@ def send_event(
             expires_at=now + keep_for,
         )
     )
-    woke, after = [], AfterCommit()
+    woke, executions, after = [], [], AfterCommit()
     for wait in store.waits_for(tenant_id, event, key):
         run = _resume(store, wait)
         if run is None:
             continue  # woken already, timed out, or stopped with its execution
         woke.append(wait.job_id)
+        executions.append(wait.execution_id)
         after += complete_node(store, run, payload, now, _waited(wait, now), branch="on_event")
-    return Sent(woke=woke, after=after)
+    return Sent(woke=woke, after=after, executions=executions)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Delivered:
     """What one application event did: the executions its subscriptions started, and the
-    waits it woke (none without a key)."""
+    waits it woke (their jobs and executions; none without a key)."""
 
     started: list[Triggered]
     woke: list[uuid.UUID]
     after: AfterCommit
+    woke_executions: list[uuid.UUID] = field(default_factory=list)
 
     @property
     def dispatches(self) -> list[Dispatch]:
@@ -194,7 +197,9 @@ def deliver_event(
     if key is None:
         return Delivered(started=started, woke=[], after=AfterCommit())
     sent = send_event(store, store.tenant_id(tenant), event, key, payload, now, keep_for)
-    return Delivered(started=started, woke=sent.woke, after=sent.after)
+    return Delivered(
+        started=started, woke=sent.woke, after=sent.after, woke_executions=sent.executions
+    )
 
 
 def expire_waits(store: Store, now: datetime, limit: int) -> tuple[int, AfterCommit]:

@@ -192,17 +192,29 @@ class Clients(ServiceBase):
         key: str | None = None,
         tenant: str = DEFAULT_TENANT,
         keep_for: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
     ) -> waits.Delivered:
         """One application event: every workflow of the tenant subscribing to it started
-        and, with ``key``, every wait node waiting for (``event``, ``key``) woken with
-        ``payload`` as its output, the event kept (``keep_for``, else the event retention)
-        for the waits that begin later. Published after commit."""
+        (at ``run_at`` or after ``delay`` seconds when given) and, with ``key``, every wait
+        node waiting for (``event``, ``key``) woken at once with ``payload`` as its output,
+        the event kept (``keep_for``, else CONVEYOR_EVENT_RETENTION_SECONDS) for the waits
+        that begin later. Published after commit."""
         now = utcnow()
+        begins = later.start_time(now, run_at=run_at, delay=delay)
         keep = keep_for if keep_for is not None else self.event_retention
         with tracing.trigger_span(event, TriggerSource.EVENT.value) as trace:
             delivered = self.db.run(
                 lambda s: waits.deliver_event(
-                    s, tenant, event, payload, now, key=key, keep_for=keep, trace=trace
+                    s,
+                    tenant,
+                    event,
+                    payload,
+                    now,
+                    key=key,
+                    keep_for=keep,
+                    trace=trace,
+                    run_at=begins,
                 )
             )
             self._forget(delivered.after.forget)
