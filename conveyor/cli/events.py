@@ -52,7 +52,10 @@ def events_send(
         touched = [t.execution_id for t in delivered.started] + delivered.woke_executions
         statuses = {}
         if embedded:
-            statuses = {str(e): wait_for(e, timeout, live=False)["status"] for e in touched}
+            statuses = {
+                str(e): wait_for(e, timeout, live=False, until_waiting=True)["status"]
+                for e in touched
+            }
     started = [str(t.execution_id) for t in delivered.started]
     _report(started, [str(e) for e in delivered.woke_executions], statuses, as_json)
     if any(s in (ExecutionStatus.FAILED, ExecutionStatus.CANCELLED) for s in statuses.values()):

@@ -63,7 +63,8 @@ def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
         )
     else:
         render.print_outcome(view)
-    raise typer.Exit(0 if view["status"] == ExecutionStatus.COMPLETED else 1)
+    waiting = views.waits_for_events_only(view)  # not failed: an event moves it on
+    raise typer.Exit(0 if view["status"] == ExecutionStatus.COMPLETED or waiting else 1)
 
 
 def run(
@@ -130,7 +131,7 @@ def run(
             _print_started(execution_id, as_json, made.dedupe)
             return
         try:
-            view = wait_for(execution_id, timeout, live=not as_json)
+            view = wait_for(execution_id, timeout, live=not as_json, until_waiting=embedded)
         finally:
             if embedded:
                 view = _abandon(execution_id)
@@ -158,7 +159,14 @@ def _print_started(execution_id: uuid.UUID, as_json: bool, dedupe: str | None = 
 def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
     """Cancel an execution that is still running when the embedded workers are about to stop:
     nothing else would ever finish it."""
-    if not ExecutionStatus(execution_view(execution_id)["status"]).finished:
+    view = execution_view(execution_id)
+    if views.waits_for_events_only(view):  # an event moves it on: `conveyor events send`
+        render.err.print(
+            "the execution waits for an event; send it with `conveyor events send NAME --key "
+            "KEY`", style="yellow", markup=False,
+        )  # fmt: skip
+        return view
+    if not ExecutionStatus(view["status"]).finished:
         with suppress(InvalidTransition):  # it finished meanwhile
             wiring.service().cancel(execution_id)
             render.err.print("stopped waiting; the execution is cancelled", style="yellow")
