@@ -23,6 +23,12 @@ from conveyor.store import DEFAULT_TENANT
 events_app = group("Application events: send one (it starts subscribers and wakes waits).")
 
 
+@events_app.callback()
+def events() -> None:
+    """Application events: send one (it starts subscribers and wakes waits)."""
+    # a group of one command, not the command itself: `conveyor events send NAME`
+
+
 @events_app.command("send")
 def events_send(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The event's name (its type).")],
