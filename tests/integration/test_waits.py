@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
 from conveyor.engine import claiming, triggering, waits
@@ -41,9 +42,7 @@ def apply(service: Conveyor, name: str, *nodes: dict[str, Any], tenant: str = "d
 def count_waiting(service: Conveyor) -> int:
     with service.db.transaction() as store:
         return int(
-            store.session.scalar(
-                select(func.count()).where(Job.status == JobStatus.WAITING_EVENT)
-            )
+            store.session.scalar(select(func.count()).where(Job.status == JobStatus.WAITING_EVENT))
             or 0
         )
 
@@ -70,6 +69,7 @@ def until(check: Any, timeout: float = 120.0, tick: Any = None) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.timeout(600)  # 500 executions of three nodes, 600 events, on a shared machine
 def test_five_hundred_waits_each_resume_once_with_their_own_event_in_any_order(
     conveyor_service: Conveyor,
 ) -> None:
@@ -165,8 +165,9 @@ def claimed_wait(service: Conveyor, order: str) -> claiming.NodeRun:
     it)."""
     apply(service, "pay", wait_node("wait"), got("wait"))
     made = service.db.autocommit(
-        lambda s: triggering.trigger(s, workflow_name="pay", tenant="default",
-                                     input={"order": order}, now=utcnow())  # fmt: skip
+        lambda s: triggering.trigger(
+            s, workflow_name="pay", tenant="default", input={"order": order}, now=utcnow()
+        )
     )
     (dispatch,) = made.dispatches
     run = service.db.autocommit(lambda s: claiming.claim_node(s, dispatch.job_id, utcnow(), "t"))

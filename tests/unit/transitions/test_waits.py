@@ -167,7 +167,7 @@ def test_an_event_of_another_key_name_or_tenant_wakes_nothing(bench: Bench) -> N
 
     assert bench.rows(execution_id) == before
     # and the event kept in the other tenant is not taken by this tenant's waits either
-    later, run_later = started_wait(bench, "B1")
+    _, run_later = started_wait(bench, "B1")
     assert begin(bench, run_later).waiting
 
 
