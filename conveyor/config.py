@@ -358,6 +358,11 @@ class Settings(BaseSettings):
     alert_schedule_lag: float = Field(
         default=300.0, ge=0, description="Alert when a due schedule is this late (s)."
     )
+    alert_wait_age: float = Field(
+        default=86_400.0,
+        ge=0,
+        description="Alert when a wait node has waited this long for its event (s).",
+    )
 
     @field_validator("imports", "http_allow", mode="before")
     @classmethod

@@ -162,6 +162,7 @@ def alerter(service: Conveyor) -> Alerter:
         error_rate=settings.alert_error_rate,
         dead_letter_growth=settings.alert_dead_letter_growth,
         schedule_lag=settings.alert_schedule_lag,
+        wait_age=settings.alert_wait_age,
     )
     return Alerter(
         service.db,

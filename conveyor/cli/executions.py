@@ -11,6 +11,7 @@ import os
 import uuid
 from contextlib import suppress
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -215,10 +216,25 @@ def _filter(
     )  # fmt: skip
 
 
+class ListedStatus(StrEnum):
+    """The statuses ``executions list --status`` takes: an execution's, or ``waiting``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    # running, with a node waiting (a wait node for its event, a workflow node for its child)
+    WAITING = "waiting"
+
+
 @executions_app.command("list")
 def executions_list(
     tenant: OnlyTenant = None,
-    status: Status = None,
+    status: Annotated[
+        ListedStatus | None,
+        typer.Option(help="Only this status (waiting: running, with a node that waits)."),
+    ] = None,
     workflow: Workflow = None,
     node_status: NodeStatusOption = None,
     created_after: Time = None,
@@ -237,8 +253,15 @@ def executions_list(
 ) -> None:
     """Executions, newest first, narrowed by the options given (times in UTC unless they
     carry an offset); page on with --after set to the last id shown."""
+    if status is ListedStatus.WAITING:
+        if node_status not in (None, NodeStatus.WAITING):
+            usage_error("--status waiting lists executions with a node waiting: drop --node-status")
+        node_status = NodeStatus.WAITING
     where = _filter(
-        status, workflow, node_status, created_after, created_before, dedupe_key,
+        None if status is None else ExecutionStatus(
+            ExecutionStatus.RUNNING if status is ListedStatus.WAITING else status.value
+        ),
+        workflow, node_status, created_after, created_before, dedupe_key,
         idempotency_key, parse_uuid(parent) if parent is not None else None,
     )  # fmt: skip
     last = parse_uuid(after) if after is not None else None

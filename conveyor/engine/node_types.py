@@ -6,7 +6,7 @@ whether its output chooses the branch its successors run on (a condition), and h
 it runs. Validation, planning and the transitions ask the registry (:func:`of`, :func:`named`) and
 never compare the name, so a new type joins in one place: one :func:`register` call.
 
-The five built-in types are described below, in the order the unknown-type message lists them.
+The six built-in types are described below, in the order the unknown-type message lists them.
 Running a python node (a registered function on a node thread) or an http node (a request) is
 I/O, which the engine does not import: the worker attaches those two executors
 (:func:`attach`, in :mod:`conveyor.nodes`).
@@ -516,20 +516,20 @@ register(
 )
 register(
     NodeType(
+        name="workflow",
+        config_keys=frozenset({"workflow", "version"}),
+        check=_workflow_problems,
+        starts_child=True,
+        maps=True,  # a child per item, each item's try waiting for its own child
+    )
+)
+register(
+    NodeType(
         name="wait",
         config_keys=frozenset({"event", "key", "timeout", *WAIT_BRANCHES}),
         check=_wait_problems,
         branches=WAIT_BRANCHES,
         reads_inputs=False,
         waits_for_event=True,
-    )
-)
-register(
-    NodeType(
-        name="workflow",
-        config_keys=frozenset({"workflow", "version"}),
-        check=_workflow_problems,
-        starts_child=True,
-        maps=True,  # a child per item, each item's try waiting for its own child
     )
 )

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, delete, exists, insert, select
+from sqlalchemy import CursorResult, Table, and_, delete, exists, func, insert, select
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import EventRecord, WaitRecord
@@ -73,6 +73,22 @@ class WaitQueries:
             .with_for_update(skip_locked=True)
         )
         return [_wait(row) for row in rows]
+
+    def wait_ages(self, now: datetime, bounds: tuple[float, ...]) -> tuple[list[int], float]:
+        """How many waits wait (their job ``waiting_event``) for at most each of ``bounds``
+        seconds (cumulative), all of them last; and the oldest one's age in seconds (0: none)."""
+        waiting = and_(JOBS.c.id == WAITS.c.job_id, JOBS.c.status == JobStatus.WAITING_EVENT)
+        since = [now - timedelta(seconds=b) for b in bounds]
+        row = self.session.execute(
+            select(
+                *(func.count().filter(WAITS.c.created_at >= s) for s in since),
+                func.count(),
+                func.min(WAITS.c.created_at),
+            ).select_from(WAITS.join(JOBS, waiting))
+        ).one()
+        oldest = cast(datetime | None, row[-1])
+        age = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        return [int(n) for n in row[:-1]], age
 
     def drop_expired_events(self, now: datetime, limit: int) -> int:
         expired = (
