@@ -5,6 +5,7 @@ wake-up; a timeout takes the timeout branch; a tenant cannot wake another tenant
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -13,13 +14,16 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from typer.testing import CliRunner
 
+from conveyor import metrics
+from conveyor.cli import app
 from conveyor.engine import claiming, triggering, waits
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job
 from conveyor.service import Conveyor, utcnow
-from tests.conftest import TEST_DB_URL
+from tests.conftest import REDIS_URL, TEST_DB_URL
 from tests.integration.test_api import MakeKey, client
 from tests.support.services import effects, in_thread, lock_waiters, wait_for
 
@@ -242,3 +246,38 @@ def test_a_wait_beginning_while_its_event_arrives_waits_for_it_and_takes_it(
     service._after(begun[0].after)  # its successor's message, as the worker publishes it
     assert wait_for(service, run.execution.id).status is ExecutionStatus.COMPLETED
     assert [float(e["value"]) for e in effects(TEST_DB_URL)] == [2.0]
+
+
+def test_waiting_executions_are_listed_counted_by_age_and_woken_from_the_cli(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given two executions waiting for their events, and one that completed
+    service = conveyor_service
+    apply(service, "pay", wait_node("wait"), got("wait"))
+    apply(service, "plain", {"id": "a", "type": "python", "config": {"function": "test.noop"}})
+    waiting = sorted(str(service.trigger("pay", {"order": f"m{i}"})) for i in range(2))
+    done = service.trigger("plain")
+    until(lambda: count_waiting(service) == 2)
+    assert wait_for(service, done).status is ExecutionStatus.COMPLETED
+
+    # When they are listed as waiting, and measured
+    cli = CliRunner()
+    listed = cli.invoke(app, ["executions", "list", "--status", "waiting", "--json"])
+    snap = metrics.take(service.db, REDIS_URL, None, labelled=False)
+    families = {f.name: f for f in metrics.metric_families(snap)}
+
+    # Then the waiting ones are, and the metrics count them by age
+    assert listed.exit_code == 0, listed.output
+    assert sorted(e["id"] for e in json.loads(listed.output)) == waiting
+    assert snap.waits == [2, 2, 2, 2] and snap.oldest_wait < 3600
+    assert {s.labels["age_le"]: s.value for s in families["conveyor_waits"].samples} == {
+        "60": 2, "3600": 2, "86400": 2, "+Inf": 2,
+    }  # fmt: skip
+
+    # and `conveyor events send` wakes one of them
+    sent = cli.invoke(app, ["events", "send", "paid", "--key", "m0", "--payload", '{"n": 5}',
+                            "--json"])  # fmt: skip
+    assert sent.exit_code == 0, sent.output
+    (woken,) = json.loads(sent.output)["woke"]
+    assert wait_for(service, uuid.UUID(woken)).status is ExecutionStatus.COMPLETED
+    assert count_waiting(service) == 1
