@@ -1,13 +1,19 @@
 """Wait nodes with real `celery worker` processes: every worker SIGKILLed while 200 waits are
 pending (and the successors of half of them running or queued), then restarted: every wait
-still resumes, each with its own payload, and every execution completes."""
+still resumes, each with its own payload, and every execution completes. And the
+order-payment example as its comments run it on the embedded default."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
@@ -19,7 +25,7 @@ from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import await_ready
+from tests.acceptance.conftest import ROOT, await_ready
 
 StartWorker = Callable[..., Popen[str]]
 WAITS = 200
@@ -92,3 +98,45 @@ def test_every_wait_resumes_after_every_worker_is_killed_and_restarted(
     assert {ids[e]: o["wait"]["n"] for e, o in outputs.items()} == {i: i for i in range(WAITS)}
     assert {ids[e]: o["got"]["sum"] for e, o in outputs.items()} == {i: i for i in range(WAITS)}
     assert count(client, Job.status == JobStatus.WAITING_EVENT) == 0
+
+
+@pytest.mark.timeout(240)  # three `conveyor` processes in a row, each importing the CLI
+def test_the_order_payment_example_completes_on_the_embedded_default_once_its_event_is_sent(
+    tmp_path: Path,
+) -> None:
+    # Given a fresh directory with the examples, no CONVEYOR_* settings but the demo's nodes
+    shutil.copytree(ROOT / "examples", tmp_path / "examples",
+                    ignore=shutil.ignore_patterns("own-project"))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(CONVEYOR_IMPORTS="conveyor.demo",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")  # fmt: skip
+
+    def shell(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
+                              capture_output=True, timeout=120)  # fmt: skip
+
+    # When the order runs as the example's comments say: it comes to its wait and returns
+    run = shell(
+        "conveyor run examples/order-payment.yaml "
+        '--input "$(cat examples/order-payment.input.json)" --json'
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    started = json.loads(run.stdout)
+    assert started["status"] == "running" and "waits for an event" in run.stderr
+
+    # and its payment event is sent
+    sent = shell(
+        "conveyor events send payment.confirmed --key A-1001 --payload '{\"amount\": 42}' --json"
+    )
+
+    # Then the wait woke and the order completed, charged twice the amount (quantity 2)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    told = json.loads(sent.stdout)
+    assert told["woke"] == [started["execution_id"]]
+    assert told["statuses"] == {started["execution_id"]: "completed"}
+    shown = shell(f"conveyor executions show {started['execution_id']} --json")
+    view = json.loads(shown.stdout)
+    assert view["output"] == {"charged": 84}
+    assert {n["id"]: n["status"] for n in view["nodes"]} == {
+        "payment": "completed", "charge": "completed", "remind": "skipped",
+    }  # fmt: skip
