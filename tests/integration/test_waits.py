@@ -10,12 +10,15 @@ import random
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
+import conveyor
 from conveyor import metrics
 from conveyor.cli import app
 from conveyor.engine import claiming, triggering, waits
@@ -281,3 +284,30 @@ def test_waiting_executions_are_listed_counted_by_age_and_woken_from_the_cli(
     (woken,) = json.loads(sent.output)["woke"]
     assert wait_for(service, uuid.UUID(woken)).status is ExecutionStatus.COMPLETED
     assert count_waiting(service) == 1
+
+
+def test_an_event_sent_in_the_callers_transaction_wakes_only_once_it_commits(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a wait for order "tx"
+    service = conveyor_service
+    apply(service, "pay", wait_node("wait"), got("wait"))
+    execution_id = service.trigger("pay", {"order": "tx"})
+    until(lambda: count_waiting(service) == 1)
+
+    # When the application sends its event in a transaction it rolls back: nothing happened
+    with Session(service.db.engine) as session, pytest.raises(RuntimeError), session.begin():
+        conveyor.send_event(session, "paid", {"n": 1}, key="tx")
+        raise RuntimeError("the application changed its mind")
+    assert count_waiting(service) == 1
+    with service.db.transaction() as store:
+        assert store.first_event(store.tenant_id("default"), "paid", "tx",
+                                 datetime.min.replace(tzinfo=UTC), utcnow()) is None  # fmt: skip
+
+    # and then in one it commits: the wait wakes with that payload, once committed
+    with Session(service.db.engine) as session, session.begin():
+        conveyor.send_event(session, "paid", {"n": 2}, key="tx")
+        assert count_waiting(service) == 1  # others see nothing before the commit
+
+    assert wait_for(service, execution_id).status is ExecutionStatus.COMPLETED
+    assert [float(e["value"]) for e in effects(TEST_DB_URL)] == [2.0]
