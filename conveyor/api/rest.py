@@ -405,4 +405,6 @@ def emit_event(body: EventBody, service: ServiceDep, tenant: TenantDep) -> Event
         body.type, body.payload, key=body.key, tenant=tenant.name, run_at=body.run_at,
         delay=body.delay,
     )  # fmt: skip
-    return EventStarted(executions=[t.execution_id for t in delivered.started], woke=delivered.woke)
+    return EventStarted(
+        executions=[t.execution_id for t in delivered.started], woke=delivered.woke_executions
+    )

@@ -119,7 +119,7 @@ class EventBody(BaseModel):
 class EventStarted(BaseModel):
     executions: list[uuid.UUID]
     woke: list[uuid.UUID] = Field(
-        default_factory=list, description="The jobs of the wait nodes the event woke."
+        default_factory=list, description="The executions whose wait nodes the event woke."
     )
 
 
