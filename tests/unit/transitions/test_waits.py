@@ -9,7 +9,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from conveyor.engine import cancellation, waits
+from conveyor.engine import cancellation, dead_letters, waits
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.records import AfterCommit
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobStatus
@@ -288,3 +288,28 @@ def test_a_key_that_renders_empty_fails_the_try_without_a_retry(bench: Bench) ->
     assert began.failed is not None and began.error is not None
     assert "config.key" in str(began.error)
     assert bench.job(made.execution_id, "wait").status is JobStatus.DEAD_LETTER
+
+
+def test_a_timed_out_wait_requeued_from_its_dead_letter_waits_again_and_its_event_wakes_it(
+    bench: Bench,
+) -> None:
+    # Given a wait that timed out and failed its execution
+    order_flow(bench, timeout=60)
+    execution_id, run = started_wait(bench, "F1")
+    begin(bench, run)
+    bench.clock.advance(61)
+    expire(bench)
+    dead = bench.job(execution_id, "wait")
+    assert dead.status is JobStatus.DEAD_LETTER
+
+    # When its dead letter is requeued, its next try claimed and begun
+    (published,) = bench.units.run(lambda s: dead_letters.requeue(s, dead.id, None, bench.clock()))
+    again = begin(bench, bench.claimed(published.job_id))
+
+    # Then it waits again, with a new timeout, and its event (late but kept) wakes it
+    assert again.waiting
+    bench.clock.advance(30)
+    assert expire(bench)[0] == 0
+    assert send(bench, "F1", {"paid": "late"}).woke == [dead.id]
+    assert bench.statuses(execution_id) == {"wait": "completed", "ship": "queued"}
+    assert bench.probe.execution(execution_id).status is ExecutionStatus.RUNNING
