@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     )
     from conveyor.engine.node_types import NodeContext
     from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, Priority
-    from conveyor.enqueuing import enqueue
+    from conveyor.enqueuing import enqueue, send_event
     from conveyor.exceptions import (
         CancelExecution,
         ConveyorError,
@@ -63,6 +63,7 @@ _HOMES = {
     "Workflow": "conveyor.engine.definitions",
     "enqueue": "conveyor.enqueuing",
     "node": "conveyor.nodes",
+    "send_event": "conveyor.enqueuing",
 }
 __all__ = [
     "AsyncClient",
@@ -91,6 +92,7 @@ __all__ = [
     "enqueue",
     "item_of",
     "node",
+    "send_event",
 ]
 
 

@@ -181,6 +181,15 @@ class Settings(BaseSettings):
         "that would start a child deeper fails, not retried. Bounds workflows that start "
         "each other in a circle.",
     )
+    event_retention_seconds: float = Field(
+        default=604_800.0,
+        gt=0,
+        le=31_536_000,
+        description="How long an application event sent with a key is kept for the wait "
+        "nodes that begin after it arrived (a wait takes the earliest kept event of its key "
+        "that came since its execution started); the retention sweep deletes it then. At "
+        "most a year.",
+    )
     max_children: int = Field(
         default=1000,
         ge=1,
@@ -354,6 +363,11 @@ class Settings(BaseSettings):
     )
     alert_schedule_lag: float = Field(
         default=300.0, ge=0, description="Alert when a due schedule is this late (s)."
+    )
+    alert_wait_age: float = Field(
+        default=86_400.0,
+        ge=0,
+        description="Alert when a wait node has waited this long for its event (s).",
     )
 
     @field_validator("imports", "apply_modules", "http_allow", mode="before")

@@ -5,6 +5,11 @@
         conveyor.enqueue(session, "send-invoice", {"invoice_id": 7})
     # committed: the execution exists and its message is sent; rolled back: neither
 
+    with Session(engine) as session, session.begin():
+        order.paid = True
+        conveyor.send_event(session, "payment.confirmed", {"amount": 12}, key=order.id)
+    # committed: the waits on that order's key resume; rolled back: they still wait
+
 The execution and its start job are written with the caller's session (the same database
 holds Conveyor's tables); the message is published only after that transaction commits, and
 never if it rolls back. If the publish itself fails after the commit, the job stays queued and
@@ -15,14 +20,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from conveyor import tracing
-from conveyor.engine import later, trigger_limits, triggering
+from conveyor.engine import later, trigger_limits, triggering, waits
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import Priority, TriggerSource
@@ -76,6 +81,38 @@ def enqueue(
 
 
 _KEY = "conveyor.pending"
+
+
+def send_event(
+    session: Session,
+    event: str,
+    payload: Any = None,
+    *,
+    key: str | None = None,
+    tenant: str = DEFAULT_TENANT,
+    keep_for: timedelta | None = None,
+    dispatcher: Dispatcher | None = None,
+) -> list[uuid.UUID]:
+    """Send an application event in the caller's transaction: every workflow of the tenant
+    subscribing to it is started and, with ``key``, every wait node waiting for (``event``,
+    ``key``) is woken with ``payload`` as its output, and the event is kept (``keep_for``, else
+    CONVEYOR_EVENT_RETENTION_SECONDS) for the waits that begin later. Committed, the work
+    it made ready is published; rolled back, nothing happened. The executions it started."""
+    now = datetime.now(UTC)
+    keep = keep_for if keep_for is not None else _event_retention()
+    with tracing.trigger_span(event, TriggerSource.EVENT.value) as trace:
+        delivered = waits.deliver_event(
+            store_on(session), tenant, event, payload, now, key=key, keep_for=keep, trace=trace
+        )
+    if delivered.dispatches:
+        _pending(session, dispatcher).extend(delivered.dispatches)
+    return [t.execution_id for t in delivered.started]
+
+
+def _event_retention() -> timedelta:
+    from conveyor.config import get_settings
+
+    return timedelta(seconds=get_settings().event_retention_seconds)
 
 
 def _pending(session: Session, dispatcher: Dispatcher | None) -> list[Dispatch]:

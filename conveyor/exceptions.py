@@ -184,6 +184,11 @@ class TooManyChildren(NonRetryableError):
     allows: a workflow that starts children in a loop, or a fan-out of children too wide."""
 
 
+class WaitTimedOut(NonRetryableError):
+    """A wait node's event did not come before its timeout, and the node names no
+    ``on_timeout`` branch to take instead."""
+
+
 class NodeCancelled(NodeError):
     """The execution was cancelled while the node was running."""
 

@@ -20,6 +20,8 @@ Metrics (all prefixed ``conveyor_``):
   named as ``conveyor limits`` names them: a tenant by its name, a workflow ``tenant/workflow``;
 - ``schedules_late`` and ``schedule_lag_seconds``: due schedules not yet fired, and the
   oldest one's delay;
+- ``waits{age_le}``: wait nodes waiting for their event, waiting for at most ``age_le``
+  seconds (cumulative: 60, 3600, 86400, +Inf), and ``oldest_wait_seconds``;
 - ``recovered_total{what}``: jobs of dead workers reclaimed, lost messages re-published, and
   the limiter's repairs (lapsed grants taken back, parked jobs it lost re-published).
 """
@@ -52,6 +54,8 @@ from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re
 # kombu's Redis transport keeps one list per priority step: the queue's name for step 0, and
 # name + ":" + step for the others. Conveyor publishes on these steps (tasks/dispatch.py).
 REDIS_STEPS = {Priority.HIGH: 0, Priority.NORMAL: 3, Priority.LOW: 6}
+# The ages (seconds) the waits are counted under: a minute, an hour, a day.
+WAIT_AGES = (60.0, 3600.0, 86400.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +90,9 @@ class Snapshot:
     schedule_lag: float = 0.0
     recovered: dict[str, int] = field(default_factory=dict)  # by the recovery sweep, ever
     tenant_names: dict[str, str] = field(default_factory=dict)  # id -> name, for the permits
+    # waits (wait nodes waiting for their event) by age: at most each of WAIT_AGES, then all
+    waits: list[int] = field(default_factory=lambda: [0] * (len(WAIT_AGES) + 1))
+    oldest_wait: float = 0.0  # seconds the oldest wait has waited (0: none waits)
 
     @property
     def dead_letters(self) -> int:
@@ -111,6 +118,7 @@ def take(
         tries = stats.merged(store.attempt_tallies(labelled=labelled), store.pruned_tallies())
         late, lag = store.schedule_lag(now)
         recovered = store.recovery_counts()
+        waits, oldest_wait = store.wait_ages(now, WAIT_AGES)
         permits = limiter.snapshot() if limiter is not None else []
         names = {str(t.id): t.name for t in store.tenants()} if permits else {}
     return Snapshot(
@@ -128,6 +136,8 @@ def take(
         schedule_lag=lag,
         recovered=recovered,
         tenant_names=names,
+        waits=waits,
+        oldest_wait=oldest_wait,
     )
 
 
@@ -288,6 +298,17 @@ def metric_families(snap: Snapshot, *, workflow_label: bool = True) -> Iterator[
                         "waits_settled", "children_stopped", *snap.recovered}):  # fmt: skip
         recovered.add_metric([what], snap.recovered.get(what, 0))
     yield recovered
+    by_age = GaugeMetricFamily(
+        "conveyor_waits", "Wait nodes waiting for their event, by age (at most).",
+        labels=["age_le"],
+    )  # fmt: skip
+    for bound, n in zip([*(f"{b:g}" for b in WAIT_AGES), "+Inf"], snap.waits, strict=True):
+        by_age.add_metric([bound], n)
+    yield by_age
+    yield GaugeMetricFamily(
+        "conveyor_oldest_wait_seconds", "How long the oldest wait node has waited.",
+        snap.oldest_wait,
+    )  # fmt: skip
     yield GaugeMetricFamily(
         "conveyor_schedules_late", "Due schedules not yet fired.", snap.schedules_late
     )

@@ -555,3 +555,15 @@ def dead_letter_view(store: SqlStore, job_id: uuid.UUID) -> DeadLetterDetailJson
     for job, attempts in store.dead_letter_history(job_id):
         return {**dead_letter_json(*job), "attempts": [_attempt_json(a) for a in attempts]}
     raise ValueError(job_id)  # pragma: no cover - the caller checked it exists
+
+
+# Job statuses of work that goes on without anything from outside (run, wait for a time, a
+# permit or a child).
+_MOVING = frozenset({"queued", "parked", "processing", "retry_wait", "scheduled", "waiting_child"})
+
+
+def waits_for_events_only(view: ExecutionJson) -> bool:
+    """Whether an unfinished execution has a wait node waiting for its event and nothing
+    else under way: only an event (or a wait's timeout) moves it on."""
+    statuses = {job["status"] for job in view["jobs"]}
+    return "waiting_event" in statuses and not statuses & _MOVING

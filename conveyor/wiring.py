@@ -76,6 +76,7 @@ def service() -> Conveyor:
         map_window=settings.map_window,
         max_child_depth=settings.max_child_depth,
         bounds=settings.bounds,
+        event_retention=timedelta(seconds=settings.event_retention_seconds),
     )
     made.heartbeat_interval = settings.heartbeat_interval
     return made
@@ -163,6 +164,7 @@ def alerter(service: Conveyor) -> Alerter:
         error_rate=settings.alert_error_rate,
         dead_letter_growth=settings.alert_dead_letter_growth,
         schedule_lag=settings.alert_schedule_lag,
+        wait_age=settings.alert_wait_age,
     )
     return Alerter(
         service.db,

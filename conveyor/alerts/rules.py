@@ -23,6 +23,7 @@ class Thresholds:
     min_tries: int = 20
     dead_letter_growth: int = 1  # new dead letters since the last evaluation
     schedule_lag: float = 300.0  # seconds the oldest due schedule is late
+    wait_age: float = 86_400.0  # seconds the oldest wait node has waited for its event
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,12 +130,22 @@ def _schedule_lag(snap: Snapshot, _: Counters | None, t: Thresholds) -> Reading:
     )
 
 
+def _wait_age(snap: Snapshot, _: Counters | None, t: Thresholds) -> Reading:
+    return (
+        snap.oldest_wait,
+        t.wait_age,
+        f"{snap.waits[-1]} wait node(s) wait for their event, the oldest for "
+        f"{snap.oldest_wait:.0f} s (`conveyor executions list --status waiting`)",
+    )
+
+
 RULES: dict[str, Measure] = {
     "queue_depth": _queue_depth,
     "wait_p95": _wait_p95,
     "error_rate": _error_rate,
     "dead_letter_growth": _dead_letter_growth,
     "schedule_lag": _schedule_lag,
+    "wait_age": _wait_age,
 }
 
 

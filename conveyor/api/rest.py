@@ -398,9 +398,13 @@ async def tenant_events(
 @router.post("/events", status_code=status.HTTP_202_ACCEPTED, tags=["events"])
 def emit_event(body: EventBody, service: ServiceDep, tenant: TenantDep) -> EventStarted:
     """Start every workflow of the tenant that subscribes to the event's type (`events:` in
-    its definition); each gets ``{"event": type, "payload": payload}`` as input."""
+    its definition); each gets ``{"event": type, "payload": payload}`` as input. With a
+    ``key``, also wake every wait node of the tenant waiting for this type and key (its
+    output: the payload); the event is kept for the waits that begin later."""
+    delivered = service.send_event(
+        body.type, body.payload, key=body.key, tenant=tenant.name, run_at=body.run_at,
+        delay=body.delay,
+    )  # fmt: skip
     return EventStarted(
-        executions=service.emit(
-            tenant.name, body.type, body.payload, run_at=body.run_at, delay=body.delay
-        )
+        executions=[t.execution_id for t in delivered.started], woke=delivered.woke_executions
     )

@@ -106,10 +106,21 @@ class EventBody(BaseModel):
     delay: float | None = Field(
         default=None, description="Start them this many seconds from now (not with run_at)."
     )
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The correlation key: wakes every wait node of the tenant waiting for "
+        "this type and key (its output: the payload), and is kept for the waits that begin "
+        "later (CONVEYOR_EVENT_RETENTION_SECONDS). Without it, the event wakes no wait.",
+    )
 
 
 class EventStarted(BaseModel):
     executions: list[uuid.UUID]
+    woke: list[uuid.UUID] = Field(
+        default_factory=list, description="The executions whose wait nodes the event woke."
+    )
 
 
 class Received(BaseModel):

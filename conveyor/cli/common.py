@@ -119,8 +119,12 @@ def execution_view(execution_id: uuid.UUID) -> views.ExecutionJson:
         return views.execution_view(store, execution_id)
 
 
-def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> views.ExecutionJson:
-    """Poll the execution until it finishes or ``timeout`` seconds pass; the last view."""
+def wait_for(
+    execution_id: uuid.UUID, timeout: float | None, live: bool, *, until_waiting: bool = False
+) -> views.ExecutionJson:
+    """Poll the execution until it finishes or ``timeout`` seconds pass (with
+    ``until_waiting``: or it only waits for an application event); the last view."""
+    from conveyor import views
     from conveyor.cli import render
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -129,6 +133,8 @@ def wait_for(execution_id: uuid.UUID, timeout: float | None, live: bool) -> view
             view = execution_view(execution_id)
             show(view)
             if ExecutionStatus(view["status"]).finished:
+                return view
+            if until_waiting and views.waits_for_events_only(view):
                 return view
             if deadline is not None and time.monotonic() >= deadline:
                 return view

@@ -11,6 +11,7 @@ import os
 import uuid
 from contextlib import suppress
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -63,7 +64,8 @@ def _finish(view: views.ExecutionJson, as_json: bool) -> NoReturn:
         )
     else:
         render.print_outcome(view)
-    raise typer.Exit(0 if view["status"] == ExecutionStatus.COMPLETED else 1)
+    waiting = views.waits_for_events_only(view)  # not failed: an event moves it on
+    raise typer.Exit(0 if view["status"] == ExecutionStatus.COMPLETED or waiting else 1)
 
 
 def run(
@@ -130,7 +132,7 @@ def run(
             _print_started(execution_id, as_json, made.dedupe)
             return
         try:
-            view = wait_for(execution_id, timeout, live=not as_json)
+            view = wait_for(execution_id, timeout, live=not as_json, until_waiting=embedded)
         finally:
             if embedded:
                 view = _abandon(execution_id)
@@ -158,7 +160,14 @@ def _print_started(execution_id: uuid.UUID, as_json: bool, dedupe: str | None = 
 def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
     """Cancel an execution that is still running when the embedded workers are about to stop:
     nothing else would ever finish it."""
-    if not ExecutionStatus(execution_view(execution_id)["status"]).finished:
+    view = execution_view(execution_id)
+    if views.waits_for_events_only(view):  # an event moves it on: `conveyor events send`
+        render.err.print(
+            "the execution waits for an event; send it with `conveyor events send NAME --key "
+            "KEY`", style="yellow", markup=False,
+        )  # fmt: skip
+        return view
+    if not ExecutionStatus(view["status"]).finished:
         with suppress(InvalidTransition):  # it finished meanwhile
             wiring.service().cancel(execution_id)
             render.err.print("stopped waiting; the execution is cancelled", style="yellow")
@@ -207,10 +216,25 @@ def _filter(
     )  # fmt: skip
 
 
+class ListedStatus(StrEnum):
+    """The statuses ``executions list --status`` takes: an execution's, or ``waiting``."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    # running, with a node waiting (a wait node for its event, a workflow node for its child)
+    WAITING = "waiting"
+
+
 @executions_app.command("list")
 def executions_list(
     tenant: OnlyTenant = None,
-    status: Status = None,
+    status: Annotated[
+        ListedStatus | None,
+        typer.Option(help="Only this status (waiting: running, with a node that waits)."),
+    ] = None,
     workflow: Workflow = None,
     node_status: NodeStatusOption = None,
     created_after: Time = None,
@@ -229,8 +253,15 @@ def executions_list(
 ) -> None:
     """Executions, newest first, narrowed by the options given (times in UTC unless they
     carry an offset); page on with --after set to the last id shown."""
+    if status is ListedStatus.WAITING:
+        if node_status not in (None, NodeStatus.WAITING):
+            usage_error("--status waiting lists executions with a node waiting: drop --node-status")
+        node_status = NodeStatus.WAITING
     where = _filter(
-        status, workflow, node_status, created_after, created_before, dedupe_key,
+        None if status is None else ExecutionStatus(
+            ExecutionStatus.RUNNING if status is ListedStatus.WAITING else status.value
+        ),
+        workflow, node_status, created_after, created_before, dedupe_key,
         idempotency_key, parse_uuid(parent) if parent is not None else None,
     )  # fmt: skip
     last = parse_uuid(after) if after is not None else None

@@ -99,6 +99,11 @@ COMMANDS = {
         "Webhook endpoints: where third parties post signed deliveries.",
     ),
     "dlq": _Entry("conveyor.cli.dlq", "dlq_app", "Dead letters: list, show, requeue, discard."),
+    "events": _Entry(
+        "conveyor.cli.events",
+        "events_app",
+        "Application events: send one (it starts subscribers and wakes waits).",
+    ),
 }
 
 

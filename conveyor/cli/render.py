@@ -55,6 +55,7 @@ STATUS_STYLE = {
     "processing": "yellow",
     "dead_letter": "red",
     "waiting_child": "blue",
+    "waiting_event": "blue",
 }
 
 

@@ -6,7 +6,7 @@ whether its output chooses the branch its successors run on (a condition), and h
 it runs. Validation, planning and the transitions ask the registry (:func:`of`, :func:`named`) and
 never compare the name, so a new type joins in one place: one :func:`register` call.
 
-The five built-in types are described below, in the order the unknown-type message lists them.
+The six built-in types are described below, in the order the unknown-type message lists them.
 Running a python node (a registered function on a node thread) or an http node (a request) is
 I/O, which the engine does not import: the worker attaches those two executors
 (:func:`attach`, in :mod:`conveyor.nodes`).
@@ -175,6 +175,11 @@ class NodeType:
     # holding no worker slot (conveyor.engine.children): no executor runs it.
     starts_child: bool = False
 
+    # Its try waits for an application event (conveyor.engine.waits), holding no worker slot:
+    # no executor runs it, and the branch it takes is the outcome (event or timeout), never
+    # read from its output (the event's payload).
+    waits_for_event: bool = False
+
 
 _TYPES: dict[str, NodeType] = {}
 
@@ -235,6 +240,21 @@ def starts_child(node: Node) -> bool:
     """Whether ``node``'s try starts a child execution and waits for it (a workflow node)."""
     kind = of(node)
     return kind is not None and kind.starts_child
+
+
+def waits_for_event(node: Node) -> bool:
+    """Whether ``node``'s try waits for an application event (a wait node)."""
+    kind = of(node)
+    return kind is not None and kind.waits_for_event
+
+
+def branch_of(node: Node, output: Any) -> str | None:
+    """The branch ``node``'s output picks: its ``branch`` for a type whose output chooses
+    one (a condition); None for any other (a wait's branch is its outcome, not its output)."""
+    kind = of(node)
+    if kind is None or not kind.branches or kind.waits_for_event:
+        return None
+    return output.get("branch") if isinstance(output, Mapping) else None
 
 
 def branches(node: Node) -> tuple[str, ...]:
@@ -391,6 +411,54 @@ def _evaluated(step: Step) -> dict[str, Any]:
     return {"result": bool(value), "branch": _IF[0] if value else _IF[1]}
 
 
+WAIT_BRANCHES = ("on_event", "on_timeout")
+# How many characters an event's name and its correlation key may have (their columns').
+MAX_EVENT_NAME = 200
+MAX_EVENT_KEY = 200
+
+
+def _wait_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    errors = []
+    event = config.get("event")
+    if not isinstance(event, str) or not event.strip() or len(event) > MAX_EVENT_NAME:
+        errors.append(
+            f"config.event is required: the name of the event to wait for, e.g. "
+            f'"payment.confirmed" (at most {MAX_EVENT_NAME} characters)'
+        )
+    key = config.get("key")
+    if not isinstance(key, str) or not key.strip():
+        errors.append(
+            "config.key is required: the correlation key the event must carry, usually a "
+            'template, e.g. "{{ input.order_id }}"'
+        )
+    elif problem := templates.syntax_error(key):
+        errors.append(f"config.key {key!r} does not parse: {problem}")
+    errors += _timeout_problems(config.get("timeout"))
+    for branch in WAIT_BRANCHES:
+        targets = config.get(branch, [])
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            errors.append(f"config.{branch} must be a list of node ids")
+            continue
+        errors += [p for target in targets if (p := _branch_problem(branch, target, checking))]
+    if config.get("on_timeout") and "timeout" not in config:
+        errors.append("config.on_timeout names nodes but config.timeout is not given; add one")
+    return errors
+
+
+def _timeout_problems(timeout: object) -> list[str]:
+    if timeout is None or (isinstance(timeout, str) and templates.is_template(timeout)):
+        return []
+    fix = (
+        f"config.timeout must be a number of seconds (more than 0, at most "
+        f"{bounds.MAX_DELAY_SECONDS}), or a template giving seconds or an ISO 8601 time"
+    )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        return [fix]
+    if timeout <= 0 or bounds.delay_problem(timeout):
+        return [f"{fix}, not {bounds.shown(timeout)}"]
+    return []
+
+
 def _workflow_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
     name, version = config.get("workflow"), config.get("version")
     errors = []
@@ -453,5 +521,15 @@ register(
         check=_workflow_problems,
         starts_child=True,
         maps=True,  # a child per item, each item's try waiting for its own child
+    )
+)
+register(
+    NodeType(
+        name="wait",
+        config_keys=frozenset({"event", "key", "timeout", *WAIT_BRANCHES}),
+        check=_wait_problems,
+        branches=WAIT_BRANCHES,
+        reads_inputs=False,
+        waits_for_event=True,
     )
 )

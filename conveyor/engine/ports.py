@@ -18,6 +18,7 @@ from conveyor.engine.records import (
     DeliveryRecord,
     Dispatch,
     EndpointRecord,
+    EventRecord,
     ExecutionOutcome,
     ExecutionRecord,
     Finish,
@@ -31,6 +32,7 @@ from conveyor.engine.records import (
     NodeRow,
     ScheduleRecord,
     TraceContext,
+    WaitRecord,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
@@ -347,10 +349,13 @@ class Jobs(Protocol):
         Needs no transaction around it."""
         ...
 
-    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
-        """waiting_child -> processing while try ``try_number`` is current: the try that
-        started a child, its outcome to be recorded next in the same transaction. None, and
-        nothing changed, when the job does not wait (settled already, or another try's)."""
+    def resume_waiting(
+        self, job_id: uuid.UUID, try_number: int, waiting: JobStatus = JobStatus.WAITING_CHILD
+    ) -> JobRecord | None:
+        """``waiting`` (waiting_child, or waiting_event) -> processing while try
+        ``try_number`` is current: the try that started a child (or waits for an event), its
+        outcome to be recorded next in the same transaction. None, and nothing changed, when
+        the job does not wait (settled already, or another try's)."""
         ...
 
     def add_attempt(self, job: JobRecord, worker: str | None, now: datetime) -> None:
@@ -677,6 +682,53 @@ class Schedules(Protocol):
     def advance_schedules(self, advances: Sequence[Advance], now: datetime) -> None: ...
 
 
+class Waits(Protocol):
+    """Wait nodes and the application events that wake them (:mod:`conveyor.engine.waits`).
+    An event and a wait meet on (tenant, event name, key); both sides take that key's lock
+    (:meth:`lock_correlation`) before they write and then look for the other, so of a wait
+    beginning and its event arriving at once, the second sees the first."""
+
+    def lock_correlation(self, tenant_id: uuid.UUID, event: str, key: str) -> None:
+        """Hold (tenant, event, key) until the transaction ends: a second holder waits for
+        it, and its next statements see what the first committed. PostgreSQL: an advisory
+        transaction lock; SQLite: its write lock, held from BEGIN IMMEDIATE already."""
+        ...
+
+    def add_event(self, event: EventRecord) -> None:
+        """Keep ``event`` for the waits that begin before it expires."""
+        ...
+
+    def first_event(
+        self, tenant_id: uuid.UUID, event: str, key: str, since: datetime, now: datetime
+    ) -> EventRecord | None:
+        """The earliest kept event of (tenant, event, key) that arrived at ``since`` or later
+        and has not expired at ``now``; None when there is none."""
+        ...
+
+    def add_wait(self, wait: WaitRecord) -> None:
+        """The row of a try that waits for its event (one a job: a later try's replaces it)."""
+        ...
+
+    def waits_for(self, tenant_id: uuid.UUID, event: str, key: str) -> list[WaitRecord]:
+        """The waits on (tenant, event, key), oldest first (a row whose try no longer waits
+        may be among them: the caller's resume refuses it)."""
+        ...
+
+    def end_wait(self, job_id: uuid.UUID) -> None:
+        """The job's wait row gone (its try woke, timed out or stopped)."""
+        ...
+
+    def due_waits(self, now: datetime, limit: int) -> list[WaitRecord]:
+        """Up to ``limit`` waits whose timeout has come, locked (rows another sweep holds
+        skipped), oldest timeout first."""
+        ...
+
+    def drop_expired_events(self, now: datetime, limit: int) -> int:
+        """Up to ``limit`` events expired at ``now`` deleted, and the wait rows whose job no
+        longer waits (stopped with its execution): how many events."""
+        ...
+
+
 class Store(
     Catalog,
     Executions,
@@ -687,6 +739,7 @@ class Store(
     Reruns,
     Deliveries,
     Schedules,
+    Waits,
     Protocol,
 ):
     """Everything the engine and the scheduler ask of the database, one unit of work."""

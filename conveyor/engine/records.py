@@ -410,3 +410,35 @@ class DeliveryRecord:
     payload: Any
     status: DeliveryStatus
     trace: TraceContext | None = None  # where it was received: its executions' tries join it
+
+
+@dataclass(frozen=True, kw_only=True)
+class EventRecord:
+    """An application event kept for the waits that begin after it (``events``): its
+    tenant, name and correlation key, what it carries, until ``expires_at``."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    key: str
+    payload: Any
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitRecord:
+    """A wait node's try waiting for its event (``waits``): the job and try, what it waits
+    for (tenant, event name, key), since when events count (its execution's start) and until
+    when it waits (None: no timeout)."""
+
+    job_id: uuid.UUID
+    try_number: int
+    tenant_id: uuid.UUID
+    execution_id: uuid.UUID
+    node_id: str
+    event: str
+    key: str
+    since: datetime
+    timeout_at: datetime | None
+    created_at: datetime

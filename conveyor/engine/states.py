@@ -29,6 +29,9 @@ class JobStatus(StrEnum):
     # its try started a child execution (a workflow node) and waits, holding no worker slot
     # and no permit, for the child to finish: the child's finish records the try's outcome
     WAITING_CHILD = "waiting_child"
+    # its try waits for an application event (a wait node), holding no worker slot and no
+    # permit: the event's arrival, or the wait's timeout, records the try's outcome
+    WAITING_EVENT = "waiting_event"
     RETRY_WAIT = "retry_wait"  # a try failed or snoozed; waits in the database until next_run_at
     SCHEDULED = "scheduled"  # waits in the database until next_run_at (delay nodes)
     COMPLETED = "completed"  # the work is done and its result recorded
@@ -51,14 +54,17 @@ DEFAULT_TENANT = "default"
 RUNNABLE_JOB = (JobStatus.QUEUED, JobStatus.PARKED)
 # Jobs an execution's stop cancels: those not started, and those waiting for a child (whose
 # children the stop cancels too); a job processing is told to stop instead.
-STOPPABLE_JOB = (*RUNNABLE_JOB, *WAITING_JOB, JobStatus.WAITING_CHILD)
+STOPPABLE_JOB = (*RUNNABLE_JOB, *WAITING_JOB, JobStatus.WAITING_CHILD, JobStatus.WAITING_EVENT)
+# Jobs whose claimed try waits, without a worker, for another transaction to settle it: a
+# stop ends their tries cancelled with them.
+PAUSED_JOB = (JobStatus.WAITING_CHILD, JobStatus.WAITING_EVENT)
 
 
 class NodeStatus(StrEnum):
     PENDING = "pending"  # waits for its needs to settle
     QUEUED = "queued"  # its job exists and waits for a worker (or for its time)
     RUNNING = "running"  # a worker is running it
-    WAITING = "waiting"  # a workflow node: its child execution runs, and it waits for it
+    WAITING = "waiting"  # a workflow node waits for its child, a wait node for its event
     COMPLETED = "completed"  # ran and stored its output
     FAILED = "failed"  # exhausted its tries
     SKIPPED = "skipped"  # on a branch a condition did not take, or all its needs skipped

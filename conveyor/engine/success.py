@@ -43,7 +43,7 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
             return False  # it may be the last: a follow-up left on it is to start
         if run.execution.parent is not None:
             return False  # it may be the last: its parent's node is to settle
-    branch = output.get("branch") if node_types.branches(run.node) else None
+    branch = node_types.branch_of(run.node, output)
     return store.complete_running(
         run.job, run.node.id, output=output, branch=branch, now=now, duration=duration,
         successors=sorted(successors), finish=finish,
@@ -63,16 +63,23 @@ def complete_fast(
 
 
 def complete_node(
-    store: Store, run: NodeRun, output: Any, now: datetime, duration: float
+    store: Store,
+    run: NodeRun,
+    output: Any,
+    now: datetime,
+    duration: float,
+    *,
+    branch: str | None = None,
 ) -> AfterCommit:
     """Record a successful try and start every successor that became ready (a map's item:
-    the map counted down, see :mod:`conveyor.engine.mapping`). What is left to do after
-    commit: the messages and, should a map's last item fail the map (run_all) or a child's
-    finish fail its parent's node, the jobs that stop cancelled."""
+    the map counted down, see :mod:`conveyor.engine.mapping`); ``branch`` given, the branch
+    it took (a wait's), else its output's for a type whose output picks one. What is left
+    to do after commit: the messages and, should a map's last item fail the map (run_all)
+    or a child's finish fail its parent's node, the jobs that stop cancelled."""
     if run.job.item_index is not None:
         return mapping.complete_item(store, run, output, now, duration)
     job, execution_id, node_id = run.job, run.execution.id, run.node.id
-    branch = output.get("branch") if node_types.branches(run.node) else None
+    branch = branch or node_types.branch_of(run.node, output)
     if store.complete_running(
         job, node_id, output=output, branch=branch, now=now, duration=duration
     ):  # the common case, in one statement where the database can

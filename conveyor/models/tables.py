@@ -577,3 +577,52 @@ class StreamEvent(Base):
     dedupe_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     status: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Event(Base):
+    """An application event kept for the wait nodes that begin after it arrived, until
+    ``expires_at`` (the retention sweep deletes it then). A wait that begins takes the
+    earliest event of its (tenant, name, key) that arrived since its execution started."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_correlation", "tenant_id", "name", "key", "created_at"),
+        Index("ix_events_expires_at", "expires_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    key: Mapped[str] = mapped_column(String(200))
+    payload: Mapped[Any] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Wait(Base):
+    """A wait node's try waiting for its event: one a job (its current try's), deleted when
+    the try wakes, times out or is stopped."""
+
+    __tablename__ = "waits"
+    __table_args__ = (
+        Index("ix_waits_correlation", "tenant_id", "event", "key"),
+        Index(
+            "ix_waits_timeout_at",
+            "timeout_at",
+            postgresql_where=text("timeout_at IS NOT NULL"),
+            sqlite_where=text("timeout_at IS NOT NULL"),
+        ),
+    )
+
+    job_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    try_number: Mapped[int] = mapped_column(Integer)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id"))
+    execution_id: Mapped[uuid.UUID] = mapped_column()
+    node_id: Mapped[str] = mapped_column(String(100))
+    event: Mapped[str] = mapped_column(String(200))
+    key: Mapped[str] = mapped_column(String(200))
+    since: Mapped[datetime] = mapped_column(UTCDateTime())
+    timeout_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -16,6 +16,7 @@ from conveyor.engine.children import DEFAULT_MAX_DEPTH
 from conveyor.engine.limits import Limits
 from conveyor.engine.ports import Dispatcher, Limiter
 from conveyor.engine.records import AfterCommit, Dispatch
+from conveyor.engine.waits import DEFAULT_RETENTION
 from conveyor.exceptions import LimitError
 from conveyor.limiter.gate import BrokerHolds, Gate
 from conveyor.store import Database, SqlStore
@@ -55,8 +56,11 @@ class ServiceBase:
         map_window: int = 1000,
         max_child_depth: int = DEFAULT_MAX_DEPTH,
         bounds: Bounds | None = None,
+        event_retention: timedelta = DEFAULT_RETENTION,
     ) -> None:
         self.db = database
+        # how long an event with a key is kept for the wait nodes that begin after it
+        self.event_retention = event_retention
         self.map_window = map_window  # a map's items queued or running at once (at most)
         # the size bounds (CONVEYOR_MAX_*): here, a map's items and its assembled output
         self.bounds = bounds or Bounds()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor import nodes, tracing
@@ -18,6 +18,7 @@ from conveyor.engine import (
     trigger_limits,
     triggering,
     validation,
+    waits,
     workflows,
 )
 from conveyor.engine.definitions import Workflow
@@ -182,6 +183,43 @@ class Clients(ServiceBase):
             )
             self._publish_now([d for t in started for d in t.dispatches], "the event's executions")
         return [t.execution_id for t in started]
+
+    def send_event(
+        self,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+        keep_for: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+    ) -> waits.Delivered:
+        """One application event: every workflow of the tenant subscribing to it started
+        (at ``run_at`` or after ``delay`` seconds when given) and, with ``key``, every wait
+        node waiting for (``event``, ``key``) woken at once with ``payload`` as its output,
+        the event kept (``keep_for``, else CONVEYOR_EVENT_RETENTION_SECONDS) for the waits
+        that begin later. Published after commit."""
+        now = utcnow()
+        begins = later.start_time(now, run_at=run_at, delay=delay)
+        keep = keep_for if keep_for is not None else self.event_retention
+        with tracing.trigger_span(event, TriggerSource.EVENT.value) as trace:
+            delivered = self.db.run(
+                lambda s: waits.deliver_event(
+                    s,
+                    tenant,
+                    event,
+                    payload,
+                    now,
+                    key=key,
+                    keep_for=keep,
+                    trace=trace,
+                    run_at=begins,
+                )
+            )
+            self._forget(delivered.after.forget)
+            self._publish_now(delivered.dispatches, f"event {event!r}'s work")
+        return delivered
 
     def authenticate(self, key: str) -> TenantRef:
         """The tenant an API key acts for, or :class:`AuthError`."""

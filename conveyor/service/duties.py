@@ -13,6 +13,7 @@ from conveyor.engine import (
     failure,
     ready,
     subscriptions,
+    waits,
 )
 from conveyor.engine.queues import may_hold
 from conveyor.engine.records import AfterCommit, Dispatch
@@ -26,10 +27,21 @@ class Duties(ServiceBase):
     """The maintenance a worker process runs on its duty thread (or Celery beat triggers)."""
 
     def promote_due(self, limit: int = 500) -> int:
-        """Publish the retry and delay jobs whose time has come; how many were published."""
+        """Publish the retry and delay jobs whose time has come, and settle the waits whose
+        timeout has come (:meth:`expire_waits`); how many jobs were published."""
         dispatches = self.db.run(lambda s: due.promote_due(s, utcnow(), limit))
         self._publish(dispatches)
+        self.expire_waits(limit)
         return len(dispatches)
+
+    def expire_waits(self, limit: int = 500) -> int:
+        """The wait nodes whose timeout has come settled: their ``on_timeout`` branch taken,
+        or failed (see :func:`conveyor.engine.waits.expire_waits`); how many."""
+        settled, after = self.db.run(lambda s: waits.expire_waits(s, utcnow(), limit))
+        self._after(after)
+        if settled:
+            log.info("%d wait(s) timed out", settled)
+        return settled
 
     def age_queued(self, limit: int = 500) -> int:
         """Re-publish at normal priority the low jobs that waited past the ageing limit."""
@@ -174,6 +186,9 @@ class Duties(ServiceBase):
         window = now - self.replay_window
         if forgotten := self._in_batches(lambda s: s.forget_signatures(window, batch), batch, most):
             log.info("retention: %d webhook signature(s) past the replay window deleted", forgotten)
+        # events kept for waits past their retention, and the rows of waits stopped
+        if dropped := self._in_batches(lambda s: s.drop_expired_events(now, batch), batch, most):
+            log.info("retention: %d expired event(s) deleted", dropped)
         return pruned
 
     def _in_batches(self, work: Callable[[SqlStore], int], batch: int, most: int) -> int:

@@ -23,6 +23,7 @@ from conveyor.engine import (
     subscriptions,
     success,
     triggering,
+    waits,
 )
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import AfterCommit, Dispatch, NodeHints
@@ -248,6 +249,8 @@ class Workers(ServiceBase):
         expands = mapping.makes_items(run)  # a map node's own try: it makes the items
         if node_types.starts_child(run.node) and not expands:  # (an item's: a child each)
             return self._start_child(run, job_log)
+        if node_types.waits_for_event(run.node):
+            return self._begin_wait(run, job_log)
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt,
             item=run.job.item, index=run.job.item_index,
@@ -322,6 +325,29 @@ class Workers(ServiceBase):
         tracing.outcome("waiting_child")
         child = str(started.child_id) if started.child_id else "started before"
         job_log.info("child started", child_execution_id=child)
+        return ran
+
+    def _begin_wait(self, run: claiming.NodeRun, job_log: Any) -> Ran:
+        """A wait node's try: one transaction takes an event kept for it, or leaves its job
+        waiting for one (nothing runs here meanwhile: the worker slot and the permits are
+        free once this returns), or fails the try."""
+        ran = Ran(
+            job_id=run.job.id, outcome=JobStatus.WAITING_EVENT, workflow=run.workflow.name,
+            node=run.node.id,
+        )  # fmt: skip
+        began = self.db.run(lambda s: waits.begin_wait(s, run, utcnow(), self._rng))
+        self._after(began.after)
+        if began.failed is not None and began.error is not None:
+            _log_failure(job_log, began.failed, began.error, 0.0)
+            return _failed(ran, began.failed, began.error)
+        if began.woke:
+            job_log.info("wait took a kept event", waited_for=run.node.config["event"])
+            return replace(ran, outcome=JobStatus.COMPLETED)
+        if not began.waiting:
+            job_log.info("job stopped", outcome=None, reason="reclaimed before its wait began")
+            return replace(ran, outcome=None)
+        tracing.outcome("waiting_event")
+        job_log.info("waiting for an event", waited_for=run.node.config["event"])
         return ran
 
     def _record_success(

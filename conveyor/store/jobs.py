@@ -24,6 +24,7 @@ from conveyor.engine.queues import EXECUTION_QUEUE, NODE_QUEUE
 from conveyor.engine.records import Admission, ExecutionRecord, JobRecord, NewJob
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
+    PAUSED_JOB,
     RUNNABLE_JOB,
     STOPPABLE_JOB,
     WAITING_JOB,
@@ -89,12 +90,14 @@ class JobQueries(StoreCore):
         )
         return bool(result.rowcount)
 
-    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
+    def resume_waiting(
+        self, job_id: uuid.UUID, try_number: int, waiting: JobStatus = JobStatus.WAITING_CHILD
+    ) -> JobRecord | None:
         row = self._core(
             update(JOBS)
             .where(
                 JOBS.c.id == job_id,
-                unindexed(JOBS.c.status) == JobStatus.WAITING_CHILD,
+                unindexed(JOBS.c.status) == waiting,
                 *current_try(try_number),
             )
             .values(status=JobStatus.PROCESSING)
@@ -378,12 +381,14 @@ def cancel_unstarted_jobs(
 def _end_waits(
     store: StoreCore, where: list[ColumnElement[bool]], now: datetime
 ) -> list[uuid.UUID]:
-    """The jobs ``where`` selects that wait for a child, cancelled, and the try each waits in
-    ended ``cancelled`` with them: its attempt, started by the claim, would stay ``running``
-    (the caller stops the children, whose finish then settles nothing)."""
+    """The jobs ``where`` selects that wait for a child or an event, cancelled, and the try
+    each waits in ended ``cancelled`` with them: its attempt, started by the claim, would
+    stay ``running`` (the caller stops the children, whose finish then settles nothing; a
+    wait's row is left to the retention sweep, and an event finds its job no longer
+    waiting)."""
     waits = store._core(
         update(JOBS)
-        .where(*where, JOBS.c.status == JobStatus.WAITING_CHILD)
+        .where(*where, JOBS.c.status.in_(PAUSED_JOB))
         .values(status=JobStatus.CANCELLED, completed_at=now)
         .returning(
             JOBS.c.id,

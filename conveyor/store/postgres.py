@@ -30,6 +30,9 @@ from conveyor.store.sql_store import SqlStore
 
 # The first key of the advisory locks of applies (the second is the tenant's): "conv".
 APPLY_LOCK = 0x636F6E76
+# The first key of the advisory locks of a wait and its events (the second, the correlation's
+# hash): "wait".
+WAIT_LOCK = 0x77616974
 
 
 class PostgresStore(SqlStore):
@@ -52,6 +55,12 @@ class PostgresStore(SqlStore):
         at commit or rollback, and taken only by the applies of workflows that start
         children. A hash shared by two tenants makes them take turns, nothing worse."""
         self._core(select(func.pg_advisory_xact_lock(APPLY_LOCK, func.hashtext(str(tenant_id)))))
+
+    def lock_correlation(self, tenant_id: uuid.UUID, event: str, key: str) -> None:
+        """``pg_advisory_xact_lock`` on (the waits' key, the correlation hashed): held to
+        commit or rollback. Two correlations sharing a hash take turns, nothing worse."""
+        correlation = func.hashtext(f"{tenant_id}\x1f{event}\x1f{key}")
+        self._core(select(func.pg_advisory_xact_lock(WAIT_LOCK, correlation)))
 
     def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Run a statement of the hot path on the driver's connection: the autocommit

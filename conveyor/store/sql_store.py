@@ -23,6 +23,7 @@ from conveyor.store.recovery import RecoveryQueries
 from conveyor.store.reruns import RerunQueries
 from conveyor.store.schedules import ScheduleQueries
 from conveyor.store.stats import StatsQueries
+from conveyor.store.waits import WaitQueries
 
 
 class SqlStore(
@@ -36,12 +37,16 @@ class SqlStore(
     StatsQueries,
     RecoveryQueries,
     ListingQueries,
+    WaitQueries,
 ):
     """The :class:`~conveyor.engine.ports.Store` port over one SQLAlchemy session; the
     transitions' contracts are the port's docstrings."""
 
     @abstractmethod
     def lock_applies(self, tenant_id: uuid.UUID) -> None: ...
+
+    @abstractmethod
+    def lock_correlation(self, tenant_id: uuid.UUID, event: str, key: str) -> None: ...
 
     @abstractmethod
     def create_execution(

@@ -32,6 +32,10 @@ class SqliteStore(SqlStore):
         """Nothing to take: a transaction holds SQLite's one write lock from its start
         (BEGIN IMMEDIATE)."""
 
+    def lock_correlation(self, tenant_id: uuid.UUID, event: str, key: str) -> None:
+        """Nothing to take: a transaction holds SQLite's one write lock from its start
+        (BEGIN IMMEDIATE), so a wait's start and its event's arrival take turns."""
+
     def _nodes_among(self, node_ids: Iterable[str]) -> ColumnElement[bool]:
         wanted = list(node_ids)
         if len(wanted) == 1:

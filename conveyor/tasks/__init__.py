@@ -98,6 +98,7 @@ _SHOWN = {
     JobStatus.CANCELLED: "cancelled: its execution was stopped",
     JobStatus.PARKED: "parked until a permit is free, or not runnable any more",
     JobStatus.WAITING_CHILD: "waiting for its child execution (no worker slot held)",
+    JobStatus.WAITING_EVENT: "waiting for its event (no worker slot held)",
     None: "dropped: its job was not queued any more",
 }
 

@@ -25,6 +25,7 @@ from conveyor.engine.records import (
 from conveyor.engine.states import (
     ACTIVE_EXECUTION,
     DEFAULT_TENANT,
+    PAUSED_JOB,
     RUNNABLE_JOB,
     STOPPABLE_JOB,
     STOPPABLE_NODE,
@@ -372,7 +373,7 @@ class MemoryExecutions(MemoryCatalog):
             )
         ]
         for was, job in cancelled:
-            if was is JobStatus.WAITING_CHILD:
+            if was in PAUSED_JOB:
                 self._end_wait(job, now)
         return [
             j.id for was, j in cancelled if j.kind is JobKind.NODE and was is not JobStatus.HELD

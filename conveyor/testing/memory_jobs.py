@@ -158,8 +158,10 @@ class MemoryJobs(MemoryExecutions):
         self._set_job(row, status=new, **values)
         return True
 
-    def resume_waiting(self, job_id: uuid.UUID, try_number: int) -> JobRecord | None:
-        row = self._current(job_id, JobStatus.WAITING_CHILD, try_number)
+    def resume_waiting(
+        self, job_id: uuid.UUID, try_number: int, waiting: JobStatus = JobStatus.WAITING_CHILD
+    ) -> JobRecord | None:
+        row = self._current(job_id, waiting, try_number)
         if row is None:
             return None
         return self._set_job(row, status=JobStatus.PROCESSING).record()

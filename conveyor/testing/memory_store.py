@@ -31,6 +31,7 @@ from conveyor.exceptions import ConveyorError, ScheduleError
 from conveyor.ids import new_id
 from conveyor.testing.memory_items import MemoryMapItems
 from conveyor.testing.memory_reruns import MemoryReruns
+from conveyor.testing.memory_waits import MemoryWaits
 from conveyor.testing.tables import DeliveryRow, ExecutionRow, SubscriptionRow, stored
 
 _SCHEDULE_FIELDS = frozenset(f.name for f in fields(ScheduleRecord))
@@ -159,7 +160,7 @@ def _by_workflow(row: SubscriptionRow) -> str:
     return row.workflow_name
 
 
-class InMemoryStore(MemoryDeliveries, MemoryMapItems):
+class InMemoryStore(MemoryDeliveries, MemoryMapItems, MemoryWaits):
     """The :class:`~conveyor.engine.ports.Store` port in plain Python, over
     :class:`~conveyor.testing.tables.Tables` (one unit of work's view of them: see
     :class:`~conveyor.testing.InMemoryDatabase`). The contracts are the port's docstrings;

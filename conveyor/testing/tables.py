@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.engine.records import (
     EndpointRecord,
+    EventRecord,
     ExecutionRecord,
     JobRecord,
     Limits,
@@ -21,6 +22,7 @@ from conveyor.engine.records import (
     ParentLink,
     ScheduleRecord,
     TraceContext,
+    WaitRecord,
     WorkflowRecord,
 )
 from conveyor.engine.states import (
@@ -263,6 +265,8 @@ class Tables:
     subscriptions: dict[tuple[uuid.UUID, str], tuple[SubscriptionRow, ...]] = field(
         default_factory=dict
     )
+    events: dict[uuid.UUID, EventRecord] = field(default_factory=dict)
+    waits: dict[uuid.UUID, WaitRecord] = field(default_factory=dict)  # by job id
 
     def copy(self) -> Tables:
         """A snapshot: the rows are frozen, so copying the dicts is enough."""

@@ -96,6 +96,18 @@ def test_a_late_schedule_fires_and_says_what_to_check() -> None:
     assert "celery beat" in changes[0].message
 
 
+def test_a_wait_older_than_its_threshold_fires_and_resolves_once_woken() -> None:
+    limits = Thresholds(wait_age=3600)
+    old = snap(waits=[0, 1, 2, 3], oldest_wait=7200.0)
+
+    fired, firing = evaluate(old, None, set(), limits)
+    resolved, _ = evaluate(snap(waits=[0, 1, 2, 2], oldest_wait=1800.0), None, firing, limits)
+
+    assert names(fired) == [("wait_age", True)]
+    assert "3 wait node(s)" in fired[0].message and "--status waiting" in fired[0].message
+    assert names(resolved) == [("wait_age", False)]
+
+
 def test_without_a_redis_broker_queue_depth_keeps_its_state() -> None:
     changes, firing = evaluate(snap(queue_depth=None), None, {"queue_depth"}, LIMITS)
 

@@ -61,7 +61,7 @@ def test_a_registered_type_is_validated_by_its_own_check(shout: NodeType) -> Non
 def test_a_registered_type_is_named_among_the_known_types(shout: NodeType) -> None:
     (error,) = validate(definition({"id": "a", "type": "shell"}))
 
-    assert "use one of python, http, delay, condition, workflow, shout " in error
+    assert "use one of python, http, delay, condition, workflow, wait, shout " in error
 
 
 def test_a_registered_type_is_run_by_its_executor(shout: NodeType) -> None:
