@@ -210,10 +210,11 @@ class FlowNode(NodeHandle[R], Generic[P, R]):
 
 @dataclass(frozen=True)
 class Branch:
-    """One branch of a condition; a node whose ``after`` names it runs on that branch only."""
+    """One branch of a condition or a wait; a node whose ``after`` names it runs on that
+    branch only."""
 
-    condition: Condition
-    key: str  # if_true or if_false
+    node: NodeHandle[Any]
+    key: str  # if_true or if_false; on_event or on_timeout
 
 
 class Condition(NodeHandle[ConditionOutput]):
@@ -226,6 +227,19 @@ class Condition(NodeHandle[ConditionOutput]):
     @property
     def if_false(self) -> Branch:
         return Branch(self, "if_false")
+
+
+class Wait(NodeHandle[Any]):
+    """A wait node (its output the event's payload); its successors may name
+    :attr:`on_event` or :attr:`on_timeout`."""
+
+    @property
+    def on_event(self) -> Branch:
+        return Branch(self, "on_event")
+
+    @property
+    def on_timeout(self) -> Branch:
+        return Branch(self, "on_timeout")
 
 
 class Flow(Generic[In, Out]):
@@ -329,6 +343,26 @@ class Flow(Generic[In, Out]):
         """Place a condition node; a successor names its branch: ``after=[check.if_true]``."""
         self._place(id, "condition", {"expression": expression}, options, _caller())
         return Condition(self, id)
+
+    def wait(
+        self,
+        id: str,
+        event: str,
+        key: Any,
+        *,
+        within: Any = None,
+        **options: Unpack[NodeOptions],
+    ) -> Wait:
+        """Place a wait node: it waits, holding no worker, for the application event ``event``
+        whose key is ``key`` (a value, a reference or a template), for up to ``within`` (the
+        definition's ``timeout``: seconds, or a template giving seconds or a time; the
+        ``timeout`` option is the node's, as on every node). A successor names its branch:
+        ``after=[paid.on_event]`` or ``after=[paid.on_timeout]``."""
+        config: dict[str, Any] = {"event": event, "key": _compiled(key)}
+        if within is not None:
+            config["timeout"] = _compiled(within)
+        self._place(id, "wait", config, options, _caller())
+        return Wait(self, id)
 
     def child(
         self,
@@ -445,7 +479,7 @@ class Flow(Generic[In, Out]):
     def _needs(self, node_id: str, after: Sequence[NodeHandle[Any] | Branch]) -> list[str]:
         needs = []
         for parent in after:
-            handle = parent.condition if isinstance(parent, Branch) else parent
+            handle = parent.node if isinstance(parent, Branch) else parent
             if handle.flow is not self:
                 raise DefinitionError(
                     [f"{_caller()}: node {node_id!r} names {handle!r} in after; a node needs "

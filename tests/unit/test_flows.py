@@ -27,6 +27,7 @@ PYTHON_FORMS = {
     "flaky.yaml": ("examples.python.flaky", "flaky"),
     "map-of-children.yaml": ("examples.python.map_of_children", "children"),
     "map.yaml": ("examples.python.map", "prices"),
+    "order-payment.yaml": ("examples.python.order_payment", "order_payment"),
 }
 
 
