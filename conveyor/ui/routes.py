@@ -309,6 +309,15 @@ def value(execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, node: str =
                     media_type="application/json")  # fmt: skip
 
 
+@router.get("/executions/{execution_id}/statuses")
+def statuses(execution_id: uuid.UUID, service: ServiceDep, who: WhoDep) -> dict[str, str]:
+    """Each node's status now: what the page's script asks once its stream is open (the
+    stream tells only of what changes after)."""
+    _owned(service, who, execution_id)
+    with service.db.transaction() as store:
+        return {n.node_id: n.status.value for n in store.execution_nodes(execution_id)}
+
+
 @router.get("/executions/{execution_id}/events")
 async def events(
     request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep

@@ -37,7 +37,7 @@ WAIT = 60  # seconds a page is given to show what the workers did
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
     """Headless Chromium from Debian's packages; selenium-manager is never asked for one."""
     for program in (CHROMIUM, CHROMEDRIVER):
         assert os.path.exists(program), f"{program} is missing: apt-get install chromium " \
@@ -50,7 +50,7 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         "--no-sandbox",
         "--disable-dev-shm-usage",
         "--window-size=1280,900",
-        f"--user-data-dir={tmp_path / 'chromium'}",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
     ):
         options.add_argument(flag)  # fmt: skip
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

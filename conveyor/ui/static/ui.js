@@ -4,12 +4,13 @@
 document.addEventListener("DOMContentLoaded", function () {
   var pill = document.getElementById("execution-status");
   if (!pill || !pill.dataset.live) { return; }
-  function setStatus(el, status) {
-    el.className = el.className.replace(/\bstatus-[a-z_]+/g, "") + " status-" + status;
+  function setStatus(el, status) {  // SVG elements too: their className is not a string
+    var kept = (el.getAttribute("class") || "").replace(/\bstatus-[a-z_]+/g, "").trim();
+    el.setAttribute("class", kept + " status-" + status);
   }
   var source = new EventSource(pill.dataset.live);
-  source.addEventListener("node", function (message) {
-    var data = JSON.parse(message.data);
+  var heard = {};  // nodes an event told of since the statuses were asked for
+  function showNode(data) {
     document.querySelectorAll('[data-node="' + CSS.escape(data.node_id) + '"]').forEach(function (g) {
       setStatus(g, data.status);
       var text = g.querySelector("text.status");
@@ -18,6 +19,24 @@ document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll('[data-node-status="' + CSS.escape(data.node_id) + '"]').forEach(function (el) {
       setStatus(el, data.status);
       el.textContent = data.status;
+    });
+  }
+  source.addEventListener("node", function (message) {
+    var data = JSON.parse(message.data);
+    heard[data.node_id] = true;
+    showNode(data);
+  });
+  // The stream tells of changes after it opened; what changed between this page's render and
+  // then is read once, as soon as it opened (a node an event told of since is left alone).
+  source.addEventListener("execution", function () {
+    if (heard.asked) { return; }
+    heard = {asked: true};
+    fetch(pill.dataset.live.replace(/events$/, "statuses")).then(function (r) {
+      return r.ok ? r.json() : {};
+    }).then(function (statuses) {
+      Object.keys(statuses).forEach(function (node) {
+        if (!heard[node]) { showNode({node_id: node, status: statuses[node]}); }
+      });
     });
   });
   source.addEventListener("execution", function (message) {
