@@ -8,12 +8,12 @@ by git); the docs' pictures (docs/ui/) are copies of them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -24,11 +24,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from conveyor.engine import credentials
 from conveyor.engine.states import ExecutionStatus
 from conveyor.service import Conveyor
+from conveyor.store.sql_store import SqlStore
 from tests.acceptance.conftest import ROOT
 from tests.acceptance.test_api import serving_api
-from tests.acceptance.test_cli import conveyor
 
 Start = Callable[..., subprocess.Popen[str]]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -80,11 +81,19 @@ class Shots:
             shutil.copy(first, folder / first.name)
 
 
-def _key(tenant: str, env: dict[str, str]) -> str:
-    conveyor("tenants", "create", tenant, env=env)
-    made = conveyor("keys", "create", "--tenant", tenant, "--name", f"{tenant}-ops", env=env)
-    assert made.returncode == 0, made.stderr
-    return made.stdout.strip()
+def _key(client: Conveyor, tenant: str) -> str:
+    """A new API key of ``tenant`` (made if new), as `conveyor keys create` makes it."""
+    made = credentials.new_api_key()
+
+    def add(store: SqlStore) -> None:
+        if tenant not in store.tenant_names():
+            store.create_tenant(tenant)
+        store.add_api_key(
+            store.tenant_id(tenant), f"{tenant}-ops", made.prefix, made.digest, datetime.now(UTC)
+        )
+
+    client.db.run(add)
+    return made.key
 
 
 def _http(api: str, key: str, request: pytest.FixtureRequest) -> httpx.Client:
@@ -137,18 +146,17 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     api: str,
     browser: WebDriver,
     start_worker: Start,
-    acceptance_env: dict[str, str],
     client: Conveyor,
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> None:
     # Given workers, a tenant's key, a diamond held at its first node and a node that fails once
     start_worker(QUEUES, concurrency=2)
-    http = _http(api, _key("acme", acceptance_env), request)
+    http = _http(api, _key(client, "acme"), request)
     for flow in (DIAMOND, FRAGILE):
         assert http.post("/v1/workflows", json=flow).status_code == 201
     shot = Shots(browser, tmp_path)
-    _sign_in(browser, api, _key("acme", acceptance_env))
+    _sign_in(browser, api, _key(client, "acme"))
     shot("overview")
     gate = tmp_path / "go"
     diamond = _trigger(http, "diamond", {"input": {"path": str(gate)}})
@@ -201,9 +209,9 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     row.find_element(By.TAG_NAME, "button").click()
     row = browser.find_element(By.CSS_SELECTOR, 'tr[data-schedule="nightly-diamond"]')
     assert row.find_element(By.CLASS_NAME, "state").text == "paused"
-    listed = json.loads(conveyor("schedules", "list", "--tenant", "acme", "--json",
-                                 env=acceptance_env).stdout)  # fmt: skip
-    assert [s["enabled"] for s in listed if s["name"] == "nightly-diamond"] == [False]
+    with client.db.transaction() as store:
+        paused = store.schedule(store.tenant_id("acme"), "nightly-diamond")
+    assert paused is not None and not paused.enabled
 
     # And the executions list shows both, filtered by status
     browser.get(f"{api}/ui/executions?status=completed")
@@ -216,9 +224,13 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
 
 def _await(client: Conveyor, execution_id: str, status: ExecutionStatus) -> None:
     def reached(_: object) -> bool:
-        return client.execution(execution_id, tenant="acme")["status"] == status.value
+        return _status(client, execution_id, "acme") == status.value
 
     WebDriverWait(None, WAIT, poll_frequency=0.2).until(reached)  # type: ignore[arg-type]
+
+
+def _status(client: Conveyor, execution_id: str, tenant: str) -> str:
+    return client.execution(execution_id, tenant=tenant)["status"]
 
 
 def _listed(driver: WebDriver) -> list[str | None]:
@@ -241,25 +253,28 @@ def _post(driver: WebDriver, path: str, form: dict[str, str]) -> tuple[int, str]
 def test_a_tenants_session_sees_none_of_another_tenants_executions_and_cannot_act_on_them(
     api: str,
     browser: WebDriver,
-    acceptance_env: dict[str, str],
     client: Conveyor,
     request: pytest.FixtureRequest,
 ) -> None:
-    # Given an execution of tenant beta (no worker: it stays pending) and acme's session
-    beta = _http(api, _key("beta", acceptance_env), request)
+    # Given an execution of tenant beta and one of acme (no worker: they stay unfinished),
+    # and acme's session
+    beta = _http(api, _key(client, "beta"), request)
     assert beta.post("/v1/workflows", json=FRAGILE).status_code == 201
     theirs = _trigger(beta, "fragile", {})
-    acme = _http(api, _key("acme", acceptance_env), request)
+    acme = _http(api, _key(client, "acme"), request)
     assert acme.post("/v1/workflows", json=FRAGILE).status_code == 201
     ours = _trigger(acme, "fragile", {})
-    _sign_in(browser, api, _key("acme", acceptance_env))
+    _sign_in(browser, api, _key(client, "acme"))
+    before = {
+        e: client.execution(e, tenant=t)["status"] for e, t in [(theirs, "beta"), (ours, "acme")]
+    }
 
     # Then acme's list shows its execution only, and beta's page is a 404 page
     browser.get(f"{api}/ui/executions")
     ids = _listed(browser)
     assert ids == [ours]
     browser.get(f"{api}/ui/executions?find={theirs}")
-    assert theirs not in browser.page_source
+    assert _listed(browser) == []
     browser.get(f"{api}/ui/executions/{theirs}")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
 
@@ -273,10 +288,10 @@ def test_a_tenants_session_sees_none_of_another_tenants_executions_and_cannot_ac
     assert _post(browser, "/ui/schedules/nightly/pause", {"csrf": csrf})[0] == 404
 
     # Then beta's execution, and acme's own, are as they were; a post with the token acts
-    assert client.execution(theirs, tenant="beta")["status"] == "pending"
-    assert client.execution(ours, tenant="acme")["status"] == "pending"
+    assert _status(client, theirs, "beta") == before[theirs] != "cancelled"
+    assert _status(client, ours, "acme") == before[ours] != "cancelled"
     assert _post(browser, f"/ui/executions/{ours}/cancel", {"csrf": csrf})[0] in (0, 303)
-    assert client.execution(ours, tenant="acme")["status"] == "cancelled"
+    assert _status(client, ours, "acme") == "cancelled"
     # And without a session (another browser), every page asks to sign in
     signed_out = httpx.post(f"{api}/ui/executions/{ours}/cancel", data={"csrf": csrf})
     assert signed_out.status_code == 303
