@@ -46,6 +46,8 @@ document.addEventListener("DOMContentLoaded", function () {
     if (["completed", "failed", "cancelled"].indexOf(status) >= 0) {
       source.close();
       pill.dataset.finished = "true";
+      var cancel = document.getElementById("cancel");  // nothing left to cancel
+      if (cancel) { cancel.disabled = true; cancel.title = "It has finished: reload to rerun it."; }
     }
   });
 });
