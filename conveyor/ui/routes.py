@@ -331,12 +331,23 @@ async def events(
         return stream.refused(exc)
 
 
+def _acting_on(
+    request: Request,
+    service: Conveyor,
+    who: Who,
+    form: dict[str, list[str]],
+    execution_id: uuid.UUID,
+) -> None:
+    """A form acting on an execution: its CSRF token first, then the tenant's ownership."""
+    _checked(request, who, form)
+    _owned(service, who, execution_id)
+
+
 @router.post("/executions/{execution_id}/cancel")
 def cancel(
     request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, form: FormDep
 ) -> Response:
-    _checked(request, who, form)
-    _owned(service, who, execution_id)
+    _acting_on(request, service, who, form, execution_id)
     service.cancel(execution_id)
     return _back(f"/ui/executions/{execution_id}", "Cancelled.")
 
@@ -345,8 +356,7 @@ def cancel(
 def rerun(
     request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, form: FormDep
 ) -> Response:
-    _checked(request, who, form)
-    _owned(service, who, execution_id)
+    _acting_on(request, service, who, form, execution_id)
     node = (form.get("from_node") or [""])[0]
     done = service.rerun(
         execution_id, node, requested_by=who.tenant.key or f"tenant:{who.tenant.name}",
