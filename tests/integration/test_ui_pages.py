@@ -1,0 +1,93 @@
+"""The dashboard's answers over real HTTP, without a browser: who may see a page, what its
+cookie holds, and that errors are pages a person reads (the browser tests are
+tests/acceptance/test_ui.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+import httpx
+
+from conveyor.engine import credentials
+from conveyor.service import Conveyor
+from conveyor.ui.sessions import COOKIE
+from tests.support.services import wait_for
+
+MakeKey = Callable[[str], str]
+FLOW = {"name": "one", "nodes": [{"id": "a", "type": "python",
+                                  "config": {"function": "test.noop"}}]}  # fmt: skip
+
+
+@contextmanager
+def _signed_in(api_url: str, key: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api_url, timeout=30) as browser:
+        answer = browser.post("/ui/signin", data={"key": key, "next": "/ui/executions"})
+        assert answer.status_code == 303 and answer.headers["location"] == "/ui/executions"
+        yield browser
+
+
+def _csrf(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_a_page_without_a_session_asks_to_sign_in_and_a_bad_key_is_told_so(api_url: str) -> None:
+    with httpx.Client(base_url=api_url, timeout=30) as browser:
+        answer = browser.get("/ui/executions")
+        assert answer.status_code == 303
+        assert answer.headers["location"] == "/ui/signin?next=%2Fui%2Fexecutions"
+
+        refused = browser.post("/ui/signin", data={"key": "cvk_nope_nope"})
+        assert refused.status_code == 401
+        assert "unknown or revoked" in refused.text
+        assert COOKIE not in refused.cookies
+
+
+def test_the_session_cookie_is_httponly_samesite_strict_and_holds_no_key(
+    api_url: str, make_key: MakeKey
+) -> None:
+    key = make_key("cookies")
+    with _signed_in(api_url, key) as browser:
+        set_cookie = browser.cookies.jar
+        header = next(c for c in set_cookie if c.name == COOKIE)
+        assert header.has_nonstandard_attr("HttpOnly")
+        assert header.get_nonstandard_attr("SameSite") in ("Strict", "strict")
+        assert key not in str(header.value) and key.split("_")[2] not in str(header.value)
+        assert browser.get("/ui/executions").status_code == 200
+
+
+def test_a_revoked_key_ends_its_sessions_at_once(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    key = make_key("revoked")
+    with _signed_in(api_url, key) as browser:
+        with conveyor_service.db.transaction() as store:
+            tenant_id = store.tenant_id("revoked")
+            store.revoke_api_key(tenant_id, credentials.key_prefix(key), datetime.now(UTC))
+
+        assert browser.get("/ui/executions").status_code == 303
+
+
+def test_errors_are_pages_a_person_reads_never_a_stack_trace(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    key = make_key("errors")
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
+        assert api.post("/v1/workflows", json=FLOW).status_code == 201
+        made = api.post("/v1/workflows/one/executions", json={}).json()["id"]
+    wait_for(conveyor_service, made)
+    with _signed_in(api_url, key) as browser:
+        for path in ("/ui/executions/not-an-id", "/ui/no-such-page", "/ui/workflows/nope"):
+            answer = browser.get(path)
+            assert answer.status_code == 404, path
+            assert "<h1>Not found</h1>" in answer.text and "Traceback" not in answer.text
+
+        # cancelling a finished execution: refused, with the reason
+        page = browser.get(f"/ui/executions/{made}")
+        done = browser.post(f"/ui/executions/{made}/cancel", data={"csrf": _csrf(page)})
+        assert done.status_code == 409
+        assert "Could not do that" in done.text and "completed" in done.text
