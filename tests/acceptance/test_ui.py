@@ -9,7 +9,9 @@ by git); the docs' pictures (docs/ui/) are copies of them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,8 +30,9 @@ from conveyor.engine import credentials
 from conveyor.engine.states import ExecutionStatus
 from conveyor.service import Conveyor
 from conveyor.store.sql_store import SqlStore
-from tests.acceptance.conftest import ROOT
+from tests.acceptance.conftest import ROOT, _wait_until_ready
 from tests.acceptance.test_api import serving_api
+from tests.acceptance.test_cli import CONVEYOR
 
 Start = Callable[..., subprocess.Popen[str]]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -296,3 +299,34 @@ def test_a_tenants_session_sees_none_of_another_tenants_executions_and_cannot_ac
     signed_out = httpx.post(f"{api}/ui/executions/{ours}/cancel", data={"csrf": csrf})
     assert signed_out.status_code == 303
     assert signed_out.headers["location"].startswith("/ui/signin")
+
+
+def test_conveyor_ui_serves_the_dashboard_on_the_embedded_default_with_a_key_to_sign_in(
+    tmp_path: Path,
+) -> None:
+    # Given an empty directory and no CONVEYOR_* settings: SQLite and worker threads in-process
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "ui.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*CONVEYOR, "ui", "--port", str(port)], cwd=tmp_path, env=env, text=True,
+            stdout=out, stderr=out, start_new_session=True,
+        )  # fmt: skip
+    try:
+        # When it is up, the key it printed signs in
+        _wait_until_ready(process, log, "Application startup complete")
+        key = re.search(r"\bcvk_\S+", log.read_text())
+        assert key is not None, log.read_text()
+        assert f"http://127.0.0.1:{port}/ui" in log.read_text()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as browser:
+            signed = browser.post("/ui/signin", data={"key": key.group(0)})
+            assert signed.status_code == 303, signed.text
+            # Then the overview of the default tenant is served
+            page = browser.get("/ui")
+            assert page.status_code == 200 and "tenant default" in page.text
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
