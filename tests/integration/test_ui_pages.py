@@ -91,3 +91,32 @@ def test_errors_are_pages_a_person_reads_never_a_stack_trace(
         done = browser.post(f"/ui/executions/{made}/cancel", data={"csrf": _csrf(page)})
         assert done.status_code == 409
         assert "Could not do that" in done.text and "completed" in done.text
+
+
+MAP = {
+    "name": "priced",
+    "nodes": [
+        {"id": "price", "type": "python", "config": {"function": "test.add"},
+         "map": {"over": "{{ input.numbers }}"}, "inputs": {"a": "{{ item }}", "b": 1}},
+        {"id": "total", "type": "python", "needs": ["price"],
+         "config": {"function": "test.noop"}},
+    ],
+}  # fmt: skip
+
+
+def test_a_map_node_is_drawn_as_one_node_with_its_items_counts(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    key = make_key("maps")
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
+        assert api.post("/v1/workflows", json=MAP).status_code == 201
+        made = api.post(
+            "/v1/workflows/priced/executions", json={"input": {"numbers": [1, 2, 3]}}
+        ).json()["id"]
+    wait_for(conveyor_service, made)
+    with _signed_in(api_url, key) as browser:
+        page = browser.get(f"/ui/executions/{made}").text
+
+    assert page.count('class="node status-') == 2  # the map's three items are not nodes
+    assert "completed · 3/3 items" in page
+    assert "3 items: 3 completed" in page
