@@ -14,7 +14,8 @@ document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll('[data-node="' + CSS.escape(data.node_id) + '"]').forEach(function (g) {
       setStatus(g, data.status);
       var text = g.querySelector("text.status");
-      if (text) { text.textContent = data.status; }
+      // a map node keeps its items' counts after its status (" · 2/3 items")
+      if (text) { text.textContent = data.status + text.textContent.replace(/^[^·]*/, " ").trimEnd(); }
     });
     document.querySelectorAll('[data-node-status="' + CSS.escape(data.node_id) + '"]').forEach(function (el) {
       setStatus(el, data.status);
