@@ -5,6 +5,7 @@ tests/acceptance/test_ui.py)."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -79,7 +80,7 @@ def test_errors_are_pages_a_person_reads_never_a_stack_trace(
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
         assert api.post("/v1/workflows", json=FLOW).status_code == 201
         made = api.post("/v1/workflows/one/executions", json={}).json()["id"]
-    wait_for(conveyor_service, made)
+    wait_for(conveyor_service, uuid.UUID(made))
     with _signed_in(api_url, key) as browser:
         for path in ("/ui/executions/not-an-id", "/ui/no-such-page", "/ui/workflows/nope"):
             answer = browser.get(path)
@@ -113,10 +114,56 @@ def test_a_map_node_is_drawn_as_one_node_with_its_items_counts(
         made = api.post(
             "/v1/workflows/priced/executions", json={"input": {"numbers": [1, 2, 3]}}
         ).json()["id"]
-    wait_for(conveyor_service, made)
+    wait_for(conveyor_service, uuid.UUID(made))
     with _signed_in(api_url, key) as browser:
         page = browser.get(f"/ui/executions/{made}").text
 
     assert page.count('class="node status-') == 2  # the map's three items are not nodes
     assert "completed · 3/3 items" in page
     assert "3 items: 3 completed" in page
+
+
+BOOM = {
+    "name": "boom",
+    "nodes": [{"id": "n", "type": "python", "config": {"function": "test.fail"},
+               "inputs": {"message": "<script>alert('owned')</script>"}}],
+}  # fmt: skip
+
+
+def test_a_rerun_and_a_discard_from_the_pages_are_recorded_as_the_api_records_them(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    # Given two failed executions of a node whose error holds markup
+    key = make_key("actions")
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
+        assert api.post("/v1/workflows", json=BOOM).status_code == 201
+        made = [
+            api.post("/v1/workflows/boom/executions", json={"max_attempts": 1}).json()["id"]
+            for _ in range(2)
+        ]
+        for execution_id in made:
+            wait_for(conveyor_service, uuid.UUID(execution_id))
+        with _signed_in(api_url, key) as browser:
+            # Then the error shows as text, never as markup
+            page = browser.get(f"/ui/executions/{made[0]}")
+            assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in page.text
+            assert "<script>alert" not in page.text
+
+            # When the first is rerun from its node and the second's dead letter discarded
+            rerun = browser.post(
+                f"/ui/executions/{made[0]}/rerun", data={"csrf": _csrf(page), "from_node": "n"}
+            )
+            assert rerun.status_code == 303
+            letters = browser.get("/ui/dead-letters")
+            second = api.get(f"/v1/executions/{made[1]}").json()["jobs"][-1]["id"]
+            discarded = browser.post(
+                "/ui/dead-letters/discard", data={"csrf": _csrf(letters), "job_id": second}
+            )
+            assert discarded.status_code == 303
+            assert browser.get(discarded.headers["location"]).text.count("Discarded 1.") == 1
+
+        # Then the API shows the rerun by the key's name, and the letter in the archive
+        reruns = api.get(f"/v1/executions/{made[0]}").json()["reruns"]
+        assert [(r["from_node"], r["requested_by"]) for r in reruns] == [("n", "test")]
+        archive = api.get("/v1/dead-letters", params={"archived": "true"}).json()
+        assert [d["job_id"] for d in archive] == [second]
