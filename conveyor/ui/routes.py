@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -238,6 +239,9 @@ def executions(
     )  # fmt: skip
     with service.db.transaction() as store:
         rows = store.list_executions(who.tenant.id, where=where, after=after, limit=PAGE + 1)
+        if not rows and where.idempotency_key:  # then it is a dedupe key, perhaps
+            where = replace(where, idempotency_key=None, dedupe_key=where.idempotency_key)
+            rows = store.list_executions(who.tenant.id, where=where, after=after, limit=PAGE + 1)
         listed = [views.execution_summary(e, name, v) for e, name, v in rows[:PAGE]]
     more = {"status": status, "workflow": workflow, "find": find}
     if since_hours is not None:

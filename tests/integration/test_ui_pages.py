@@ -167,3 +167,23 @@ def test_a_rerun_and_a_discard_from_the_pages_are_recorded_as_the_api_records_th
         assert [(r["from_node"], r["requested_by"]) for r in reruns] == [("n", "test")]
         archive = api.get("/v1/dead-letters", params={"archived": "true"}).json()
         assert [d["job_id"] for d in archive] == [second]
+
+
+def test_the_search_box_finds_an_execution_by_id_idempotency_key_or_dedupe_key(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    key = make_key("finding")
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
+        assert api.post("/v1/workflows", json=FLOW).status_code == 201
+        made = api.post(
+            "/v1/workflows/one/executions", json={"dedupe_key": "order-7"},
+            headers={"Idempotency-Key": "idem-1"},
+        ).json()["id"]  # fmt: skip
+        other = api.post("/v1/workflows/one/executions", json={}).json()["id"]
+    with _signed_in(api_url, key) as browser:
+        by_id = browser.get("/ui/executions", params={"find": made})
+        assert by_id.status_code == 303 and by_id.headers["location"] == f"/ui/executions/{made}"
+        for text in ("idem-1", "order-7"):
+            page = browser.get("/ui/executions", params={"find": text}).text
+            assert f'data-id="{made}"' in page and f'data-id="{other}"' not in page, text
+        assert "data-id=" not in browser.get("/ui/executions", params={"find": "nope"}).text
