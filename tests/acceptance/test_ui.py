@@ -8,6 +8,7 @@ by git); the docs' pictures (docs/ui/) are copies of them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -21,6 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -199,7 +205,7 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     assert fragile in row.find_element(By.TAG_NAME, "a").get_attribute("href")  # type: ignore[operator]
     shot("dead-letters")
     browser.find_element(By.CSS_SELECTOR, "button.requeue").click()
-    assert browser.find_element(By.ID, "note").text == "Requeued 1."
+    assert _text_after_click(browser, By.ID, "note") == "Requeued 1."
     _await(client, fragile, ExecutionStatus.COMPLETED)
     browser.get(f"{api}/ui/executions/{fragile}")
     assert browser.find_element(By.ID, "execution-status").text == "completed"
@@ -210,8 +216,8 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     shot("workflow")
     row = browser.find_element(By.CSS_SELECTOR, 'tr[data-schedule="nightly-diamond"]')
     row.find_element(By.TAG_NAME, "button").click()
-    row = browser.find_element(By.CSS_SELECTOR, 'tr[data-schedule="nightly-diamond"]')
-    assert row.find_element(By.CLASS_NAME, "state").text == "paused"
+    state = '[data-schedule="nightly-diamond"] .state'
+    assert _text_after_click(browser, By.CSS_SELECTOR, state, "paused") == "paused"
     with client.db.transaction() as store:
         paused = store.schedule(store.tenant_id("acme"), "nightly-diamond")
     assert paused is not None and not paused.enabled
@@ -230,6 +236,22 @@ def _await(client: Conveyor, execution_id: str, status: ExecutionStatus) -> None
         return _status(client, execution_id, "acme") == status.value
 
     WebDriverWait(None, WAIT, poll_frequency=0.2).until(reached)  # type: ignore[arg-type]
+
+
+def _text_after_click(driver: WebDriver, by: str, where: str, wanted: str | None = None) -> str:
+    """The text of an element of the page a click leads to (the old page's elements go
+    stale as it loads), once it is ``wanted`` if given; the last text read, if it never is."""
+    seen: list[str] = []
+
+    def read(d: WebDriver) -> bool:
+        seen.append(d.find_element(by, where).text)
+        return wanted is None or seen[-1] == wanted
+
+    with contextlib.suppress(TimeoutException):
+        WebDriverWait(
+            driver, 10, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+        ).until(read)
+    return seen[-1] if seen else ""
 
 
 def _status(client: Conveyor, execution_id: str, tenant: str) -> str:
