@@ -47,12 +47,14 @@ WAIT = 60  # seconds a page is given to show what the workers did
 
 
 @pytest.fixture
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+def browser(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[WebDriver]:
     """Headless Chromium from Debian's packages; selenium-manager is never asked for one."""
     for program in (CHROMIUM, CHROMEDRIVER):
         assert os.path.exists(program), f"{program} is missing: apt-get install chromium " \
             "chromium-driver (.ci/run does)"  # fmt: skip
-    os.environ["SE_OFFLINE"] = "true"
+    monkeypatch.setenv("SE_OFFLINE", "true")  # selenium-manager must not download a thing
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (
