@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 
@@ -34,6 +35,16 @@ def _csrf(page: httpx.Response) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert found is not None
     return found.group(1)
+
+
+def _finished(
+    api: httpx.Client, service: Conveyor, flow: dict[str, Any], body: dict[str, Any]
+) -> str:
+    """Apply ``flow`` (if new), start it with ``body`` and wait for it to finish; its id."""
+    assert api.post("/v1/workflows", json=flow).status_code in (200, 201)
+    made = api.post(f"/v1/workflows/{flow['name']}/executions", json=body).json()["id"]
+    wait_for(service, uuid.UUID(made))
+    return str(made)
 
 
 def test_a_page_without_a_session_asks_to_sign_in_and_a_bad_key_is_told_so(api_url: str) -> None:
@@ -78,9 +89,7 @@ def test_errors_are_pages_a_person_reads_never_a_stack_trace(
 ) -> None:
     key = make_key("errors")
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
-        assert api.post("/v1/workflows", json=FLOW).status_code == 201
-        made = api.post("/v1/workflows/one/executions", json={}).json()["id"]
-    wait_for(conveyor_service, uuid.UUID(made))
+        made = _finished(api, conveyor_service, FLOW, {})
     with _signed_in(api_url, key) as browser:
         for path in ("/ui/executions/not-an-id", "/ui/no-such-page", "/ui/workflows/nope"):
             answer = browser.get(path)
@@ -110,11 +119,7 @@ def test_a_map_node_is_drawn_as_one_node_with_its_items_counts(
 ) -> None:
     key = make_key("maps")
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
-        assert api.post("/v1/workflows", json=MAP).status_code == 201
-        made = api.post(
-            "/v1/workflows/priced/executions", json={"input": {"numbers": [1, 2, 3]}}
-        ).json()["id"]
-    wait_for(conveyor_service, uuid.UUID(made))
+        made = _finished(api, conveyor_service, MAP, {"input": {"numbers": [1, 2, 3]}})
     with _signed_in(api_url, key) as browser:
         page = browser.get(f"/ui/executions/{made}").text
 
@@ -136,13 +141,7 @@ def test_a_rerun_and_a_discard_from_the_pages_are_recorded_as_the_api_records_th
     # Given two failed executions of a node whose error holds markup
     key = make_key("actions")
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
-        assert api.post("/v1/workflows", json=BOOM).status_code == 201
-        made = [
-            api.post("/v1/workflows/boom/executions", json={"max_attempts": 1}).json()["id"]
-            for _ in range(2)
-        ]
-        for execution_id in made:
-            wait_for(conveyor_service, uuid.UUID(execution_id))
+        made = [_finished(api, conveyor_service, BOOM, {"max_attempts": 1}) for _ in range(2)]
         with _signed_in(api_url, key) as browser:
             # Then the error shows as text, never as markup
             page = browser.get(f"/ui/executions/{made[0]}")
