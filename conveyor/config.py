@@ -237,6 +237,12 @@ class Settings(BaseSettings):
         description="The bearer token a scraper sends to read /metrics (Authorization: "
         "Bearer <token>); empty: the API's port does not serve /metrics (403).",
     )
+    ui_secret: str = Field(
+        default="",
+        description="The key that signs the web dashboard's (/ui) session cookies; set the "
+        "same value on every API process behind one address. Empty: a random key per "
+        "process (its sessions end when it restarts).",
+    )
     metrics_port: int = Field(
         default=0,
         ge=0,

@@ -40,6 +40,7 @@ from conveyor.exceptions import (
     TemplateError,
 )
 from conveyor.service import Conveyor
+from conveyor.ui import routes as ui
 
 log = logging.getLogger("conveyor.api")
 
@@ -101,6 +102,7 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
     app.include_router(rest.router, responses=PROBLEMS)
     app.include_router(dead_letters.router, responses=PROBLEMS)
     app.include_router(webhooks.router, responses=PROBLEMS)
+    ui.install(app, settings)  # the dashboard, /ui
     app.add_middleware(BodyBounds)
     app.add_exception_handler(ConveyorError, _conveyor_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]

@@ -72,6 +72,11 @@ COMMANDS = {
         "serve",
         "Serve the REST API, the webhook receiver and live streams (OpenAPI at /docs).",
     ),
+    "ui": _Entry(
+        "conveyor.cli.ui",
+        "ui",
+        "Serve the web dashboard (/ui) with the API, and print a new key to sign in with.",
+    ),
     "worker": _Entry(
         "conveyor.cli.worker",
         "worker",
@@ -181,7 +186,7 @@ _LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG}
 QUIET = logging.CRITICAL + 1
 # A server's log is what its operator reads (its start, each request, an error's traceback), as
 # a worker's is: info and tracebacks unless -q or -vv says otherwise.
-_SERVERS = {"api"}
+_SERVERS = {"api", "ui"}
 
 
 def _log_format() -> str:

@@ -183,6 +183,16 @@ def until_file(path: str, ctx: NodeContext, after: str = "") -> dict[str, bool]:
     return {"on": True}
 
 
+@conveyor.node("test.wait_for_file")
+def wait_for_file(path: str, ctx: NodeContext) -> dict[str, bool]:
+    """Run (up to 60 s) until a test puts a file at ``path``: a node held running until the
+    test has seen it running."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline and not ctx.cancelled:
+        time.sleep(0.05)
+    return {"on": os.path.exists(path)}
+
+
 @conveyor.node("test.chaos_effect")
 def chaos_effect(seconds: float, ctx: NodeContext) -> dict[str, str]:
     """The side effect of a careful node author: keyed by ctx.idempotency_key, so that a node

@@ -1,0 +1,476 @@
+"""``/ui``: the web dashboard, server-rendered from the same service calls and store reads as
+the REST API, scoped to the signed-in key's tenant exactly as ``/v1`` is.
+
+Every action is a form POST carrying the session's CSRF token; a page's errors are pages (an
+unknown or another tenant's id: 404), never a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+
+from conveyor import views
+from conveyor.api import stream
+from conveyor.api.deps import ServiceDep
+from conveyor.config import Settings
+from conveyor.engine import credentials
+from conveyor.engine.records import TenantRef
+from conveyor.engine.states import ExecutionStatus
+from conveyor.exceptions import (
+    AuthError,
+    ConveyorError,
+    NotFound,
+    StreamsUnavailable,
+    TooManyStreams,
+)
+from conveyor.scheduler import schedules
+from conveyor.service import Conveyor
+from conveyor.store.dead_letters import DeadLetterFilter
+from conveyor.store.listing import ExecutionFilter
+from conveyor.ui import dag
+from conveyor.ui.sessions import COOKIE, Session, Signer
+
+PAGE = 50  # executions per page
+SHOWN_CHARS = 2_000  # a value longer than this, as JSON, is cut with a link to all of it
+
+
+class SignInNeeded(Exception):
+    """No session, or its key was revoked."""
+
+
+class Forbidden(Exception):
+    """A form posted without its session's CSRF token."""
+
+
+class _Pages(APIRoute):
+    """A route whose errors answer as pages a person reads."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except SignInNeeded:
+                target = urlencode({"next": request.url.path})
+                return RedirectResponse(f"/ui/signin?{target}", status_code=303)
+            except Forbidden:
+                return _error(request, 403, "This form is stale or was not sent by this "
+                              "dashboard (its CSRF token is missing or wrong); reload the page "
+                              "and try again.")  # fmt: skip
+            except RequestValidationError:
+                return _error(request, 404, "Nothing here has that id.")
+            except NotFound as exc:
+                return _error(request, 404, str(exc))
+            except ConveyorError as exc:
+                return _error(request, 409, str(exc))
+
+        return answer
+
+
+router = APIRouter(prefix="/ui", route_class=_Pages, include_in_schema=False)
+_templates = Environment(
+    loader=PackageLoader("conveyor.ui"), autoescape=select_autoescape(default=True)
+)
+
+
+def install(app: FastAPI, settings: Settings) -> None:
+    """Serve the dashboard on ``app`` under /ui (its scripts and styles under /ui/static)."""
+    app.state.ui_signer = Signer(settings.ui_secret)
+    static = Path(__file__).parent / "static"
+    app.mount("/ui/static", StaticFiles(directory=static), name="ui-static")
+    app.include_router(router)
+
+
+def _render(request: Request, name: str, code: int = 200, **values: Any) -> HTMLResponse:
+    body = _templates.get_template(name).render(request=request, **values)
+    return HTMLResponse(body, status_code=code, headers={"Cache-Control": "no-store"})
+
+
+def _error(request: Request, status: int, message: str) -> HTMLResponse:
+    return _render(request, "error.html", status, status=status, message=message, who=None)
+
+
+def _signer(request: Request) -> Signer:
+    signer: Signer = request.app.state.ui_signer
+    return signer
+
+
+# -- who is signed in ---------------------------------------------------------------------------
+
+
+class Who:
+    """The signed-in tenant (with its key's name, as the API records it) and the session."""
+
+    def __init__(self, tenant: TenantRef, session: Session, csrf: str) -> None:
+        self.tenant, self.session, self.csrf = tenant, session, csrf
+
+
+def signed_in(request: Request, service: ServiceDep) -> Who:
+    session = _signer(request).read(request.cookies.get(COOKIE))
+    if session is None:
+        raise SignInNeeded()
+    with service.db.transaction() as store:
+        found = store.api_key(session.key_prefix)
+    if found is None or found[1].id != session.tenant_id:
+        raise SignInNeeded()  # the key was revoked since
+    return Who(found[1], session, _signer(request).csrf(session))
+
+
+WhoDep = Annotated[Who, Depends(signed_in)]
+
+
+async def _form(request: Request) -> dict[str, list[str]]:
+    return parse_qs((await request.body()).decode(errors="replace"))
+
+
+FormDep = Annotated[dict[str, list[str]], Depends(_form)]
+
+
+def _checked(request: Request, who: Who, form: dict[str, list[str]]) -> None:
+    if not _signer(request).csrf_matches(who.session, next(iter(form.get("csrf", [])), None)):
+        raise Forbidden()
+
+
+def _back(path: str, note: str) -> RedirectResponse:
+    return RedirectResponse(f"{path}?{urlencode({'note': note})}", status_code=303)
+
+
+# -- sign in and out ----------------------------------------------------------------------------
+
+
+@router.get("/signin")
+def signin_page(request: Request, next: str = "/ui") -> HTMLResponse:
+    return _render(request, "signin.html", who=None, next=next, problem=None)
+
+
+@router.post("/signin")
+def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
+    key = (form.get("key") or [""])[0].strip()
+    target = (form.get("next") or ["/ui"])[0]
+    if not target.startswith("/ui"):
+        target = "/ui"  # never off to another site
+    try:
+        tenant = service.authenticate(key)
+        prefix = credentials.key_prefix(key)
+    except AuthError:
+        problem = "That API key is unknown or revoked; make one with `conveyor keys create`."
+        return _render(request, "signin.html", 401, who=None, next=target, problem=problem)
+    _, cookie = _signer(request).open(tenant.id, tenant.name, prefix)
+    answer = RedirectResponse(target, status_code=303)
+    answer.set_cookie(
+        COOKIE, cookie, httponly=True, samesite="strict", path="/ui",
+        secure=request.url.scheme == "https",
+    )  # fmt: skip
+    return answer
+
+
+@router.post("/signout")
+def signout(request: Request, who: WhoDep, form: FormDep) -> Response:
+    _checked(request, who, form)
+    answer = RedirectResponse("/ui/signin", status_code=303)
+    answer.delete_cookie(COOKIE, path="/ui")
+    return answer
+
+
+# -- overview -----------------------------------------------------------------------------------
+
+
+@router.get("")
+def overview(request: Request, service: ServiceDep, who: WhoDep) -> HTMLResponse:
+    hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    with service.db.transaction() as store:
+        counts = store.status_counts(who.tenant.id, ExecutionFilter())
+        recent = store.status_counts(who.tenant.id, ExecutionFilter(created_after=hour_ago))
+        dead = store.dead_letter_rows(DeadLetterFilter(tenant_id=who.tenant.id), 1000)
+    totals: dict[str, int] = {}
+    for row in counts:
+        totals[row.status.value] = totals.get(row.status.value, 0) + row.count
+    finished = [r for r in recent if r.status.finished]
+    failed = sum(r.count for r in finished if r.status is ExecutionStatus.FAILED)
+    done = sum(r.count for r in finished)
+    return _render(
+        request, "overview.html", who=who, totals=totals, total=sum(totals.values()),
+        hour_finished=done, hour_failed=failed,
+        error_rate=f"{100 * failed / done:.1f} %" if done else "—",
+        dead_letters=len(dead), statuses=[s.value for s in ExecutionStatus],
+    )  # fmt: skip
+
+
+# -- executions ---------------------------------------------------------------------------------
+
+
+@router.get("/executions")
+def executions(
+    request: Request,
+    service: ServiceDep,
+    who: WhoDep,
+    status: str = "",
+    workflow: str = "",
+    since_hours: float | None = None,
+    find: str = "",
+    after: uuid.UUID | None = None,
+) -> Response:
+    found = _find(service, who, find.strip())
+    if found is not None:
+        return RedirectResponse(f"/ui/executions/{found}", status_code=303)
+    created_after = (
+        datetime.now(UTC) - timedelta(hours=since_hours) if since_hours is not None else None
+    )
+    where = ExecutionFilter(
+        status=ExecutionStatus(status) if status in {s.value for s in ExecutionStatus} else None,
+        workflow=workflow or None, created_after=created_after,
+        idempotency_key=find.strip() or None,
+    )  # fmt: skip
+    with service.db.transaction() as store:
+        rows = store.list_executions(who.tenant.id, where=where, after=after, limit=PAGE + 1)
+        if not rows and where.idempotency_key:  # then it is a dedupe key, perhaps
+            where = replace(where, idempotency_key=None, dedupe_key=where.idempotency_key)
+            rows = store.list_executions(who.tenant.id, where=where, after=after, limit=PAGE + 1)
+        listed = [views.execution_summary(e, name, v) for e, name, v in rows[:PAGE]]
+    more = {"status": status, "workflow": workflow, "find": find}
+    if since_hours is not None:
+        more["since_hours"] = str(since_hours)
+    next_page = None
+    if len(rows) > PAGE:
+        next_page = "/ui/executions?" + urlencode({**more, "after": listed[-1]["id"]})
+    return _render(
+        request, "executions.html", who=who, rows=listed, next_page=next_page,
+        statuses=[s.value for s in ExecutionStatus], status=status, workflow=workflow,
+        since_hours=since_hours, find=find,
+    )  # fmt: skip
+
+
+def _find(service: Conveyor, who: Who, text: str) -> uuid.UUID | None:
+    """The tenant's execution with this id (a search by id opens it), or None."""
+    try:
+        execution_id = uuid.UUID(text)
+    except ValueError:
+        return None
+    with service.db.transaction() as store:
+        return execution_id if store.owns_execution(who.tenant.id, execution_id) else None
+
+
+def _owned(service: Conveyor, who: Who, execution_id: uuid.UUID) -> None:
+    with service.db.transaction() as store:
+        if not store.owns_execution(who.tenant.id, execution_id):
+            raise NotFound(f"No execution has id {execution_id}.")
+
+
+@router.get("/executions/{execution_id}")
+def execution(
+    request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep
+) -> HTMLResponse:
+    _owned(service, who, execution_id)
+    with service.db.transaction() as store:
+        view = views.execution_view(store, execution_id)
+        record = store.workflow(store.execution_row(execution_id).workflow_id)
+    drawn = dag.layout(record.definition.get("nodes", []))
+    nodes = {n["id"]: n for n in view["nodes"]}
+    tries = {j["node"]: j["attempts"] for j in view["jobs"] if j["node"]}
+    return _render(
+        request, "execution.html", who=who, e=view, layout=drawn, nodes=nodes, tries=tries,
+        shown=_shown, note=request.query_params.get("note"),
+        finished=ExecutionStatus(view["status"]).finished,
+    )  # fmt: skip
+
+
+def _shown(value: Any) -> tuple[str, bool]:
+    """A value as JSON for a page, cut at SHOWN_CHARS; whether it was cut."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return (text[:SHOWN_CHARS], True) if len(text) > SHOWN_CHARS else (text, False)
+
+
+@router.get("/executions/{execution_id}/value")
+def value(execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, node: str = "") -> Response:
+    """The whole of a value a page cut: a node's output, or the execution's input (no node)."""
+    _owned(service, who, execution_id)
+    with service.db.transaction() as store:
+        view = views.execution_view(store, execution_id)
+    if not node:
+        found: Any = view["input"]
+    else:
+        match = [n for n in view["nodes"] if n["id"] == node]
+        if not match:
+            raise NotFound(f"Execution {execution_id} has no node {node!r}.")
+        found = match[0]["output"]
+    return Response(json.dumps(found, indent=2, ensure_ascii=False, default=str),
+                    media_type="application/json")  # fmt: skip
+
+
+@router.get("/executions/{execution_id}/statuses")
+def statuses(execution_id: uuid.UUID, service: ServiceDep, who: WhoDep) -> dict[str, str]:
+    """Each node's status now: what the page's script asks once its stream is open (the
+    stream tells only of what changes after)."""
+    _owned(service, who, execution_id)
+    with service.db.transaction() as store:
+        return {n.node_id: n.status.value for n in store.execution_nodes(execution_id)}
+
+
+@router.get("/executions/{execution_id}/events")
+async def events(
+    request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep
+) -> Response:
+    """The execution's live stream (as ``/v1``'s), for the page's script."""
+    await run_in_threadpool(_owned, service, who, execution_id)
+    streams: stream.Streams = request.app.state.streams
+    try:
+        return await streams.open(service, who.tenant, execution_id)
+    except (TooManyStreams, StreamsUnavailable) as exc:
+        return stream.refused(exc)
+
+
+def _acting_on(
+    request: Request,
+    service: Conveyor,
+    who: Who,
+    form: dict[str, list[str]],
+    execution_id: uuid.UUID,
+) -> None:
+    """A form acting on an execution: its CSRF token first, then the tenant's ownership."""
+    _checked(request, who, form)
+    _owned(service, who, execution_id)
+
+
+@router.post("/executions/{execution_id}/cancel")
+def cancel(
+    request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, form: FormDep
+) -> Response:
+    _acting_on(request, service, who, form, execution_id)
+    service.cancel(execution_id)
+    return _back(f"/ui/executions/{execution_id}", "Cancelled.")
+
+
+@router.post("/executions/{execution_id}/rerun")
+def rerun(
+    request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, form: FormDep
+) -> Response:
+    _acting_on(request, service, who, form, execution_id)
+    node = (form.get("from_node") or [""])[0]
+    done = service.rerun(
+        execution_id, node, requested_by=who.tenant.key or f"tenant:{who.tenant.name}",
+        tenant_id=who.tenant.id,
+    )  # fmt: skip
+    return _back(f"/ui/executions/{execution_id}", f"Running again from {done.from_node}.")
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+@router.get("/dead-letters")
+def dead_letters(
+    request: Request, service: ServiceDep, who: WhoDep, workflow: str = "", error: str = "",
+    archived: bool = False,
+) -> HTMLResponse:  # fmt: skip
+    where = DeadLetterFilter(
+        tenant_id=who.tenant.id, workflow=workflow or None, error=error or None,
+        discarded=archived,
+    )  # fmt: skip
+    with service.db.transaction() as store:
+        rows = [views.dead_letter_json(*r) for r in store.dead_letter_rows(where, 200)]
+    groups: dict[tuple[str, str], list[views.DeadLetterJson]] = {}
+    for row in rows:
+        groups.setdefault((row["workflow"], (row["error"] or "")[:120]), []).append(row)
+    return _render(
+        request, "dead_letters.html", who=who, groups=groups, workflow=workflow, error=error,
+        archived=archived, note=request.query_params.get("note"),
+    )  # fmt: skip
+
+
+def _job_ids(form: dict[str, list[str]]) -> list[uuid.UUID]:
+    ids = []
+    for text in form.get("job_id", []):
+        try:
+            ids.append(uuid.UUID(text))
+        except ValueError:
+            raise NotFound(f"No dead letter has id {text!r}.") from None
+    return ids
+
+
+def _outcome(verb: str, results: dict[uuid.UUID, str | None]) -> str:
+    done = sum(1 for refused in results.values() if refused is None)
+    refused = [f"{job_id}: {why}" for job_id, why in results.items() if why]
+    return f"{verb} {done}." + (f" Refused: {'; '.join(refused)}" if refused else "")
+
+
+@router.post("/dead-letters/requeue")
+def requeue(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
+    _checked(request, who, form)
+    results = service.requeue_dead_letters(_job_ids(form), who.tenant.id)
+    return _back("/ui/dead-letters", _outcome("Requeued", results))
+
+
+@router.post("/dead-letters/discard")
+def discard(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
+    _checked(request, who, form)
+    results = service.discard_dead_letters(_job_ids(form), who.tenant.id)
+    return _back("/ui/dead-letters", _outcome("Discarded", results))
+
+
+# -- workflows and schedules ----------------------------------------------------------------------
+
+
+@router.get("/workflows")
+def workflows(request: Request, service: ServiceDep, who: WhoDep) -> HTMLResponse:
+    with service.db.transaction() as store:
+        rows = [views.workflow_json(r) for r in store.list_workflows(who.tenant.id)]
+        planned = store.schedules(who.tenant.id)
+    return _render(request, "workflows.html", who=who, rows=rows, schedules=planned,
+                   note=request.query_params.get("note"))  # fmt: skip
+
+
+@router.get("/workflows/{name}")
+def workflow(
+    request: Request, name: str, service: ServiceDep, who: WhoDep, version: int | None = None
+) -> HTMLResponse:
+    with service.db.transaction() as store:
+        latest = store.latest_workflow(who.tenant.id, name)
+        if latest is None:
+            raise NotFound(f"No workflow is named {name!r}.")
+        shown = latest
+        if version is not None:
+            shown = store.workflow_version(who.tenant.id, name, version) or latest
+        planned = store.schedules(who.tenant.id, workflow=name)
+        recent = store.list_executions(
+            who.tenant.id, where=ExecutionFilter(workflow=name), limit=10
+        )
+        runs = [views.execution_summary(e, n, v) for e, n, v in recent]
+    return _render(
+        request, "workflow.html", who=who, w=shown, latest=latest.version, schedules=planned,
+        runs=runs, layout=dag.layout(shown.definition.get("nodes", [])), nodes={}, tries={},
+        note=request.query_params.get("note"),
+    )  # fmt: skip
+
+
+@router.post("/schedules/{name}/{verb}")
+def schedule_action(
+    request: Request, name: str, verb: str, service: ServiceDep, who: WhoDep, form: FormDep
+) -> Response:
+    _checked(request, who, form)
+    change = {"pause": schedules.pause, "resume": schedules.resume}.get(verb)
+    if change is None:
+        raise NotFound(f"A schedule can be paused or resumed, not {verb!r}.")
+    now = datetime.now(UTC)
+    record = service.db.run(lambda s: change(s, who.tenant.name, name, now))
+    done = "Paused" if verb == "pause" else "Resumed"
+    return _back(f"/ui/workflows/{record.workflow_name}", f"{done} schedule {name}.")
+
+
+@router.get("/{rest:path}")
+def unknown(request: Request, rest: str) -> HTMLResponse:
+    return _error(request, 404, "There is no such page.")
