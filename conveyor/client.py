@@ -50,6 +50,15 @@ class StartOptions(TypedDict, total=False):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Sent:
+    """What an event sent by :meth:`Client.send_event` did: the executions its subscriptions
+    started, and the executions whose waits it woke."""
+
+    started: list[uuid.UUID]
+    woke: list[uuid.UUID]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Execution(Generic[Out]):
     """An execution a client started: its id, and what its result is typed as."""
 
@@ -163,8 +172,15 @@ class Client:
         """Cancel the execution and its children (nothing for one already finished)."""
         self.service.cancel(_id(execution))
 
-    # send_event(...) joins here with issue 29's waits: it hands the event to the service's
-    # method for it, as start hands a trigger to submit.
+    def send_event(self, event: str, payload: Any = None, *, key: str | None = None) -> Sent:
+        """Send an application event of this client's tenant: every wait node waiting for
+        (``event``, ``key``) resumes with ``payload`` as its output (the event is kept for the
+        waits that begin later), and every workflow subscribing to ``event`` starts."""
+        delivered = self.service.send_event(event, payload, key=key, tenant=self.tenant)
+        return Sent(
+            started=[t.execution_id for t in delivered.started],
+            woke=list(delivered.woke_executions),
+        )
 
     def _view(self, execution: Execution[Any] | uuid.UUID) -> Any:
         return self.service.execution(_id(execution), tenant=self.tenant)
@@ -228,6 +244,9 @@ class AsyncClient:
 
     async def cancel(self, execution: Execution[Any] | uuid.UUID) -> None:
         await asyncio.to_thread(self.client.cancel, execution)
+
+    async def send_event(self, event: str, payload: Any = None, *, key: str | None = None) -> Sent:
+        return await asyncio.to_thread(lambda: self.client.send_event(event, payload, key=key))
 
 
 def _id(execution: Execution[Any] | uuid.UUID) -> uuid.UUID:

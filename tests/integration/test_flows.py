@@ -17,6 +17,7 @@ from conveyor.engine.states import ExecutionStatus
 from conveyor.exceptions import ExecutionFailed, WaitTimeout
 from conveyor.service import Conveyor
 from examples.python.diamond import diamond
+from examples.python.order_payment import order_payment
 
 celery_app = Celery("billing", set_as_current=False)
 calls: list[dict[str, Any]] = []
@@ -129,3 +130,22 @@ def test_a_celery_task_not_allowed_cannot_run(conveyor_service: Conveyor) -> Non
     # Then its node fails, not retried, naming what to do
     with pytest.raises(ExecutionFailed, match=r"'billing\.refund_everyone' is not registered"):
         client.run(sneaky, None, timeout=60)
+
+
+def test_the_client_sends_the_event_a_flow_waits_for_and_gets_its_result(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given an order flow waiting for its payment (examples/python/order_payment.py)
+    client = conveyor.Client(conveyor_service)
+    client.apply(order_payment)
+    run = client.start(order_payment, {"order_id": "B-7", "quantity": 3})
+    with pytest.raises(WaitTimeout):
+        client.wait(run, timeout=0.5)
+
+    # When the application sends the payment's event, and one for another order
+    other = client.send_event("payment.confirmed", {"amount": 1}, key="B-8")
+    sent = client.send_event("payment.confirmed", {"amount": 14}, key="B-7")
+
+    # Then only this order's wait woke, and the flow's result is charged from the payload
+    assert (other.woke, sent.woke) == ([], [run.id])
+    assert client.wait(run, timeout=60) == {"charged": 42}
