@@ -288,3 +288,10 @@ class InvalidQuery(ConveyorError, ValueError):
 class RerunError(ConveyorError):
     """The rerun cannot be made as asked: name a node of the execution's workflow, and give
     an input only as a JSON object, to a node that reads inputs."""
+
+
+class PublishRefused(ConveyorError):
+    """The broker did not take a message (RabbitMQ's publisher confirm was a nack, or none
+    came in time): its jobs stay queued in the database and the recovery sweep publishes
+    them again after CONVEYOR_LOST_AFTER. Check the queue's limits (a max-length policy
+    with ``reject-publish``), the broker's alarms (disk, memory) and its log."""
