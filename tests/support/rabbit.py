@@ -13,6 +13,8 @@ from typing import Any
 
 from kombu import Connection
 
+from conveyor.engine.queues import ALL_QUEUES
+
 AMQP_SERVER = os.environ.get("CONVEYOR_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672")
 
 
@@ -49,3 +51,24 @@ def on_channel(url: str, method: str, queue: str) -> Any:
     does by hand."""
     with Connection(url) as connection:
         return getattr(connection.default_channel, method)(queue=queue)
+
+
+def purge(url: str) -> None:
+    """Empty Conveyor's queues on the vhost, those that are there."""
+    with Connection(url) as connection:
+        for queue in ALL_QUEUES:
+            channel = connection.channel()
+            try:
+                channel.queue_purge(queue=queue)
+            except connection.channel_errors:  # NOT_FOUND (which closes the channel)
+                continue
+            channel.close()
+
+
+def ready(url: str, queue: str) -> int:
+    """The queue's ready messages (0 when it is missing)."""
+    with Connection(url) as connection:
+        try:
+            return int(connection.default_channel.queue_declare(queue=queue, passive=True)[1])
+        except connection.channel_errors:
+            return 0

@@ -1,0 +1,162 @@
+"""RabbitMQ's own faults, with real `celery worker` and beat processes on a vhost of the run's
+own: the broker restarted, a queue purged, the workers' connections closed mid-task (their
+unacknowledged messages redelivered). Each time every execution completes and every node's
+effect is written once. None of them touches PostgreSQL's process.
+
+The restart stops the whole RabbitMQ application (``rabbitmqctl stop_app``): nothing else on
+the machine may use it meanwhile (the acceptance tier runs one test at a time)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from subprocess import Popen
+
+import pytest
+
+from conveyor.engine.queues import NODE_QUEUE
+from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.validation import parse_workflow
+from conveyor.service import Conveyor
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ACCEPTANCE_VHOST, await_ready
+from tests.support import rabbit
+from tests.support.services import effects, wait_for
+
+pytestmark = pytest.mark.parametrize("acceptance_broker", ["amqp"], indirect=True)
+
+StartWorker = Callable[..., Popen[str]]
+RUNS = 20
+# beat sends the recovery sweep every second; a job queued 3 s is looked for in the broker
+SWEEPING = {"CONVEYOR_RECOVER_INTERVAL": "1", "CONVEYOR_LOST_AFTER": "3"}
+
+
+def chain(client: Conveyor, seconds: float) -> None:
+    """A workflow of three nodes one after another, each writing its effect."""
+    nodes = [
+        {"id": name, "type": "python", "config": {"function": "test.sleep_add"},
+         "inputs": {"a": 1, "b": 1, "seconds": seconds}, "needs": needs}
+        for name, needs in (("a", []), ("b", ["a"]), ("c", ["b"]))
+    ]  # fmt: skip
+    client.apply(parse_workflow({"name": "chain", "nodes": nodes}))
+
+
+def workers(start_worker: StartWorker, start_beat: Callable[..., Popen[str]]) -> None:
+    await_ready(
+        start_worker("workflow-execution", concurrency=2, name="exec", env=SWEEPING, wait=False),
+        start_worker("workflow-node", concurrency=4, name="node", env=SWEEPING, wait=False),
+        start_worker("workflow-scheduled", concurrency=1, name="sched", env=SWEEPING, wait=False),
+        start_beat(env=SWEEPING, wait=False),
+    )
+
+
+def all_done_once(client: Conveyor, ids: list[uuid.UUID], timeout: float = 90) -> None:
+    """Every execution completed, and every node's effect was written once."""
+    deadline = time.monotonic() + timeout
+    for execution_id in ids:
+        row = wait_for(client, execution_id, timeout=max(1.0, deadline - time.monotonic()))
+        assert row.status is ExecutionStatus.COMPLETED, row.error
+    written = Counter((e["idempotency_key"], e["node_id"]) for e in effects(ACCEPTANCE_DB_URL))
+    assert len(written) == len(ids) * 3 and set(written.values()) == {1}, written
+
+
+def completed(client: Conveyor, ids: list[uuid.UUID]) -> int:
+    with client.db.transaction() as store:
+        return sum(store.execution(i).status is ExecutionStatus.COMPLETED for i in ids)
+
+
+def wait_some_done(client: Conveyor, ids: list[uuid.UUID]) -> None:
+    deadline = time.monotonic() + 30
+    while completed(client, ids) == 0:
+        assert time.monotonic() < deadline, "no execution completed"
+        time.sleep(0.05)
+
+
+def test_a_rabbitmq_restart_loses_nothing(
+    client: Conveyor, start_worker: StartWorker, start_beat: Callable[..., Popen[str]]
+) -> None:
+    # Given executions running on workers and beat
+    workers(start_worker, start_beat)
+    chain(client, 0.2)
+    ids = [client.trigger("chain") for _ in range(RUNS)]
+    wait_some_done(client, ids)
+
+    # When RabbitMQ stops and starts again, work mid-way (its queues durable, as declared)
+    rabbit.rabbitmqctl("stop_app")
+    try:
+        time.sleep(2)
+    finally:
+        rabbit.rabbitmqctl("start_app")
+        rabbit.rabbitmqctl("await_startup")
+
+    # Then the workers reconnect and everything completes, each node once
+    all_done_once(client, ids)
+
+
+def test_a_purged_node_queue_loses_nothing(
+    client: Conveyor, start_worker: StartWorker, start_beat: Callable[..., Popen[str]]
+) -> None:
+    # Given a backlog of node jobs waiting in RabbitMQ (one slow node worker)
+    await_ready(
+        start_worker("workflow-execution", concurrency=2, name="exec", env=SWEEPING, wait=False),
+        start_worker("workflow-scheduled", concurrency=1, name="sched", env=SWEEPING, wait=False),
+        start_beat(env=SWEEPING, wait=False),
+    )
+    chain(client, 0.05)
+    ids = [client.trigger("chain") for _ in range(RUNS)]
+    deadline = time.monotonic() + 30
+    while rabbit.ready(client_url(client), NODE_QUEUE) == 0:
+        assert time.monotonic() < deadline, "no node message reached RabbitMQ"
+        time.sleep(0.05)
+
+    # When an operator purges the node queue, then node workers start
+    rabbit.on_channel(client_url(client), "queue_purge", NODE_QUEUE)
+    start_worker("workflow-node", concurrency=4, name="node", env=SWEEPING)
+
+    # Then the recovery sweep re-publishes what was purged and everything completes, once
+    all_done_once(client, ids)
+
+
+def test_connections_closed_mid_task_redeliver_their_messages_and_run_each_node_once(
+    client: Conveyor, start_worker: StartWorker, start_beat: Callable[..., Popen[str]]
+) -> None:
+    # Given node workers each running a node, their messages unacknowledged
+    workers(start_worker, start_beat)
+    chain(client, 1.0)
+    ids = [client.trigger("chain") for _ in range(4)]
+    wait_running(client)
+
+    # When RabbitMQ closes every connection of the vhost (the workers' channels with them)
+    closed = close_connections(ACCEPTANCE_VHOST)
+    assert closed > 0
+
+    # Then the unacknowledged messages come back, and the nodes run once each, to the end
+    all_done_once(client, ids)
+
+
+def wait_running(client: Conveyor) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        with client.db.transaction() as store:
+            if store.job_counts().get(("node", "processing"), 0) > 0:
+                return
+        assert time.monotonic() < deadline, "no node started"
+        time.sleep(0.05)
+
+
+def close_connections(vhost: str) -> int:
+    listed = subprocess.run(
+        ["rabbitmqctl", "-q", "list_connections", "--no-table-headers", "pid", "vhost"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    pids = [line.split()[0] for line in listed.stdout.splitlines()
+            if line.split()[1:] == [vhost]]  # fmt: skip
+    for pid in pids:
+        rabbit.rabbitmqctl("close_connection", pid, "conveyor acceptance test")
+    return len(pids)
+
+
+def client_url(client: Conveyor) -> str:
+    return str(client.dispatcher.app.conf.broker_url)  # type: ignore[attr-defined]
