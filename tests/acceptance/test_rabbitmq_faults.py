@@ -12,7 +12,9 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from subprocess import Popen
+from typing import Any
 
 import pytest
 
@@ -27,20 +29,23 @@ from tests.support.services import effects, wait_for
 pytestmark = pytest.mark.parametrize("acceptance_broker", ["amqp"], indirect=True)
 
 StartWorker = Callable[..., Popen[str]]
-RUNS = 20
+RUNS = 8
 # beat sends the recovery sweep every second; a job queued 3 s is looked for in the broker
 SWEEPING = {"CONVEYOR_RECOVER_INTERVAL": "1", "CONVEYOR_LOST_AFTER": "3"}
 
 
-def chain(client: Conveyor, seconds: float, first: float | None = None) -> None:
-    """A workflow of three nodes one after another, each writing its effect (the first
-    taking ``first`` seconds if given)."""
-    nodes = [
-        {"id": name, "type": "python", "config": {"function": "test.sleep_add"},
-         "inputs": {"a": 1, "b": 1, "seconds": first if name == "a" and first else seconds},
-         "needs": needs}
-        for name, needs in (("a", []), ("b", ["a"]), ("c", ["b"]))
-    ]  # fmt: skip
+def chain(client: Conveyor, seconds: float, hold: Path | None = None) -> None:
+    """A workflow of three nodes one after another, each writing its effect; with ``hold``,
+    the first runs until a file is there."""
+
+    def node(name: str, needs: list[str]) -> dict[str, Any]:
+        if name == "a" and hold is not None:
+            return {"id": name, "type": "python", "config": {"function": "test.wait_for_file"},
+                    "inputs": {"path": str(hold)}}  # fmt: skip
+        return {"id": name, "type": "python", "config": {"function": "test.sleep_add"},
+                "inputs": {"a": 1, "b": 1, "seconds": seconds}, "needs": needs}  # fmt: skip
+
+    nodes = [node(name, needs) for name, needs in (("a", []), ("b", ["a"]), ("c", ["b"]))]
     client.apply(parse_workflow({"name": "chain", "nodes": nodes}))
 
 
@@ -63,34 +68,28 @@ def all_done_once(client: Conveyor, ids: list[uuid.UUID], timeout: float = 90) -
     assert len(written) == len(ids) * 3 and set(written.values()) == {1}, written
 
 
-def completed(client: Conveyor, ids: list[uuid.UUID]) -> int:
-    with client.db.transaction() as store:
-        return sum(store.execution(i).status is ExecutionStatus.COMPLETED for i in ids)
-
-
-def wait_some_done(client: Conveyor, ids: list[uuid.UUID]) -> None:
-    deadline = time.monotonic() + 30
-    while completed(client, ids) == 0:
-        assert time.monotonic() < deadline, "no execution completed"
-        time.sleep(0.05)
-
-
 def test_a_rabbitmq_restart_loses_nothing(
-    client: Conveyor, start_worker: StartWorker, start_beat: Callable[..., Popen[str]]
+    client: Conveyor,
+    start_worker: StartWorker,
+    start_beat: Callable[..., Popen[str]],
+    tmp_path: Path,
 ) -> None:
-    # Given executions running on workers and beat
+    # Given four first nodes running (until a file is there) and four more waiting in RabbitMQ
     workers(start_worker, start_beat)
-    chain(client, 0.2)
+    hold = tmp_path / "go"
+    chain(client, 0.05, hold=hold)
     ids = [client.trigger("chain") for _ in range(RUNS)]
-    wait_some_done(client, ids)
+    wait_running(client, 4)
 
-    # When RabbitMQ stops and starts again, work mid-way (its queues durable, as declared)
+    # When RabbitMQ stops and starts again (its queues durable, as declared), then the nodes
+    # finish
     rabbit.rabbitmqctl("stop_app")
     try:
-        time.sleep(2)
+        time.sleep(1)
     finally:
         rabbit.rabbitmqctl("start_app")
         rabbit.rabbitmqctl("await_startup")
+    hold.touch()
 
     # Then the workers reconnect and everything completes, each node once
     all_done_once(client, ids)
@@ -121,19 +120,25 @@ def test_a_purged_node_queue_loses_nothing(
 
 
 def test_connections_closed_mid_task_redeliver_their_messages_and_run_each_node_once(
-    client: Conveyor, start_worker: StartWorker, start_beat: Callable[..., Popen[str]]
+    client: Conveyor,
+    start_worker: StartWorker,
+    start_beat: Callable[..., Popen[str]],
+    tmp_path: Path,
 ) -> None:
-    # Given four node worker processes each running a first node (for 8 s), their messages
-    # unacknowledged
+    # Given four node worker processes each running a first node (until a file is there),
+    # their messages unacknowledged
     workers(start_worker, start_beat)
-    chain(client, 0.05, first=8.0)
+    hold = tmp_path / "go"
+    chain(client, 0.05, hold=hold)
     ids = [client.trigger("chain") for _ in range(4)]
     wait_running(client, 4)
 
     # When RabbitMQ closes every connection of the vhost (the workers' channels with them)
+    # while the nodes run, and they finish after
     rabbit.rabbitmqctl("close_all_connections", "--vhost", ACCEPTANCE_VHOST, "acceptance test")
-    with client.db.transaction() as store:  # (the nodes were still running)
+    with client.db.transaction() as store:
         assert store.job_counts().get(("node", "processing"), 0) == 4
+    hold.touch()
 
     # Then the unacknowledged messages come back, and the nodes run once each, to the end
     all_done_once(client, ids)

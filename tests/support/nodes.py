@@ -183,6 +183,17 @@ def until_file(path: str, ctx: NodeContext, after: str = "") -> dict[str, bool]:
     return {"on": True}
 
 
+@conveyor.node("test.wait_for_file")
+def wait_for_file(path: str, ctx: NodeContext) -> dict[str, bool]:
+    """Run until a test puts a file at ``path`` (60 s at most), then write the effect: a node
+    a test keeps running for as long as it needs, whatever the load."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    record(ctx, "waited")
+    return {"found": os.path.exists(path)}
+
+
 @conveyor.node("test.chaos_effect")
 def chaos_effect(seconds: float, ctx: NodeContext) -> dict[str, str]:
     """The side effect of a careful node author: keyed by ctx.idempotency_key, so that a node
