@@ -44,7 +44,7 @@ class Bench:
         self.svc = svc
         self.concurrency = concurrency
         self.database = Database(svc.database_url)
-        app = create_app(Settings(database_url=svc.database_url, broker_url=svc.redis_url))
+        app = create_app(Settings(database_url=svc.database_url, broker_url=svc.broker))
         self.client = Conveyor(self.database, CeleryDispatcher(app))
         self.redis = redis.Redis.from_url(svc.redis_url)
         self.env = svc.env(**LIMITS)
@@ -68,7 +68,7 @@ class Bench:
     def raw_app(self) -> Any:
         from benchmarks.nodes import raw
 
-        raw.conf.update(broker_url=self.svc.redis_url, result_backend=self.svc.redis_url)
+        raw.conf.update(broker_url=self.svc.broker, result_backend=self.svc.redis_url)
         return raw
 
     def at_rest(self) -> None:

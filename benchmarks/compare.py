@@ -310,12 +310,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--skip", default="", help="skip: fanout,map,throughput,latency,scale")
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument(
+        "--broker",
+        default="",
+        help="both sides' broker (amqp://...: RabbitMQ); default Redis",
+    )
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
 
     results: dict[str, Any] = {"params": vars(args), "figures": {}}
     figures = results["figures"]
-    with harness.services() as svc:
+    with harness.services(args.broker) as svc:
         bench = Bench(svc, args.concurrency)
         bench.client.apply(parse_workflow(ONE_NODE))
         if "fanout" not in skip:

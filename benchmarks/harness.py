@@ -14,11 +14,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 from alembic import command
 from alembic.config import Config
+from kombu import Connection
 from sqlalchemy import create_engine, text
+
+from conveyor.engine.queues import ALL_QUEUES
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -30,16 +34,22 @@ REDIS_SERVER = os.environ.get("BENCH_REDIS_SERVER", "redis://127.0.0.1:6379")
 @dataclass(frozen=True)
 class Services:
     database_url: str
-    redis_url: str
+    redis_url: str  # the permits, the raw side's counters and results; the broker too, unless
+    broker_url: str = ""  # another broker is named (--broker amqp://...: RabbitMQ)
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
         env.update(
             CONVEYOR_DATABASE_URL=self.database_url,
-            CONVEYOR_BROKER_URL=self.redis_url,
+            CONVEYOR_BROKER_URL=self.broker,
             CONVEYOR_REDIS_URL=self.redis_url,
             CONVEYOR_IMPORTS="benchmarks.nodes",
-            BENCH_BROKER_URL=self.redis_url,
+            BENCH_BROKER_URL=self.broker,
+            BENCH_REDIS_URL=self.redis_url,
             PYTHONPATH=str(ROOT),
         )
         env.update(extra)
@@ -49,6 +59,15 @@ class Services:
         client = redis.Redis.from_url(self.redis_url)
         client.flushdb()
         client.close()
+        if self.broker != self.redis_url:  # RabbitMQ: its queues emptied
+            with Connection(self.broker) as connection:
+                for queue in (*ALL_QUEUES, "raw"):
+                    channel: Any = connection.channel()
+                    try:
+                        channel.queue_purge(queue=queue)
+                    except connection.channel_errors:  # NOT_FOUND: never declared
+                        continue
+                    channel.close()
 
     def reset_tables(self) -> None:
         engine = create_engine(self.database_url)
@@ -63,8 +82,9 @@ class Services:
 
 
 @contextmanager
-def services() -> Iterator[Services]:
-    """A fresh database (dropped after) and a Redis db flushed before and after."""
+def services(broker_url: str = "") -> Iterator[Services]:
+    """A fresh database (dropped after) and a Redis db flushed before and after; the broker
+    the Redis db unless ``broker_url`` names another (its queues purged before and after)."""
     name = f"conveyor_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -74,7 +94,9 @@ def services() -> Iterator[Services]:
     cfg.set_main_option("script_location", str(ROOT / "migrations"))
     cfg.set_main_option("sqlalchemy.url", url)
     command.upgrade(cfg, "head")
-    found = Services(database_url=url, redis_url=f"{REDIS_SERVER}/{REDIS_DB}")
+    found = Services(
+        database_url=url, redis_url=f"{REDIS_SERVER}/{REDIS_DB}", broker_url=broker_url
+    )
     found.flush()
     try:
         yield found

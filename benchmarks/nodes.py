@@ -45,7 +45,7 @@ raw.conf.update(
 
 @lru_cache(maxsize=1)
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["BENCH_BROKER_URL"])
+    return redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL") or os.environ["BENCH_BROKER_URL"])
 
 
 @raw.task(name="bench.raw_noop")
@@ -65,7 +65,8 @@ def _announce(sender: object = None, **_: object) -> None:
 # -- the raw-Celery twins of the comparison benchmark (benchmarks.compare) -----------------
 # A chord needs a result backend: the same Redis. Only the chord's members keep results.
 raw.conf.update(
-    result_backend=os.environ.get("BENCH_BROKER_URL", "cache+memory://"),
+    result_backend=os.environ.get("BENCH_REDIS_URL")
+    or os.environ.get("BENCH_BROKER_URL", "cache+memory://"),
     task_default_queue="raw",  # the chord's tasks too
 )
 

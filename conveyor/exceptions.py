@@ -307,3 +307,10 @@ class ExecutionFailed(ConveyorError):
     def __init__(self, message: str | None = None, *, status: str = "failed") -> None:
         self.status = status
         super().__init__(message)
+
+
+class PublishRefused(ConveyorError):
+    """The broker did not take a message (RabbitMQ's publisher confirm was a nack, or none
+    came in time): its jobs stay queued in the database and the recovery sweep publishes
+    them again after CONVEYOR_LOST_AFTER. Check the queue's limits (a max-length policy
+    with ``reject-publish``), the broker's alarms (disk, memory) and its log."""

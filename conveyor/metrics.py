@@ -5,8 +5,9 @@ and they survive restarts.
 
 Metrics (all prefixed ``conveyor_``):
 
-- ``queue_depth{queue,priority}``: messages waiting in the broker (Redis lists; not reserved
-  ones);
+- ``queue_depth{queue,priority}``: messages waiting in the broker (not reserved ones): on
+  Redis per priority (``high``, ``normal``, ``low``), on RabbitMQ one count per queue
+  (``priority="all"``: one queue holds every priority);
 - ``build_info{version,python}``: 1, the version of Conveyor and Python serving the metrics;
 - ``jobs{kind,status}``, ``executions{status}`` (every status, 0 when none), ``dead_letters``
   and ``discarded``;
@@ -29,13 +30,13 @@ Metrics (all prefixed ``conveyor_``):
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from importlib import metadata
+from typing import Any
 
-import redis
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -44,16 +45,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from conveyor import brokers
 from conveyor.engine.limits import KeyUsage
 from conveyor.engine.ports import Limiter
-from conveyor.engine.queues import ALL_QUEUES, QUEUE_FOR_KIND
-from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus, Priority
+from conveyor.engine.queues import QUEUE_FOR_KIND, jobs_held
+from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobKind, JobStatus
 from conveyor.store import Database, stats
 from conveyor.store.stats import BOUNDS as BOUNDS  # the histograms' buckets, re-exported
 
-# kombu's Redis transport keeps one list per priority step: the queue's name for step 0, and
-# name + ":" + step for the others. Conveyor publishes on these steps (tasks/dispatch.py).
-REDIS_STEPS = {Priority.HIGH: 0, Priority.NORMAL: 3, Priority.LOW: 6}
 # The ages (seconds) the waits are counted under: a minute, an hour, a day.
 WAIT_AGES = (60.0, 3600.0, 86400.0)
 
@@ -76,7 +75,7 @@ class Histogram:
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
     taken_at: datetime
-    queue_depth: dict[tuple[str, str], int] | None  # None: the broker is not Redis
+    queue_depth: dict[tuple[str, str], int] | None  # None: neither Redis nor RabbitMQ
     jobs: dict[tuple[str, str], int]
     executions: dict[str, int]
     attempts: dict[str, int]
@@ -169,40 +168,29 @@ def _folded(
 
 
 def queue_depth(broker_url: str) -> dict[tuple[str, str], int] | None:
-    """Messages waiting per (queue, priority) in a Redis broker; None for other brokers."""
-    if not broker_url.startswith(("redis://", "rediss://")):
-        return None
-    client = redis.Redis.from_url(broker_url)
-    try:
-        with client.pipeline(transaction=False) as pipe:
-            keys = [(q, p) for q in ALL_QUEUES for p in Priority]
-            for q, p in keys:
-                step = REDIS_STEPS[p]
-                pipe.llen(q if step == 0 else f"{q}:{step}")
-            return {(q, p.value): int(n) for (q, p), n in zip(keys, pipe.execute(), strict=True)}
-    finally:
-        client.close()
+    """Messages waiting per (queue, priority label) in a Redis or RabbitMQ broker (see
+    :class:`conveyor.engine.ports.BrokerQueues`); None for other brokers."""
+    queues = brokers.queues_of(broker_url)
+    return None if queues is None else queues.depth()
 
 
 def broker_holds(
-    broker_url: str, jobs_per_message: Mapping[str, int] | None = None
+    broker_url: str,
+    jobs_per_message: Mapping[str, int] | None = None,
+    repair: Sequence[Any] = (),
 ) -> dict[str, int] | None:
-    """Jobs a Redis broker may hold waiting, per queue: its messages times the most jobs one
-    message of that queue carries (``jobs_per_message``, 1 if not named: a batch message names
-    up to ``CONVEYOR_BATCH_MOST`` node jobs); None for other brokers.
+    """Jobs a Redis or RabbitMQ broker may hold waiting, per queue
+    (:func:`conveyor.engine.queues.jobs_held`); None for other brokers. ``repair``: the
+    Celery app's queues, declared again on RabbitMQ when missing (see :mod:`conveyor.brokers`).
 
-    Reserved messages (kombu's ``unacked`` hash) are left out on purpose: those of a live
-    worker are claimed within moments, so a job queued for long whose message is only
-    reserved was reserved by a worker that died, and its message comes back only after the
-    visibility timeout: re-publishing it now is the repair (the duplicate is harmless)."""
-    depth = queue_depth(broker_url)
-    if depth is None:
-        return None
-    per = jobs_per_message or {}
-    held: dict[str, int] = {}
-    for (queue, _), n in depth.items():
-        held[queue] = held.get(queue, 0) + n * per.get(queue, 1)
-    return held
+    Reserved messages (kombu's ``unacked`` hash on Redis, a consumer's unacknowledged ones on
+    RabbitMQ) are left out on purpose: those of a live worker are claimed within moments, so
+    a job queued for long whose message is only reserved was reserved by a worker that died,
+    and its message comes back only after the visibility timeout (Redis) or once the broker
+    sees the connection gone (RabbitMQ): re-publishing it now is the repair (the duplicate is
+    harmless)."""
+    queues = brokers.queues_of(broker_url, repair)
+    return None if queues is None else jobs_held(queues.depth(), jobs_per_message)
 
 
 class SnapshotCollector(Collector):

@@ -72,10 +72,12 @@ def snapshot_json(snap: metrics.Snapshot) -> dict[str, Any]:
 
 def view(snap: metrics.Snapshot, before: metrics.Snapshot | None) -> Group:
     """The tables; with an earlier snapshot, tries per second since then too."""
-    queues = Table("queue", "high", "normal", "low", title="broker queues", box=None)
-    for queue in sorted({q for q, _ in snap.queue_depth or {}}):
-        depth = snap.queue_depth or {}
-        queues.add_row(queue, *(str(depth.get((queue, p), 0)) for p in ("high", "normal", "low")))
+    depth = snap.queue_depth or {}
+    # by priority where the broker keeps one line each (Redis), one count a queue (RabbitMQ)
+    labels = [p for p in ("high", "normal", "low", "all") if any(p == k[1] for k in depth)]
+    queues = Table("queue", *labels, title="broker queues", box=None)
+    for queue in sorted({q for q, _ in depth}):
+        queues.add_row(queue, *(str(depth.get((queue, p), 0)) for p in labels))
     work = Table("what", "count", title="work", box=None)
     for status, n in sorted(snap.executions.items()):
         work.add_row(f"executions {status}", str(n))

@@ -1,6 +1,7 @@
 """The narrow ports the engine talks through: the :class:`Store` (PostgreSQL and SQLite in
-:mod:`conveyor.store`), the :class:`Dispatcher` (:mod:`conveyor.tasks.dispatch`) and the
-:class:`Limiter` (:mod:`conveyor.limiter`). Nothing under :mod:`conveyor.engine` imports an
+:mod:`conveyor.store`), the :class:`Dispatcher` (:mod:`conveyor.tasks.dispatch`), the
+:class:`Limiter` (:mod:`conveyor.limiter`) and the :class:`BrokerQueues`
+(:mod:`conveyor.brokers`). Nothing under :mod:`conveyor.engine` imports an
 adapter: the engine's decisions call these and nothing else."""
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ class Limiter(Protocol):
     def snapshot(self) -> list[KeyUsage]:
         """Every key with its permits in use, its limit and the jobs waiting under it."""
         ...
+
+
+class BrokerQueues(Protocol):
+    """What the broker holds: its messages waiting per (queue, priority label), ready for a
+    consumer (those a consumer has reserved and not yet acknowledged are left out). The
+    priority label is the job's priority where the broker keeps one line per priority (Redis:
+    ``high``, ``normal``, ``low``), ``all`` where one queue holds every priority (RabbitMQ).
+    A queue the broker does not have holds 0. Adapters: :mod:`conveyor.brokers`; the
+    recovery sweep's decision on them is :func:`conveyor.engine.queues.may_hold`."""
+
+    def depth(self) -> dict[tuple[str, str], int]: ...
 
 
 # -- the store ---------------------------------------------------------------------------------

@@ -26,3 +26,17 @@ def may_hold(held: Mapping[str, int] | None, queue: str, jobs: int) -> bool:
     tell). While they may, their messages are taken to be waiting, not lost: re-sending them
     would only queue duplicates behind the originals."""
     return held is not None and held.get(queue, 0) >= jobs
+
+
+def jobs_held(
+    depth: Mapping[tuple[str, str], int], jobs_per_message: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """At most how many jobs each queue's waiting messages name: its messages (``depth``, per
+    (queue, priority label), summed over the labels) times the most jobs one message of that
+    queue carries (``jobs_per_message``, 1 if not named: a batch message names up to
+    ``CONVEYOR_BATCH_MOST`` node jobs)."""
+    per = jobs_per_message or {}
+    held: dict[str, int] = {}
+    for (queue, _), n in depth.items():
+        held[queue] = held.get(queue, 0) + n * per.get(queue, 1)
+    return held

@@ -164,8 +164,11 @@ def recover() -> dict[str, int]:
     done = wiring.service().recover(
         heartbeat_timeout=settings.heartbeat_timeout,
         lost_after=settings.lost_after,
+        # a RabbitMQ queue found missing is declared again, for the re-published to land in
         broker_holds=lambda: metrics.broker_holds(
-            settings.resolved_broker_url, {NODE_QUEUE: settings.batch_most}
+            settings.resolved_broker_url,
+            {NODE_QUEUE: settings.batch_most},
+            repair=list(app.amqp.queues.values()),
         ),
     )
     wiring.service().promote_due()

@@ -11,16 +11,20 @@ with the job ids and their hints as two lists."""
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from amqp.exceptions import MessageNacked
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from conveyor.engine.packing import pack
 from conveyor.engine.records import Dispatch, NodeHints
 from conveyor.engine.states import JobKind, Priority
+from conveyor.exceptions import PublishRefused
 
 RUN_MANY = "conveyor.node.run_many"
 TASK_FOR_KIND = {
@@ -34,22 +38,42 @@ _REDIS_PRIORITY = {Priority.HIGH: 0, Priority.NORMAL: 3, Priority.LOW: 6}
 _AMQP_PRIORITY = {Priority.HIGH: 9, Priority.NORMAL: 5, Priority.LOW: 1}
 
 
+# On RabbitMQ every publish waits for the broker's confirm (tasks/app.py) at most this long.
+CONFIRM_TIMEOUT = 10.0
+# A nack, no confirm in time, or either after kombu's retries (which wrap them)
+_REFUSED = (MessageNacked, socket.timeout, OperationalError)
+
+
 class CeleryDispatcher:
     def __init__(self, app: Celery) -> None:
         self.app = app
         amqp = str(app.conf.broker_url or "").startswith(("amqp", "pyamqp"))
         self._priority = _AMQP_PRIORITY if amqp else _REDIS_PRIORITY
+        self._confirm: dict[str, Any] = {"confirm_timeout": CONFIRM_TIMEOUT} if amqp else {}
         self.batch_most = int(app.conf.get("conveyor_batch_most") or 1)
 
     def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
-        """One message per job, or per pack of node jobs when ``batch`` (see the module)."""
+        """One message per job, or per pack of node jobs when ``batch`` (see the module).
+        :class:`PublishRefused` when RabbitMQ did not confirm one (the messages before it
+        were taken)."""
         messages = pack(dispatches, self.batch_most if batch else 1)
         with self.app.producer_or_acquire() as producer:
             for message in messages:
-                if len(message) == 1:
-                    self._send_one(message[0], producer)
-                else:
-                    self._send_many(message, producer)
+                try:
+                    if len(message) == 1:
+                        self._send_one(message[0], producer)
+                    else:
+                        self._send_many(message, producer)
+                except _REFUSED as exc:
+                    if not self._confirm:
+                        raise
+                    jobs = ", ".join(str(d.job_id) for d in message)
+                    why = exc.__cause__ or exc
+                    raise PublishRefused(
+                        f"RabbitMQ did not take the message of job(s) {jobs} ({why!r}): they "
+                        "stay queued, the recovery sweep publishes them again; check the "
+                        "queue's limits and the broker's alarms"
+                    ) from exc
 
     def _send_one(self, d: Dispatch, producer: Any) -> None:
         kwargs = {"hints": encode_hints(d.hints)} if d.hints else None
@@ -63,6 +87,7 @@ class CeleryDispatcher:
             shadow=shown_name(d),
             argsrepr=shown_args(d),
             kwargsrepr=_repr(kwargs),
+            **self._confirm,
         )
 
     def _send_many(self, message: list[Dispatch], producer: Any) -> None:
@@ -78,6 +103,7 @@ class CeleryDispatcher:
             shadow=f"{names[0]} and {len(message) - 1} more",
             argsrepr=shown_many_args(message),
             kwargsrepr=f"hints of {len(message)} jobs",
+            **self._confirm,
         )
 
 

@@ -23,12 +23,13 @@ from conveyor.store import Database
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher
 from tests.conftest import PG_ADMIN_URL, REDIS_DB, REDIS_SERVER, RUN_ID
-from tests.support import services
+from tests.support import rabbit, services
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCEPTANCE_REDIS = f"{REDIS_SERVER}/{REDIS_DB + 1}"
 ACCEPTANCE_DB = f"conveyor_accept_{RUN_ID}"
 ACCEPTANCE_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + ACCEPTANCE_DB
+ACCEPTANCE_VHOST = f"conveyor_accept_{RUN_ID}"  # RabbitMQ's, for the tests run on it
 
 
 @pytest.fixture(scope="session")
@@ -48,12 +49,31 @@ def acceptance_env() -> Iterator[dict[str, str]]:
     services.flush_redis(ACCEPTANCE_REDIS)
 
 
+@pytest.fixture(scope="session")
+def acceptance_amqp() -> Iterator[str]:
+    """A RabbitMQ vhost of the run's own; its URL."""
+    with rabbit.vhost(ACCEPTANCE_VHOST) as url:
+        yield url
+
+
 @pytest.fixture
-def client(acceptance_env: dict[str, str]) -> Iterator[Conveyor]:
+def acceptance_broker(request: pytest.FixtureRequest) -> str:
+    """The broker of the test's client, workers and beat: Redis, or RabbitMQ for a test
+    parametrized with ``@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"],
+    indirect=True)`` (the limiter stays on Redis). Its queues start empty."""
+    if getattr(request, "param", "redis") == "redis":
+        return ACCEPTANCE_REDIS
+    url: str = request.getfixturevalue("acceptance_amqp")
+    rabbit.purge(url)
+    return url
+
+
+@pytest.fixture
+def client(acceptance_env: dict[str, str], acceptance_broker: str) -> Iterator[Conveyor]:
     """A service that triggers and reads, as an application would; it runs no worker."""
     services.truncate(ACCEPTANCE_DB_URL)
     services.flush_redis(ACCEPTANCE_REDIS)  # the last test's workers are gone; so go its messages
-    settings = Settings(database_url=ACCEPTANCE_DB_URL, broker_url=ACCEPTANCE_REDIS)
+    settings = Settings(database_url=ACCEPTANCE_DB_URL, broker_url=acceptance_broker)
     database = Database(ACCEPTANCE_DB_URL)
     yield Conveyor(database, CeleryDispatcher(create_app(settings)))
     database.dispose()
@@ -61,7 +81,7 @@ def client(acceptance_env: dict[str, str]) -> Iterator[Conveyor]:
 
 @pytest.fixture
 def start_worker(
-    acceptance_env: dict[str, str], tmp_path: Path
+    acceptance_env: dict[str, str], acceptance_broker: str, tmp_path: Path
 ) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start ``celery -A conveyor.tasks worker`` processes; all are stopped after the test."""
     started: list[subprocess.Popen[str]] = []
@@ -100,7 +120,7 @@ def start_worker(
             process = subprocess.Popen(
                 command,
                 cwd=ROOT,
-                env={**acceptance_env, **(env or {})},
+                env={**acceptance_env, "CONVEYOR_BROKER_URL": acceptance_broker, **(env or {})},
                 text=True,
                 stdout=out,
                 stderr=err,
@@ -118,7 +138,7 @@ def start_worker(
 
 @pytest.fixture
 def start_beat(
-    acceptance_env: dict[str, str], tmp_path: Path
+    acceptance_env: dict[str, str], acceptance_broker: str, tmp_path: Path
 ) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start ``celery -A conveyor.tasks beat`` processes; all are stopped after the test."""
     started: list[subprocess.Popen[str]] = []
@@ -131,7 +151,8 @@ def start_beat(
             process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "conveyor.tasks", "beat",
                  "--loglevel", "INFO"],
-                cwd=ROOT, env={**acceptance_env, **(env or {})}, text=True, stdout=out,
+                cwd=ROOT, env={**acceptance_env, "CONVEYOR_BROKER_URL": acceptance_broker,
+                               **(env or {})}, text=True, stdout=out,
                 stderr=out, start_new_session=True,
             )  # fmt: skip
         started.append(process)

@@ -1,4 +1,5 @@
-"""Limits and priority with real `celery worker` processes, real Redis and PostgreSQL.
+"""Limits and priority with real `celery worker` processes, real Redis and PostgreSQL; the
+limits and the priority overtake on RabbitMQ as broker too (the limiter stays on Redis).
 
 Each node records when it ran (``test.span``); the checks are on those intervals, which lie
 inside the permits their jobs held, so an observed overlap above a limit is a real breach.
@@ -14,6 +15,8 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from subprocess import Popen
+
+import pytest
 
 from conveyor.engine.states import ExecutionStatus, JobStatus, Priority, TriggerSource
 from conveyor.engine.validation import parse_workflow
@@ -65,6 +68,7 @@ def peaks(runs: list[Span], key: Callable[[Span], str]) -> dict[str, int]:
     return {k: max_overlap(v) for k, v in groups.items()}
 
 
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_no_limit_is_exceeded_across_worker_processes_and_everything_completes(
     client: Conveyor, start_worker: StartWorker, acceptance_env: dict[str, str]
 ) -> None:
@@ -169,6 +173,7 @@ def test_permits_of_a_sigkilled_worker_come_back_within_the_lease(
     assert time.monotonic() - killed_at < 2 + 0.2 + 2.5  # lease + sweep + publish and run
 
 
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_a_high_job_overtakes_a_thousand_queued_low_jobs(
     client: Conveyor, start_worker: StartWorker
 ) -> None:

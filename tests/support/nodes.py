@@ -185,12 +185,13 @@ def until_file(path: str, ctx: NodeContext, after: str = "") -> dict[str, bool]:
 
 @conveyor.node("test.wait_for_file")
 def wait_for_file(path: str, ctx: NodeContext) -> dict[str, bool]:
-    """Run (up to 60 s) until a test puts a file at ``path``: a node held running until the
-    test has seen it running."""
+    """Run until a test puts a file at ``path`` (60 s at most), then write the effect: a node
+    a test keeps running for as long as it needs, whatever the load (a cancel ends it)."""
     deadline = time.monotonic() + 60
     while not os.path.exists(path) and time.monotonic() < deadline and not ctx.cancelled:
-        time.sleep(0.05)
-    return {"on": os.path.exists(path)}
+        time.sleep(0.02)
+    record(ctx, "waited")
+    return {"found": os.path.exists(path)}
 
 
 @conveyor.node("test.chaos_effect")
