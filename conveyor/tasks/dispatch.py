@@ -39,7 +39,7 @@ _AMQP_PRIORITY = {Priority.HIGH: 9, Priority.NORMAL: 5, Priority.LOW: 1}
 
 
 # On RabbitMQ every publish waits for the broker's confirm (tasks/app.py) at most this long.
-CONFIRM_TIMEOUT = 10.0
+CONFIRM_TIMEOUT = 5.0
 # A nack, no confirm in time, or either after kombu's retries (which wrap them)
 _REFUSED = (MessageNacked, socket.timeout, OperationalError)
 
@@ -49,7 +49,12 @@ class CeleryDispatcher:
         self.app = app
         amqp = str(app.conf.broker_url or "").startswith(("amqp", "pyamqp"))
         self._priority = _AMQP_PRIORITY if amqp else _REDIS_PRIORITY
-        self._confirm: dict[str, Any] = {"confirm_timeout": CONFIRM_TIMEOUT} if amqp else {}
+        # With confirms, kombu's retries would send a nacked or unconfirmed message again (it
+        # counts both as recoverable): up to four copies, and four timeouts' wait for the
+        # caller. One try; what the broker did not take stays queued for the sweep.
+        self._confirm: dict[str, Any] = (
+            {"confirm_timeout": CONFIRM_TIMEOUT, "retry": False} if amqp else {}
+        )
         self.batch_most = int(app.conf.get("conveyor_batch_most") or 1)
 
     def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+from contextlib import nullcontext
 from datetime import UTC, datetime
 
 from rich.console import Console
@@ -9,9 +11,11 @@ from rich.console import Console
 from conveyor.brokers import AmqpQueues, RedisQueues, queues_of
 from conveyor.cli.stats import view
 from conveyor.config import Settings
+from conveyor.engine.records import Dispatch
+from conveyor.engine.states import JobKind, Priority
 from conveyor.metrics import BOUNDS, Histogram, Snapshot
 from conveyor.tasks.app import create_app
-from conveyor.tasks.dispatch import CeleryDispatcher
+from conveyor.tasks.dispatch import CONFIRM_TIMEOUT, CeleryDispatcher
 
 
 def test_redis_and_rabbitmq_urls_get_their_adapter_and_the_memory_broker_none() -> None:
@@ -29,6 +33,29 @@ def test_publishes_to_rabbitmq_wait_for_the_broker_s_confirm_and_redis_ones_do_n
     assert amqp.conf.broker_transport_options["confirm_publish"] is True
     assert "confirm_publish" not in redis.conf.broker_transport_options
     assert CeleryDispatcher(amqp)._confirm and not CeleryDispatcher(redis)._confirm
+
+
+def test_a_publish_rabbitmq_refuses_is_tried_once_not_sent_again_by_kombu() -> None:
+    # (kombu's retries count a nack and a confirm's timeout as recoverable: each retry would
+    # send the message again, and make the caller wait for another timeout)
+    app = create_app(Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//"))
+    sent: list[dict[str, object]] = []
+    app.send_task = lambda *a, **kw: sent.append(kw)  # type: ignore[method-assign]
+    dispatcher = CeleryDispatcher(app)
+    dispatcher.app.producer_or_acquire = lambda: nullcontext(None)  # type: ignore[method-assign]
+
+    dispatcher.publish(
+        [
+            Dispatch(
+                job_id=uuid.uuid4(),
+                kind=JobKind.EXECUTION,
+                queue="workflow-execution",
+                priority=Priority.NORMAL,
+            )
+        ]
+    )
+
+    assert [(kw["retry"], kw["confirm_timeout"]) for kw in sent] == [(False, CONFIRM_TIMEOUT)]
 
 
 def test_every_rabbitmq_queue_holds_every_priority() -> None:
