@@ -159,8 +159,22 @@ def signin_page(request: Request, next: str = "/ui") -> HTMLResponse:
     return _render(request, "signin.html", who=None, next=next, problem=None)
 
 
+def _cross_site(request: Request) -> bool:
+    """A post another site's page made (the browser's Sec-Fetch-Site, else its Origin): the
+    sign-in refuses it, or a hostile page could sign a visitor in with its own key (login
+    CSRF: the visitor then acts, unaware, in the attacker's tenant)."""
+    fetched_from = request.headers.get("sec-fetch-site")
+    if fetched_from is not None:
+        return fetched_from not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    return origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}"
+
+
 @router.post("/signin")
 def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
+    if _cross_site(request):
+        problem = "Sign in from this page: a sign-in posted by another site is refused."
+        return _render(request, "signin.html", 403, who=None, next="/ui", problem=problem)
     key = (form.get("key") or [""])[0].strip()
     target = (form.get("next") or ["/ui"])[0]
     if not target.startswith("/ui"):

@@ -57,7 +57,7 @@ class Signer:
         if not cookie or "." not in cookie:
             return None
         data, mac = cookie.rsplit(".", 1)
-        if not hmac.compare_digest(mac, self._mac("session", data.encode())):
+        if not _same(mac, self._mac("session", data.encode())):
             return None
         try:
             raw = base64.urlsafe_b64decode(data + "=" * (-len(data) % 4))
@@ -75,4 +75,10 @@ class Signer:
         return self._mac("csrf", session.nonce.encode())
 
     def csrf_matches(self, session: Session, token: str | None) -> bool:
-        return token is not None and hmac.compare_digest(token, self.csrf(session))
+        return token is not None and _same(token, self.csrf(session))
+
+
+def _same(given: str, expected: str) -> bool:
+    """In constant time; a value that is not ASCII (forged: a MAC is) is simply not equal
+    (hmac.compare_digest raises on non-ASCII str)."""
+    return hmac.compare_digest(given.encode(), expected.encode())

@@ -186,3 +186,27 @@ def test_the_search_box_finds_an_execution_by_id_idempotency_key_or_dedupe_key(
             page = browser.get("/ui/executions", params={"find": text}).text
             assert f'data-id="{made}"' in page and f'data-id="{other}"' not in page, text
         assert "data-id=" not in browser.get("/ui/executions", params={"find": "nope"}).text
+
+
+def test_a_sign_in_posted_by_another_site_is_refused(api_url: str, make_key: MakeKey) -> None:
+    # (login CSRF: a hostile page would sign its visitor into the attacker's tenant)
+    key = make_key("elsewhere")
+    with httpx.Client(base_url=api_url, timeout=30) as browser:
+        for headers in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "https://evil.example"}):
+            refused = browser.post("/ui/signin", data={"key": key}, headers=headers)
+            assert refused.status_code == 403, headers
+            assert "another site" in refused.text
+            assert COOKIE not in refused.cookies
+        same = browser.post("/ui/signin", data={"key": key}, headers={"Origin": api_url})
+        assert same.status_code == 303 and COOKIE in same.cookies
+
+
+def test_a_forged_cookie_or_token_that_is_not_ascii_is_refused_not_a_server_error(
+    api_url: str, make_key: MakeKey
+) -> None:
+    with _signed_in(api_url, make_key("ascii")) as browser:
+        assert browser.post("/ui/signout", data={"csrf": "é"}).status_code == 403
+    with httpx.Client(base_url=api_url, timeout=30) as stranger:
+        forged = f"{COOKIE}=e30.é".encode()
+        answer = stranger.get("/ui/executions", headers={b"Cookie": forged})
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/ui/signin")
