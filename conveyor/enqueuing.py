@@ -23,7 +23,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
 from conveyor import tracing
@@ -31,6 +31,7 @@ from conveyor.engine import later, trigger_limits, triggering, waits
 from conveyor.engine.ports import Dispatcher
 from conveyor.engine.records import Dispatch
 from conveyor.engine.states import Priority, TriggerSource
+from conveyor.exceptions import StoreError
 from conveyor.store import DEFAULT_TENANT, store_on
 
 log = logging.getLogger("conveyor.enqueue")
@@ -98,6 +99,7 @@ def send_event(
     ``key``) is woken with ``payload`` as its output, and the event is kept (``keep_for``, else
     CONVEYOR_EVENT_RETENTION_SECONDS) for the waits that begin later. Committed, the work
     it made ready is published; rolled back, nothing happened. The executions it started."""
+    _read_committed(session)
     now = datetime.now(UTC)
     keep = keep_for if keep_for is not None else _event_retention()
     with tracing.trigger_span(event, TriggerSource.EVENT.value) as trace:
@@ -107,6 +109,23 @@ def send_event(
     if delivered.dispatches:
         _pending(session, dispatcher).extend(delivered.dispatches)
     return [t.execution_id for t in delivered.started]
+
+
+def _read_committed(session: Session) -> None:
+    """An event finds the waits that began before it by reading them after it took their
+    key's lock: a snapshot taken earlier in a REPEATABLE READ or SERIALIZABLE transaction
+    would not show a wait committed meanwhile, and the event would miss it (as the wait had
+    missed the event, not committed yet)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    level = session.execute(text("SHOW transaction_isolation")).scalar_one()
+    if level != "read committed":
+        raise StoreError(
+            f"conveyor.send_event needs a READ COMMITTED transaction, and this one is {level}: "
+            "a wait that began after your transaction's snapshot would miss the event; send "
+            "it in a READ COMMITTED transaction (PostgreSQL's default) or with "
+            "Conveyor.send_event"
+        )
 
 
 def _event_retention() -> timedelta:

@@ -24,6 +24,7 @@ from conveyor.cli import app
 from conveyor.engine import claiming, triggering, waits
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
+from conveyor.exceptions import StoreError
 from conveyor.models import Execution, Job
 from conveyor.service import Conveyor, utcnow
 from tests.conftest import REDIS_URL, TEST_DB_URL
@@ -311,3 +312,17 @@ def test_an_event_sent_in_the_callers_transaction_wakes_only_once_it_commits(
 
     assert wait_for(service, execution_id).status is ExecutionStatus.COMPLETED
     assert [float(e["value"]) for e in effects(TEST_DB_URL)] == [2.0]
+
+
+def test_an_event_sent_in_a_repeatable_read_transaction_is_refused_before_it_writes(
+    conveyor_service: Conveyor,
+) -> None:
+    # (its snapshot may predate a wait committed meanwhile, which it would then miss)
+    service = conveyor_service
+    engine = service.db.engine.execution_options(isolation_level="REPEATABLE READ")
+    refused = pytest.raises(StoreError, match="needs a READ COMMITTED transaction")
+    with Session(engine) as session, session.begin(), refused:
+        conveyor.send_event(session, "paid", {"n": 1}, key="rr")
+    with service.db.transaction() as store:
+        assert store.first_event(store.tenant_id("default"), "paid", "rr",
+                                 datetime.min.replace(tzinfo=UTC), utcnow()) is None  # fmt: skip
