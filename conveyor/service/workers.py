@@ -341,13 +341,13 @@ class Workers(ServiceBase):
             _log_failure(job_log, began.failed, began.error, 0.0)
             return _failed(ran, began.failed, began.error)
         if began.woke:
-            job_log.info("wait took a kept event", waited_for=run.node.config["event"])
+            job_log.info("wait took a kept event", waited_for=waits.waits_for(run)[0])
             return replace(ran, outcome=JobStatus.COMPLETED)
         if not began.waiting:
             job_log.info("job stopped", outcome=None, reason="reclaimed before its wait began")
             return replace(ran, outcome=None)
         tracing.outcome("waiting_event")
-        job_log.info("waiting for an event", waited_for=run.node.config["event"])
+        job_log.info("waiting for an event", waited_for=waits.waits_for(run)[0])
         return ran
 
     def _record_success(
