@@ -25,6 +25,7 @@ from conveyor.cli.common import (
     workers_if_embedded,
 )
 from conveyor.engine.states import ExecutionStatus
+from conveyor.service.approvals import Pending
 from conveyor.store import DEFAULT_TENANT
 
 approvals_app = group("Approvals: list those waiting for a decision, approve or reject one.")
@@ -45,7 +46,7 @@ def approvals_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -
     with embedded_schema():
         pending = wiring.service().approvals(tenant)
     if as_json:
-        render.print_json([{**vars(p)} for p in pending])
+        render.print_json([_json(p) for p in pending])
         return
     table = Table("ID", "WORKFLOW", "NODE", "SINCE", "TIMEOUT", "MESSAGE", box=None)
     for p in pending:
@@ -82,6 +83,15 @@ def approvals_reject(
 ) -> None:
     """Reject: the approval node's on_reject branch runs (it fails when it names none)."""
     _decide(approval_id, False, comment, by, tenant, timeout, as_json)
+
+
+def _json(pending: Pending) -> dict[str, str | None]:
+    timeout = pending.timeout_at.isoformat() if pending.timeout_at else None
+    return {
+        "id": str(pending.id), "execution_id": str(pending.execution_id),
+        "workflow": pending.workflow, "node_id": pending.node_id, "message": pending.message,
+        "since": pending.since.isoformat(), "timeout_at": timeout,
+    }  # fmt: skip
 
 
 def _decide(
