@@ -21,6 +21,7 @@ crash or restart loses no wait and no event.
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from dataclasses import dataclass, field
@@ -32,7 +33,14 @@ from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import Node
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
-from conveyor.engine.records import AfterCommit, Dispatch, EventRecord, TraceContext, WaitRecord
+from conveyor.engine.records import (
+    AfterCommit,
+    DeliveryRecord,
+    Dispatch,
+    EventRecord,
+    TraceContext,
+    WaitRecord,
+)
 from conveyor.engine.states import JobStatus, NodeStatus
 from conveyor.engine.success import complete_node
 from conveyor.engine.triggering import Triggered
@@ -44,6 +52,8 @@ from conveyor.exceptions import (
     WaitTimedOut,
 )
 from conveyor.ids import new_id
+
+log = logging.getLogger("conveyor.waits")
 
 # How long an event is kept for the waits that begin after it when the setting is not given
 # (CONVEYOR_EVENT_RETENTION_SECONDS): a week.
@@ -206,6 +216,53 @@ def deliver_event(
     return Delivered(
         started=started, woke=sent.woke, after=sent.after, woke_executions=sent.executions
     )
+
+
+def deliver_webhook(
+    store: Store, delivery_id: uuid.UUID, now: datetime, keep_for: timedelta = DEFAULT_RETENTION
+) -> Delivered:
+    """A stored webhook delivery handled, once, in one transaction: when its endpoint wakes
+    waits (:func:`wake_by_delivery`) sent as an application event, then the workflows it
+    matches started (:func:`~conveyor.engine.subscriptions.start_delivery`)."""
+    delivery = store.claim_delivery(delivery_id)
+    if delivery is None:  # handled already (a duplicate message), or no such delivery
+        return Delivered(started=[], woke=[], after=AfterCommit())
+    sent = wake_by_delivery(store, delivery, now, keep_for)
+    started = subscriptions.start_delivery(store, delivery, now, sent=sent is not None)
+    if sent is None:
+        return Delivered(started=started, woke=[], after=AfterCommit())
+    return Delivered(
+        started=started, woke=sent.woke, after=sent.after, woke_executions=sent.executions
+    )
+
+
+def wake_by_delivery(
+    store: Store, delivery: DeliveryRecord, now: datetime, keep_for: timedelta
+) -> Sent | None:
+    """A delivery to an endpoint that wakes waits, sent as the application event its
+    endpoint names (``wakes_event`` rendered, else the delivery's type) under the key its
+    ``wakes_key`` renders over the delivery (``event``, ``payload``, ``delivery_id``), its
+    payload the delivery's. None when the endpoint wakes none, or when the delivery gives no
+    name or key (it is only logged: the sender has nothing to fix by retrying)."""
+    if delivery.wakes_key is None:
+        return None
+    scope = {"event": delivery.event, "payload": delivery.payload,
+             "delivery_id": delivery.delivery_id}  # fmt: skip
+    try:
+        name = _text(templates.render_value(delivery.wakes_event or "{{ event }}", scope))
+        key = _text(templates.render_value(delivery.wakes_key, scope))
+        check_event(name, key)
+    except ConveyorError as exc:
+        log.info(
+            "webhook delivery %s to endpoint %s wakes no wait: %s",
+            delivery.delivery_id, delivery.endpoint_name, exc,
+        )  # fmt: skip
+        return None
+    return send_event(store, delivery.tenant_id, name, key, delivery.payload, now, keep_for)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def expire_waits(store: Store, now: datetime, limit: int) -> tuple[int, AfterCommit]:

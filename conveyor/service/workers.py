@@ -20,7 +20,6 @@ from conveyor.engine import (
     mapping,
     node_types,
     outcomes,
-    subscriptions,
     success,
     triggering,
     waits,
@@ -180,9 +179,13 @@ class Workers(ServiceBase):
             self._publish(planned.dispatches)
 
     def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
-        """The webhook worker: start the workflows a stored delivery matches."""
-        started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
-        self._publish([d for t in started for d in t.dispatches])
+        """The webhook worker: wake the waits a stored delivery's endpoint wakes, and start
+        the workflows it matches."""
+        delivered = self.db.run(
+            lambda s: waits.deliver_webhook(s, delivery_id, utcnow(), self.event_retention)
+        )
+        self._forget(delivered.after.forget)
+        self._publish(delivered.dispatches)
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Ran:
         """Take the job's permits (or park it), then claim, run and record it; the permits
