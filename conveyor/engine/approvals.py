@@ -80,12 +80,13 @@ def decide(
     check_decision(decision)
     key = str(approval_id)
     store.lock_correlation(tenant_id, APPROVAL_EVENT, key)
-    earlier = store.first_event(tenant_id, APPROVAL_EVENT, key, _EVER, decision.at)
-    if earlier is not None:
-        raise AlreadyDecided(_already(approval_id, earlier.payload))
+    # What waits now is asked, whatever was decided in an earlier run (a rerun asks again).
     found = store.waits_for(tenant_id, APPROVAL_EVENT, key)
     run = resume(store, found[0]) if found else None
     if run is None:
+        earlier = store.first_event(tenant_id, APPROVAL_EVENT, key, _EVER, decision.at)
+        if earlier is not None:
+            raise AlreadyDecided(_already(approval_id, earlier.payload))
         raise ApprovalNotFound(
             f"no approval {approval_id} waits for a decision in this tenant (its execution "
             f"ended, it timed out, or the id is another tenant's); list the pending ones "
