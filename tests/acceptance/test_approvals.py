@@ -5,15 +5,11 @@ approve` decides it and follows the execution to its end."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import ROOT
+from tests.acceptance.conftest import examples_shell
 
 
 @pytest.mark.timeout(300)  # four `conveyor` processes in a row, each importing the CLI
@@ -21,15 +17,7 @@ def test_the_export_approval_example_completes_on_the_embedded_default_once_appr
     tmp_path: Path,
 ) -> None:
     # Given a fresh directory with the examples, no CONVEYOR_* settings but the demo's nodes
-    shutil.copytree(ROOT / "examples", tmp_path / "examples",
-                    ignore=shutil.ignore_patterns("own-project"))  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    env.update(CONVEYOR_IMPORTS="conveyor.demo",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")  # fmt: skip
-
-    def shell(command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
-                              capture_output=True, timeout=120)  # fmt: skip
+    shell = examples_shell(tmp_path)
 
     # When the export runs as the example's comments say: it comes to its approval and returns
     run = shell(
