@@ -1,7 +1,8 @@
 """Approvals with real services (PostgreSQL, Redis, an in-process worker) and the API served
 over HTTP: listed and decided by the API (the decider the key's name) and by the CLI (--by),
 a second decision refused with 409, a rejection following on_reject, and a tenant that can
-neither see nor decide another's."""
+neither see nor decide another's. And a rerun from the CLI of a wait that completed, which
+takes its kept event again."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from conveyor.models import Job
 from conveyor.service import Conveyor
 from tests.conftest import TEST_DB_URL
 from tests.integration.test_api import MakeKey, client
-from tests.integration.test_waits import until
+from tests.integration.test_waits import apply, got, until, wait_node
 from tests.support.services import effects, wait_for
 
 
@@ -120,3 +121,26 @@ def test_an_approval_is_rejected_from_the_cli_and_follows_its_on_reject_branch(
     assert wait_for(service, execution_id).status is ExecutionStatus.COMPLETED
     assert [e["node_id"] for e in effects(TEST_DB_URL)] == ["notify"]
     assert node_output(service, execution_id, "approve")["comment"] == "too big"
+
+
+def test_a_rerun_from_the_cli_of_a_completed_wait_takes_its_kept_event_again(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given an order woken by its event and completed
+    service = conveyor_service
+    apply(service, "pay", wait_node("wait"), got("wait"))
+    execution_id = service.trigger("pay", {"order": "r1"})
+    until(lambda: waiting(service) == 1)
+    service.send_event("paid", {"n": 4}, key="r1")
+    assert wait_for(service, execution_id).status is ExecutionStatus.COMPLETED
+
+    # When it is rerun from its wait with the CLI
+    rerun = CliRunner().invoke(
+        app, ["executions", "rerun", str(execution_id), "--from", "wait", "--wait", "--json"]
+    )
+
+    # Then the wait took the event kept since the execution began, and its successor ran again
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads(rerun.output)["status"] == "completed"
+    assert node_output(service, execution_id, "wait") == {"n": 4}
+    assert [e["node_id"] for e in effects(TEST_DB_URL)] == ["got", "got"]
