@@ -26,7 +26,7 @@ def test_the_export_approval_example_completes_on_the_embedded_default_once_appr
     )
     assert run.returncode == 0, run.stdout + run.stderr
     started = json.loads(run.stdout)
-    assert started["status"] == "running"
+    assert started["status"] == "running" and "conveyor approvals list" in run.stderr
 
     # and its approval is listed, then approved by the CLI
     listed = shell("conveyor approvals list --json")
