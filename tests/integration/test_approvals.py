@@ -1,8 +1,9 @@
 """Approvals with real services (PostgreSQL, Redis, an in-process worker) and the API served
 over HTTP: listed and decided by the API (the decider the key's name) and by the CLI (--by),
 a second decision refused with 409, a rejection following on_reject, and a tenant that can
-neither see nor decide another's. And a rerun from the CLI of a wait that completed, which
-takes its kept event again."""
+neither see nor decide another's. And around waits: a rerun from the CLI of a wait that
+completed takes its kept event again; a requeued dead letter of a wait that timed out waits
+again."""
 
 from __future__ import annotations
 
@@ -144,3 +145,28 @@ def test_a_rerun_from_the_cli_of_a_completed_wait_takes_its_kept_event_again(
     assert json.loads(rerun.output)["status"] == "completed"
     assert node_output(service, execution_id, "wait") == {"n": 4}
     assert [e["node_id"] for e in effects(TEST_DB_URL)] == ["got", "got"]
+
+
+def test_a_requeued_dead_letter_of_a_timed_out_wait_waits_again_and_its_event_wakes_it(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a wait that timed out with no branch: its job dead-lettered, its execution failed
+    service = conveyor_service
+    apply(service, "pay", wait_node("wait", timeout=1), got("wait"))
+    execution_id = service.trigger("pay", {"order": "d1"})
+    until(lambda: waiting(service) == 1)
+    until(lambda: service.execution(execution_id)["status"] == "failed", tick=service.promote_due)
+    with service.db.transaction() as store:
+        (job_id,) = store.session.scalars(
+            select(Job.id).where(Job.execution_id == execution_id, Job.node_id == "wait")
+        )
+
+    # When its dead letter is requeued, and its event sent once it waits again
+    assert service.requeue_dead_letters([job_id]) == {job_id: None}
+    until(lambda: waiting(service) == 1)
+    service.send_event("paid", {"n": 6}, key="d1")
+
+    # Then it resumed with the event, and the execution completed
+    assert wait_for(service, execution_id).status is ExecutionStatus.COMPLETED
+    assert node_output(service, execution_id, "wait") == {"n": 6}
+    assert [e["node_id"] for e in effects(TEST_DB_URL)] == ["got"]
