@@ -8,11 +8,14 @@
    ``acks_late`` (nodes per second);
 3. latency: trigger -> node start and trigger -> execution completed over sequential runs on
    idle workers, against apply_async -> task start (p50 / p95 / p99);
-4. scale: the throughput again with finished jobs already in the tables; then the retention
+4. waits: event sent -> the waiting node's successor started, against a task that publishes
+   a second task: apply -> second task started (p50 / p95 / p99: :mod:`benchmarks.waits`);
+5. scale: the throughput again with finished jobs already in the tables; then the retention
    sweep deletes them (executions per second, Conveyor's alone); then a map of 100,000 items
    (its time, and the peak RSS of the workers and of the process that triggered it).
 
     python -m benchmarks [--fanout 200,2000] [--executions 10000] [--latency-runs 500]
+                         [--wait-runs 200]
                          [--scale-rows 1000000] [--scale-map 100000] [--concurrency 4]
                          [--rounds 3] [--skip fanout,map,...] [--json results.json]
 
@@ -34,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from benchmarks import harness, maps
+from benchmarks import harness, maps, waits
 from benchmarks.bench import END_POLL, HOT_TABLES, NOOP, Bench
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
@@ -300,6 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--fanout", default="200,2000", help="fan-out widths, comma-separated")
     parser.add_argument("--executions", type=int, default=10_000)
     parser.add_argument("--latency-runs", type=int, default=500)
+    parser.add_argument("--wait-runs", type=int, default=200)
     parser.add_argument("--scale-rows", type=int, default=1_000_000)
     parser.add_argument(
         "--scale-map", type=int, default=100_000, help="items of the scale's map (0: none)"
@@ -308,7 +312,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--rounds", type=int, default=3, help="fan-out and throughput runs (the median)"
     )
-    parser.add_argument("--skip", default="", help="skip: fanout,map,throughput,latency,scale")
+    parser.add_argument(
+        "--skip", default="", help="skip: fanout,map,throughput,latency,waits,scale"
+    )
     parser.add_argument("--json", dest="json_path")
     parser.add_argument(
         "--broker",
@@ -339,6 +345,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "raw_task_start": percentiles(raw),
             }
             results["raw_latencies"] = {**found, "raw_task_start": raw}
+        if "waits" not in skip:
+            woke, relayed = waits.waits(bench, args.wait_runs)
+            figures["waits"] = {
+                "conveyor_event_to_start": percentiles(woke),
+                "raw_relay_start": percentiles(relayed),
+            }
+            results["raw_waits"] = {"event_to_start": woke, "raw_relay_start": relayed}
         if "scale" not in skip:
             loaded = load_finished(bench, args.scale_rows)
             figures["scale"] = {
@@ -397,6 +410,10 @@ def ratios(figures: dict[str, Any]) -> dict[str, float]:
         for what in ("node_start", "completed"):
             for p in ("p50", "p95", "p99"):
                 found[f"latency_{what}_{p}"] = lat[f"conveyor_{what}"][p] / lat["raw_task_start"][p]
+    if "waits" in figures:
+        w = figures["waits"]
+        for p in ("p50", "p95", "p99"):
+            found[f"waits_{p}"] = w["conveyor_event_to_start"][p] / w["raw_relay_start"][p]
     if "scale" in figures and "throughput" in figures:
         found["scale_of_empty"] = (
             figures["scale"]["conveyor_per_s"] / figures["throughput"]["conveyor_per_s"]
@@ -453,6 +470,13 @@ def table(figures: dict[str, Any], found: dict[str, float], args: argparse.Names
                 rows.append((f"{label} {p}", f"{lat[f'conveyor_{what}'][p] * 1e3:.1f} ms",
                              f"{lat['raw_task_start'][p] * 1e3:.1f} ms",
                              f"x{r:.2f}  {_verdict(f'{what}_{p}', r)}"))  # fmt: skip
+    if "waits" in figures:
+        w = figures["waits"]
+        for p in ("p50", "p95", "p99"):
+            rows.append((f"event->waiting node's successor {p}",
+                         f"{w['conveyor_event_to_start'][p] * 1e3:.1f} ms",
+                         f"{w['raw_relay_start'][p] * 1e3:.1f} ms (task->task)",
+                         f"x{found[f'waits_{p}']:.2f}"))  # fmt: skip
     if "scale" in figures:
         s = figures["scale"]
         r = found.get("scale_of_empty", 0.0)

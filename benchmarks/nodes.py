@@ -123,3 +123,10 @@ def raw_map_root(items: list[object], key: str) -> None:
     """The root of the map's twin: a chord over ``items`` and the join, as a map's own job
     makes a job per item of the list it reads."""
     chord(group(raw_item.s(i) for i in items))(raw_join.s(key))
+
+
+@raw.task(name="bench.raw_relay")
+def raw_relay(key: str) -> None:
+    """Publish the task that records its start: the raw twin of an event that wakes a wait
+    whose successor then starts (benchmarks.waits: apply -> the second task started)."""
+    raw_started.delay(key)

@@ -189,6 +189,19 @@ class WaitTimedOut(NonRetryableError):
     ``on_timeout`` branch to take instead."""
 
 
+class ApprovalRejected(NonRetryableError):
+    """An approval node was rejected, and it names no ``on_reject`` branch to take instead."""
+
+
+class ApprovalNotFound(NotFound):
+    """No approval of that id waits for a decision in this tenant; list them with
+    `conveyor approvals list`."""
+
+
+class AlreadyDecided(ConveyorError):
+    """The approval was decided already; a decision is final."""
+
+
 class NodeCancelled(NodeError):
     """The execution was cancelled while the node was running."""
 

@@ -214,7 +214,7 @@ class Branch:
     branch only."""
 
     node: NodeHandle[Any]
-    key: str  # if_true or if_false; on_event or on_timeout
+    key: str  # if_true or if_false; on_event or on_timeout; on_approve or on_reject
 
 
 class Condition(NodeHandle[ConditionOutput]):
@@ -236,6 +236,24 @@ class Wait(NodeHandle[Any]):
     @property
     def on_event(self) -> Branch:
         return Branch(self, "on_event")
+
+    @property
+    def on_timeout(self) -> Branch:
+        return Branch(self, "on_timeout")
+
+
+class Approval(NodeHandle[Any]):
+    """An approval node (its output the decision: ``decision``, ``by``, ``at``,
+    ``comment``); its successors may name :attr:`on_approve`, :attr:`on_reject` or
+    :attr:`on_timeout`."""
+
+    @property
+    def on_approve(self) -> Branch:
+        return Branch(self, "on_approve")
+
+    @property
+    def on_reject(self) -> Branch:
+        return Branch(self, "on_reject")
 
     @property
     def on_timeout(self) -> Branch:
@@ -363,6 +381,25 @@ class Flow(Generic[In, Out]):
             config["timeout"] = _compiled(within)
         self._place(id, "wait", config, options, _caller())
         return Wait(self, id)
+
+    def approval(
+        self,
+        id: str,
+        message: str | None = None,
+        *,
+        within: Any = None,
+        **options: Unpack[NodeOptions],
+    ) -> Approval:
+        """Place an approval node: it waits, holding no worker, for a person's decision
+        (``conveyor approvals approve|reject ID``, or the API), for up to ``within`` (as
+        :meth:`wait`'s). ``message`` is what the approver is shown. A successor names its
+        branch: ``after=[ok.on_approve]``, ``after=[ok.on_reject]`` (without one, a rejection
+        fails the node) or ``after=[ok.on_timeout]``."""
+        config: dict[str, Any] = {} if message is None else {"message": message}
+        if within is not None:
+            config["timeout"] = _compiled(within)
+        self._place(id, "approval", config, options, _caller())
+        return Approval(self, id)
 
     def child(
         self,

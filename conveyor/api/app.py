@@ -22,12 +22,13 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException
 
 from conveyor import metrics, wiring
-from conveyor.api import dead_letters, health, metrics_http, rest, stream, webhooks
+from conveyor.api import approvals, dead_letters, health, metrics_http, rest, stream, webhooks
 from conveyor.api.bodies import BodyBounds
 from conveyor.api.links import add_links
 from conveyor.api.schemas import Problem
 from conveyor.config import Settings, get_settings
 from conveyor.exceptions import (
+    AlreadyDecided,
     AuthError,
     ConveyorError,
     DefinitionError,
@@ -50,6 +51,7 @@ _STATUS: list[tuple[type[ConveyorError], int]] = [
     (MetricsNotServed, 403),
     (NotFound, 404),
     (IdempotencyConflict, 409),
+    (AlreadyDecided, 409),
     (DuplicateDelivery, 409),
     (InvalidTransition, 409),
     (DefinitionError, 422),
@@ -101,6 +103,7 @@ def create_app(service: Conveyor | None = None, settings: Settings | None = None
     )
     app.include_router(rest.router, responses=PROBLEMS)
     app.include_router(dead_letters.router, responses=PROBLEMS)
+    app.include_router(approvals.router, responses=PROBLEMS)
     app.include_router(webhooks.router, responses=PROBLEMS)
     ui.install(app, settings)  # the dashboard, /ui
     app.add_middleware(BodyBounds)

@@ -116,16 +116,34 @@ def webhooks_create(
         str | None, typer.Option(help="The sender's secret; default: a new random one.")
     ] = None,
     tenant: Tenant = DEFAULT_TENANT,
+    wakes_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Its deliveries wake wait nodes: the key they carry, a template over the "
+            "delivery (event, payload, delivery_id), e.g. '{{ payload.data.order_id }}'."
+        ),
+    ] = None,
+    wakes_event: Annotated[
+        str | None,
+        typer.Option(
+            help="With --wakes-key: the event name the waits wait for (a template too); "
+            "default: the delivery's type."
+        ),
+    ] = None,
 ) -> None:
-    """Make a webhook endpoint; prints its URL path and, this once, its secret."""
+    """Make a webhook endpoint; prints its URL path and, this once, its secret. With
+    --wakes-key its deliveries also wake the wait nodes waiting for them, as an application
+    event (conveyor events send) would."""
     if not 0 < len(name) <= 100:
         usage_error("an endpoint name has 1 to 100 characters")
+    _check_wakes(wakes_key, wakes_event)
     chosen = secret or credentials.new_webhook_secret(scheme)
     if scheme is SignatureScheme.STANDARD:
         _check_standard_secret(chosen)
+    wakes = {"wakes_event": wakes_event, "wakes_key": wakes_key}
     with embedded_schema():
         endpoint = wiring.database().run(
-            lambda s: s.add_endpoint(s.tenant_id(tenant), name, scheme, chosen, _now())
+            lambda s: s.add_endpoint(s.tenant_id(tenant), name, scheme, chosen, _now(), **wakes)
         )
     render.out.print(f"/webhooks/{endpoint.id}", markup=False)
     shown = "the one you gave" if secret else f"{chosen} (not shown again)"
@@ -134,6 +152,20 @@ def webhooks_create(
         markup=False,
         soft_wrap=True,
     )
+
+
+def _check_wakes(key: str | None, event: str | None) -> None:
+    from conveyor.engine import templates
+
+    if event is not None and key is None:
+        usage_error("--wakes-event needs --wakes-key: the key the woken waits wait for")
+    for flag, value, most in (("--wakes-key", key, 500), ("--wakes-event", event, 200)):
+        if value is None:
+            continue
+        if not value.strip() or len(value) > most:
+            usage_error(f"{flag} has 1 to {most} characters")
+        if problem := templates.syntax_error(value):
+            usage_error(f"{flag} {value!r} does not parse: {problem}")
 
 
 def _check_standard_secret(secret: str) -> None:
@@ -151,7 +183,7 @@ def webhooks_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) ->
     with embedded_schema(), wiring.database().transaction() as store:
         rows = [
             {"name": e.name, "path": f"/webhooks/{e.id}", "scheme": e.scheme.value,
-             "rejected": e.rejected}
+             "rejected": e.rejected, "wakes_event": e.wakes_event, "wakes_key": e.wakes_key}
             for e in store.endpoints(store.tenant_id(tenant))
         ]  # fmt: skip
     if as_json:

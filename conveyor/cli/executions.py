@@ -164,7 +164,8 @@ def _abandon(execution_id: uuid.UUID) -> views.ExecutionJson:
     if views.waits_for_events_only(view):  # an event moves it on: `conveyor events send`
         render.err.print(
             "the execution waits for an event; send it with `conveyor events send NAME --key "
-            "KEY`", style="yellow", markup=False,
+            "KEY` (or, for an approval, decide it: `conveyor approvals list`)",
+            style="yellow", markup=False,
         )  # fmt: skip
         return view
     if not ExecutionStatus(view["status"]).finished:

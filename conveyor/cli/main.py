@@ -109,6 +109,11 @@ COMMANDS = {
         "events_app",
         "Application events: send one (it starts subscribers and wakes waits).",
     ),
+    "approvals": _Entry(
+        "conveyor.cli.approvals",
+        "approvals_app",
+        "Approvals: list those waiting for a decision, approve or reject one.",
+    ),
 }
 
 

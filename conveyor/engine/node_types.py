@@ -6,7 +6,7 @@ whether its output chooses the branch its successors run on (a condition), and h
 it runs. Validation, planning and the transitions ask the registry (:func:`of`, :func:`named`) and
 never compare the name, so a new type joins in one place: one :func:`register` call.
 
-The six built-in types are described below, in the order the unknown-type message lists them.
+The built-in types are described below, in the order the unknown-type message lists them.
 Running a python node (a registered function on a node thread) or an http node (a request) is
 I/O, which the engine does not import: the worker attaches those two executors
 (:func:`attach`, in :mod:`conveyor.nodes`).
@@ -18,9 +18,10 @@ import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
-from conveyor.engine import bounds, templates
+from conveyor.engine import bounds, instants, templates
 from conveyor.engine.addresses import AllowList, judge_url
 from conveyor.engine.definitions import WORKFLOW_NAME, Node
 from conveyor.engine.parameters import FunctionParameters, input_problems
@@ -137,9 +138,10 @@ class ConfigCheck(Protocol):
 
 
 class Wait(Protocol):
-    """The seconds a ready node's job is held before it runs, from its config."""
+    """The seconds a ready node's job is held before it runs (from ``now``), from its
+    config."""
 
-    def __call__(self, node: Node, context: Mapping[str, Any]) -> float: ...
+    def __call__(self, node: Node, context: Mapping[str, Any], now: datetime) -> float: ...
 
 
 class Executor(Protocol):
@@ -179,6 +181,10 @@ class NodeType:
     # no executor runs it, and the branch it takes is the outcome (event or timeout), never
     # read from its output (the event's payload).
     waits_for_event: bool = False
+
+    # Its wait is for a person's decision (conveyor.engine.approvals), not an event a
+    # definition names: it is decided by id, approved or rejected.
+    asks_a_person: bool = False
 
 
 _TYPES: dict[str, NodeType] = {}
@@ -246,6 +252,12 @@ def waits_for_event(node: Node) -> bool:
     """Whether ``node``'s try waits for an application event (a wait node)."""
     kind = of(node)
     return kind is not None and kind.waits_for_event
+
+
+def asks_a_person(node: Node) -> bool:
+    """Whether ``node``'s try waits for a person's decision (an approval node)."""
+    kind = of(node)
+    return kind is not None and kind.asks_a_person
 
 
 def branch_of(node: Node, output: Any) -> str | None:
@@ -331,21 +343,47 @@ def _address_problems(url: object, allow: AllowList | None) -> list[str]:
 
 
 def _delay_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    if "until" in config:
+        return _until_problems(config)
+    if "timezone" in config:
+        return ["config.timezone reads config.until; give an until, or leave the timezone out"]
     seconds = config.get("seconds")
     if isinstance(seconds, str) and templates.is_template(seconds):
         return []
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         return [
             f"config.seconds is required: a number of seconds from 0 to "
-            f"{bounds.MAX_DELAY_SECONDS}, or a template"
+            f"{bounds.MAX_DELAY_SECONDS}, or a template (or config.until: a time to sleep "
+            f"until)"
         ]
     if problem := bounds.delay_problem(seconds):
         return [f"config.seconds: {problem}; give a number from 0 to {bounds.MAX_DELAY_SECONDS}"]
     return []
 
 
-def _delay_seconds(node: Node, context: Mapping[str, Any]) -> float:
-    """How long a delay node waits, rendered from its config."""
+def _until_problems(config: Mapping[str, Any]) -> list[str]:
+    """A delay that sleeps until a time: not beside ``seconds``, its literal time and zone
+    ones that read (a template's are checked when it renders)."""
+    errors = []
+    if "seconds" in config:
+        errors.append("config.seconds and config.until are exclusive; keep one")
+    until, timezone = config["until"], config.get("timezone")
+    if isinstance(timezone, str) and templates.is_template(timezone):
+        timezone = None
+    try:
+        instants.zone(timezone)
+        if not (isinstance(until, str) and templates.is_template(until)):
+            instants.instant(until, timezone)
+    except NonRetryableError as exc:
+        errors.append(str(exc))
+    return errors
+
+
+def _delay_seconds(node: Node, context: Mapping[str, Any], now: datetime) -> float:
+    """How long a delay node waits from ``now``, rendered from its config: its ``seconds``,
+    or the time to its ``until`` (none when that has passed)."""
+    if "until" in node.config:
+        return max(0.0, _seconds_until(node, context, now))
     value = templates.render_value(node.config["seconds"], context)
     fix = f"config.seconds must give a number of seconds from 0 to {bounds.MAX_DELAY_SECONDS}"
     try:
@@ -362,9 +400,25 @@ def _delay_seconds(node: Node, context: Mapping[str, Any]) -> float:
     return seconds
 
 
-def _delayed(step: Step) -> dict[str, float]:
+def _until(node: Node, context: Mapping[str, Any]) -> datetime:
+    """The moment a delay with ``until`` sleeps until, rendered from its config."""
+    until = templates.render_value(node.config["until"], context)
+    timezone = templates.render_value(node.config.get("timezone"), context)
+    return instants.instant(until, timezone)
+
+
+def _seconds_until(node: Node, context: Mapping[str, Any], now: datetime) -> float:
+    seconds = (_until(node, context) - now).total_seconds()
+    if seconds > 0 and (problem := bounds.delay_problem(seconds)):
+        raise NonRetryableError(f"config.until: {problem}; give a nearer time")
+    return seconds
+
+
+def _delayed(step: Step) -> dict[str, Any]:
     """The try that runs once the wait is over: it only reports the wait."""
-    return {"delayed_seconds": _delay_seconds(step.node, step.context)}
+    if "until" in step.node.config:
+        return {"delayed_until": _until(step.node, step.context).isoformat()}
+    return {"delayed_seconds": _delay_seconds(step.node, step.context, datetime.now(UTC))}
 
 
 _IF = ("if_true", "if_false")
@@ -433,8 +487,15 @@ def _wait_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
         )
     elif problem := templates.syntax_error(key):
         errors.append(f"config.key {key!r} does not parse: {problem}")
-    errors += _timeout_problems(config.get("timeout"))
-    for branch in WAIT_BRANCHES:
+    return errors + _waiting_problems(config, checking, WAIT_BRANCHES)
+
+
+def _waiting_problems(
+    config: Mapping[str, Any], checking: Checking, branches: tuple[str, ...]
+) -> list[str]:
+    """The problems of the config a wait and an approval share: the timeout and branches."""
+    errors = _timeout_problems(config.get("timeout"))
+    for branch in branches:
         targets = config.get(branch, [])
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             errors.append(f"config.{branch} must be a list of node ids")
@@ -443,6 +504,17 @@ def _wait_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
     if config.get("on_timeout") and "timeout" not in config:
         errors.append("config.on_timeout names nodes but config.timeout is not given; add one")
     return errors
+
+
+APPROVAL_BRANCHES = ("on_approve", "on_reject", "on_timeout")
+
+
+def _approval_problems(config: Mapping[str, Any], checking: Checking) -> list[str]:
+    message = config.get("message", "")
+    errors = []
+    if not isinstance(message, str):
+        errors.append('config.message must be text: what the approver is asked, e.g. "Export?"')
+    return errors + _waiting_problems(config, checking, APPROVAL_BRANCHES)
 
 
 def _timeout_problems(timeout: object) -> list[str]:
@@ -498,7 +570,7 @@ register(
 register(
     NodeType(
         name="delay",
-        config_keys=frozenset({"seconds"}),
+        config_keys=frozenset({"seconds", "until", "timezone"}),
         check=_delay_problems,
         execute=_delayed,
         wait=_delay_seconds,
@@ -531,5 +603,16 @@ register(
         branches=WAIT_BRANCHES,
         reads_inputs=False,
         waits_for_event=True,
+    )
+)
+register(
+    NodeType(
+        name="approval",
+        config_keys=frozenset({"message", "timeout", *APPROVAL_BRANCHES}),
+        check=_approval_problems,
+        branches=APPROVAL_BRANCHES,
+        reads_inputs=False,
+        waits_for_event=True,
+        asks_a_person=True,
     )
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -110,11 +110,14 @@ def output_reads(workflow: Workflow, sinks: tuple[str, ...]) -> frozenset[str]:
     return frozenset(sinks)
 
 
-def delay_seconds(node_def: Node, context: dict[str, Any]) -> float:
-    """How long a ready node's job is held before it runs: its type's wait, rendered from its
-    config (a delay's ``seconds``); 0 for a type that does not wait."""
+def delay_seconds(node_def: Node, context: dict[str, Any], now: datetime | None = None) -> float:
+    """How long a ready node's job is held before it runs from ``now`` (default: the
+    clock's): its type's wait, rendered from its config (a delay's ``seconds``, or the time
+    to its ``until``); 0 for a type that does not wait."""
     kind = node_types.of(node_def)
-    return kind.wait(node_def, context) if kind is not None and kind.wait is not None else 0.0
+    if kind is None or kind.wait is None:
+        return 0.0
+    return kind.wait(node_def, context, now or datetime.now(UTC))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -726,6 +726,11 @@ class Waits(Protocol):
         may be among them: the caller's resume refuses it)."""
         ...
 
+    def pending_waits(self, tenant_id: uuid.UUID, event: str) -> list[WaitRecord]:
+        """The tenant's waits on ``event`` whose job still waits, oldest first (the pending
+        approvals, under :data:`~conveyor.engine.waits.APPROVAL_EVENT`)."""
+        ...
+
     def end_wait(self, job_id: uuid.UUID) -> None:
         """The job's wait row gone (its try woke, timed out or stopped)."""
         ...

@@ -91,7 +91,7 @@ def new_jobs(
         next_run_at = None
         if node_types.waits(node):
             try:
-                next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context))
+                next_run_at = now + timedelta(seconds=planning.delay_seconds(node, context, now))
             except TemplateBudgetExceeded:
                 if refuse:
                     raise

@@ -381,6 +381,9 @@ class EndpointRecord:
     scheme: SignatureScheme
     secret: str
     rejected: int
+    # Its deliveries wake waits (see conveyor.engine.waits.wake_by_delivery); None: they don't.
+    wakes_event: str | None = None
+    wakes_key: str | None = None
 
     def __repr__(self) -> str:  # the secret never reaches a log through a repr
         return f"EndpointRecord(id={self.id}, name={self.name!r}, scheme={self.scheme.value})"
@@ -410,6 +413,9 @@ class DeliveryRecord:
     payload: Any
     status: DeliveryStatus
     trace: TraceContext | None = None  # where it was received: its executions' tries join it
+    # Its endpoint's templates of the event and key it wakes waits under (None: it wakes none).
+    wakes_event: str | None = None
+    wakes_key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,13 @@ from conveyor.engine.credentials import Verified
 from conveyor.engine.definitions import Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.queues import QUEUE_FOR_KIND
-from conveyor.engine.records import DeliveryReceipt, Dispatch, EndpointRecord, TraceContext
+from conveyor.engine.records import (
+    DeliveryReceipt,
+    DeliveryRecord,
+    Dispatch,
+    EndpointRecord,
+    TraceContext,
+)
 from conveyor.engine.states import (
     DeliveryStatus,
     JobKind,
@@ -124,6 +130,15 @@ def deliver_webhook(
     delivery = store.claim_delivery(delivery_id)
     if delivery is None:
         return []  # handled already (a duplicate message), or no such delivery
+    return start_delivery(store, delivery, now)
+
+
+def start_delivery(
+    store: Store, delivery: DeliveryRecord, now: datetime, sent: bool = False
+) -> list[triggering.Triggered]:
+    """Start the workflows a claimed delivery matches and mark it handled: processed when it
+    started one or was ``sent`` as an event for waits (kept for those not begun yet), else
+    unmatched."""
     names = sorted(
         {
             name
@@ -149,11 +164,11 @@ def deliver_webhook(
         )
         for name in names
     ]
-    status = DeliveryStatus.PROCESSED if started else DeliveryStatus.UNMATCHED
+    status = DeliveryStatus.PROCESSED if started or sent else DeliveryStatus.UNMATCHED
     store.finish_delivery(delivery.id, status, [t.execution_id for t in started], now)
-    if not started:
+    if status is DeliveryStatus.UNMATCHED:
         log.info(
-            "webhook delivery %s to endpoint %s (event %s) matched no workflow",
+            "webhook delivery %s to endpoint %s (event %s) matched no workflow and no wait",
             delivery.delivery_id,
             delivery.endpoint_name,
             delivery.event,

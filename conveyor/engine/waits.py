@@ -21,18 +21,26 @@ crash or restart loses no wait and no event.
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from conveyor.engine import bounds, subscriptions, templates
+from conveyor.engine import bounds, node_types, subscriptions, templates
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import Node
 from conveyor.engine.failure import Failed, fail_node
 from conveyor.engine.ports import Store
-from conveyor.engine.records import AfterCommit, Dispatch, EventRecord, TraceContext, WaitRecord
+from conveyor.engine.records import (
+    AfterCommit,
+    DeliveryRecord,
+    Dispatch,
+    EventRecord,
+    TraceContext,
+    WaitRecord,
+)
 from conveyor.engine.states import JobStatus, NodeStatus
 from conveyor.engine.success import complete_node
 from conveyor.engine.triggering import Triggered
@@ -45,9 +53,14 @@ from conveyor.exceptions import (
 )
 from conveyor.ids import new_id
 
+log = logging.getLogger("conveyor.waits")
+
 # How long an event is kept for the waits that begin after it when the setting is not given
 # (CONVEYOR_EVENT_RETENTION_SECONDS): a week.
 DEFAULT_RETENTION = timedelta(days=7)
+# The name of the events that record approvals' decisions (their key: the approval's id, its
+# job's), which no application may send.
+APPROVAL_EVENT = "conveyor.approval"
 # The largest name and key an event may have (their columns').
 MAX_NAME = 200
 MAX_KEY = 200
@@ -86,11 +99,12 @@ def begin_wait(
     retried; an execution that finished before this transaction took its row lock ends the
     try cancelled."""
     try:
-        key, timeout_at = wait_key(run.node, run.context), timeout_of(run.node, run.context, now)
+        event, key = waits_for(run)
+        timeout_at = timeout_of(run.node, run.context, now)
     except ConveyorError as exc:
         failed = fail_node(store, run, exc, now, 0.0, rng)
         return Began(after=failed.after, failed=failed, error=exc)
-    tenant_id, event = run.execution.tenant_id, run.node.config["event"]
+    tenant_id = run.execution.tenant_id
     store.lock_correlation(tenant_id, event, key)  # first, as an event's arrival takes it
     status = store.execution_status(run.execution.id, lock=True)
     if status is None or status.finished:
@@ -98,7 +112,9 @@ def begin_wait(
         stopped = NodeCancelled(f"its execution was {ended} before the wait began")
         failed = fail_node(store, run, stopped, now, 0.0, rng)
         return Began(after=failed.after, failed=failed, error=stopped)
-    kept = store.first_event(tenant_id, event, key, run.execution.created_at, now)
+    # A decision is never made before its approval waits: it has no kept event to take.
+    asks = node_types.asks_a_person(run.node)
+    kept = None if asks else store.first_event(tenant_id, event, key, run.execution.created_at, now)
     if kept is not None:
         after = complete_node(store, run, kept.payload, now, 0.0, branch="on_event")
         return Began(after=after, woke=True)
@@ -152,12 +168,12 @@ def send_event(
     )
     woke, executions, after = [], [], AfterCommit()
     for wait in store.waits_for(tenant_id, event, key):
-        run = _resume(store, wait)
+        run = resume(store, wait)
         if run is None:
             continue  # woken already, timed out, or stopped with its execution
         woke.append(wait.job_id)
         executions.append(wait.execution_id)
-        after += complete_node(store, run, payload, now, _waited(wait, now), branch="on_event")
+        after += complete_node(store, run, payload, now, waited_for(wait, now), branch="on_event")
     return Sent(woke=woke, after=after, executions=executions)
 
 
@@ -202,6 +218,53 @@ def deliver_event(
     )
 
 
+def deliver_webhook(
+    store: Store, delivery_id: uuid.UUID, now: datetime, keep_for: timedelta = DEFAULT_RETENTION
+) -> Delivered:
+    """A stored webhook delivery handled, once, in one transaction: when its endpoint wakes
+    waits (:func:`wake_by_delivery`) sent as an application event, then the workflows it
+    matches started (:func:`~conveyor.engine.subscriptions.start_delivery`)."""
+    delivery = store.claim_delivery(delivery_id)
+    if delivery is None:  # handled already (a duplicate message), or no such delivery
+        return Delivered(started=[], woke=[], after=AfterCommit())
+    sent = wake_by_delivery(store, delivery, now, keep_for)
+    started = subscriptions.start_delivery(store, delivery, now, sent=sent is not None)
+    if sent is None:
+        return Delivered(started=started, woke=[], after=AfterCommit())
+    return Delivered(
+        started=started, woke=sent.woke, after=sent.after, woke_executions=sent.executions
+    )
+
+
+def wake_by_delivery(
+    store: Store, delivery: DeliveryRecord, now: datetime, keep_for: timedelta
+) -> Sent | None:
+    """A delivery to an endpoint that wakes waits, sent as the application event its
+    endpoint names (``wakes_event`` rendered, else the delivery's type) under the key its
+    ``wakes_key`` renders over the delivery (``event``, ``payload``, ``delivery_id``), its
+    payload the delivery's. None when the endpoint wakes none, or when the delivery gives no
+    name or key (it is only logged: the sender has nothing to fix by retrying)."""
+    if delivery.wakes_key is None:
+        return None
+    scope = {"event": delivery.event, "payload": delivery.payload,
+             "delivery_id": delivery.delivery_id}  # fmt: skip
+    try:
+        name = _text(templates.render_value(delivery.wakes_event or "{{ event }}", scope))
+        key = _text(templates.render_value(delivery.wakes_key, scope))
+        check_event(name, key)
+    except ConveyorError as exc:
+        log.info(
+            "webhook delivery %s to endpoint %s wakes no wait: %s",
+            delivery.delivery_id, delivery.endpoint_name, exc,
+        )  # fmt: skip
+        return None
+    return send_event(store, delivery.tenant_id, name, key, delivery.payload, now, keep_for)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
 def expire_waits(store: Store, now: datetime, limit: int) -> tuple[int, AfterCommit]:
     """Up to ``limit`` waits whose timeout has come, settled in this transaction: the node
     completes on its ``on_timeout`` branch (its output says it timed out) when it names one,
@@ -209,11 +272,11 @@ def expire_waits(store: Store, now: datetime, limit: int) -> tuple[int, AfterCom
     is left to do after commit."""
     settled, after = 0, AfterCommit()
     for wait in store.due_waits(now, limit):
-        run = _resume(store, wait)
+        run = resume(store, wait)
         if run is None:
             continue
         settled += 1
-        waited = _waited(wait, now)
+        waited = waited_for(wait, now)
         if "on_timeout" in run.node.config:
             output = {"timed_out": True, "event": wait.event, "key": wait.key}
             after += complete_node(store, run, output, now, waited, branch="on_timeout")
@@ -227,7 +290,7 @@ def expire_waits(store: Store, now: datetime, limit: int) -> tuple[int, AfterCom
     return settled, after
 
 
-def _resume(store: Store, wait: WaitRecord) -> NodeRun | None:
+def resume(store: Store, wait: WaitRecord) -> NodeRun | None:
     """The waiting try as a running one, its outcome to be recorded next (None: it no longer
     waits). The wait's row goes first, then the job: the order the timeout's sweep locks them
     in too."""
@@ -243,7 +306,7 @@ def _resume(store: Store, wait: WaitRecord) -> NodeRun | None:
     )  # fmt: skip
 
 
-def _waited(wait: WaitRecord, now: datetime) -> float:
+def waited_for(wait: WaitRecord, now: datetime) -> float:
     return max(0.0, (now - wait.created_at).total_seconds())
 
 
@@ -251,11 +314,25 @@ def check_event(event: str, key: str) -> None:
     """:class:`ConveyorError` naming the fix for an event name or key no wait can match."""
     if not event or len(event) > MAX_NAME:
         raise ConveyorError(f"an event's name must have 1 to {MAX_NAME} characters")
+    if event == APPROVAL_EVENT:
+        raise ConveyorError(
+            f"{APPROVAL_EVENT!r} is the name Conveyor records approvals' decisions under; "
+            f"decide an approval with `conveyor approvals approve|reject ID` or "
+            f"POST /v1/approvals/ID/approve|reject, or send an event of another name"
+        )
     if not key or len(key) > MAX_KEY:
         raise ConveyorError(
             f"an event's key must have 1 to {MAX_KEY} characters (the value a wait node's "
             f"config.key renders to, e.g. the order id)"
         )
+
+
+def waits_for(run: NodeRun) -> tuple[str, str]:
+    """The (event name, key) ``run``'s wait waits for: its config's for a wait node; for an
+    approval, its decision's, keyed by its job's id (the approval's id)."""
+    if node_types.asks_a_person(run.node):
+        return APPROVAL_EVENT, str(run.job.id)
+    return run.node.config["event"], wait_key(run.node, run.context)
 
 
 def wait_key(node: Node, context: dict[str, Any]) -> str:

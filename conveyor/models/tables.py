@@ -91,6 +91,10 @@ class WebhookEndpoint(Base):
     secret: Mapped[str] = mapped_column(String(200))
     rejected: Mapped[int] = mapped_column(Integer, default=0)  # deliveries refused (signature)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Its deliveries wake waits: sent as the event this names (a template; None: the
+    # delivery's type) under the key this template renders over the delivery. None: they don't.
+    wakes_event: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    wakes_key: Mapped[str | None] = mapped_column(String(500), nullable=True)
 
 
 class WebhookDelivery(Base):

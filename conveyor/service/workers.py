@@ -20,7 +20,6 @@ from conveyor.engine import (
     mapping,
     node_types,
     outcomes,
-    subscriptions,
     success,
     triggering,
     waits,
@@ -180,9 +179,13 @@ class Workers(ServiceBase):
             self._publish(planned.dispatches)
 
     def deliver_webhook(self, delivery_id: uuid.UUID) -> None:
-        """The webhook worker: start the workflows a stored delivery matches."""
-        started = self.db.run(lambda s: subscriptions.deliver_webhook(s, delivery_id, utcnow()))
-        self._publish([d for t in started for d in t.dispatches])
+        """The webhook worker: wake the waits a stored delivery's endpoint wakes, and start
+        the workflows it matches."""
+        delivered = self.db.run(
+            lambda s: waits.deliver_webhook(s, delivery_id, utcnow(), self.event_retention)
+        )
+        self._forget(delivered.after.forget)
+        self._publish(delivered.dispatches)
 
     def run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Ran:
         """Take the job's permits (or park it), then claim, run and record it; the permits
@@ -341,13 +344,13 @@ class Workers(ServiceBase):
             _log_failure(job_log, began.failed, began.error, 0.0)
             return _failed(ran, began.failed, began.error)
         if began.woke:
-            job_log.info("wait took a kept event", waited_for=run.node.config["event"])
+            job_log.info("wait took a kept event", waited_for=waits.waits_for(run)[0])
             return replace(ran, outcome=JobStatus.COMPLETED)
         if not began.waiting:
             job_log.info("job stopped", outcome=None, reason="reclaimed before its wait began")
             return replace(ran, outcome=None)
         tracing.outcome("waiting_event")
-        job_log.info("waiting for an event", waited_for=run.node.config["event"])
+        job_log.info("waiting for an event", waited_for=waits.waits_for(run)[0])
         return ran
 
     def _record_success(

@@ -91,10 +91,13 @@ class AccessQueries:
         scheme: SignatureScheme,
         secret: str,
         now: datetime,
+        *,
+        wakes_event: str | None = None,
+        wakes_key: str | None = None,
     ) -> EndpointRecord:
         row = WebhookEndpoint(
             tenant_id=tenant_id, name=name, scheme=scheme, secret=secret, rejected=0,
-            created_at=now,
+            created_at=now, wakes_event=wakes_event, wakes_key=wakes_key,
         )  # fmt: skip
         try:
             with self.session.begin_nested():
@@ -197,7 +200,13 @@ class AccessQueries:
     def claim_delivery(self, delivery_id: uuid.UUID) -> DeliveryRecord | None:
         """Lock a delivery still waiting for the webhook worker; None once it was handled."""
         row = self.session.execute(
-            select(WebhookDelivery, WebhookEndpoint.name, Tenant.name)
+            select(
+                WebhookDelivery,
+                WebhookEndpoint.name,
+                Tenant.name,
+                WebhookEndpoint.wakes_event,
+                WebhookEndpoint.wakes_key,
+            )
             .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
             .join(Tenant, Tenant.id == WebhookDelivery.tenant_id)
             .where(
@@ -208,7 +217,7 @@ class AccessQueries:
         ).one_or_none()
         if row is None:
             return None
-        delivery, endpoint_name, tenant_name = row
+        delivery, endpoint_name, tenant_name, wakes_event, wakes_key = row
         return DeliveryRecord(
             id=delivery.id,
             endpoint_id=delivery.endpoint_id,
@@ -220,6 +229,8 @@ class AccessQueries:
             payload=delivery.payload,
             status=delivery.status,
             trace=trace_context(delivery.traceparent, delivery.tracestate),
+            wakes_event=wakes_event,
+            wakes_key=wakes_key,
         )
 
     def stale_deliveries(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:

@@ -119,4 +119,6 @@ def endpoint_record(row: WebhookEndpoint) -> EndpointRecord:
         scheme=row.scheme,
         secret=row.secret,
         rejected=row.rejected,
+        wakes_event=row.wakes_event,
+        wakes_key=row.wakes_key,
     )

@@ -61,6 +61,16 @@ class WaitQueries:
         )
         return [_wait(row) for row in rows]
 
+    def pending_waits(self, tenant_id: uuid.UUID, event: str) -> list[WaitRecord]:
+        waiting = and_(JOBS.c.id == WAITS.c.job_id, JOBS.c.status == JobStatus.WAITING_EVENT)
+        rows = self.session.execute(
+            select(WAITS)
+            .join(JOBS, waiting)
+            .where(WAITS.c.tenant_id == tenant_id, WAITS.c.event == event)
+            .order_by(WAITS.c.created_at, WAITS.c.job_id)
+        )
+        return [_wait(row) for row in rows]
+
     def end_wait(self, job_id: uuid.UUID) -> None:
         self.session.execute(delete(WAITS).where(WAITS.c.job_id == job_id))
 

@@ -41,15 +41,24 @@ class MemoryDeliveries(MemoryReruns):
     """Webhook endpoints, their verified deliveries, and the subscriptions they start."""
 
     def add_endpoint(
-        self, tenant_id: uuid.UUID, name: str, scheme: SignatureScheme, secret: str, now: datetime
+        self,
+        tenant_id: uuid.UUID,
+        name: str,
+        scheme: SignatureScheme,
+        secret: str,
+        now: datetime,
+        *,
+        wakes_event: str | None = None,
+        wakes_key: str | None = None,
     ) -> EndpointRecord:
         if any((e.tenant_id, e.name) == (tenant_id, name) for e in self.tables.endpoints.values()):
             raise ConveyorError(
                 f"a webhook endpoint named {name!r} exists already; pick another name"
             )
         endpoint = EndpointRecord(
-            id=new_id(), tenant_id=tenant_id, name=name, scheme=scheme, secret=secret, rejected=0
-        )
+            id=new_id(), tenant_id=tenant_id, name=name, scheme=scheme, secret=secret, rejected=0,
+            wakes_event=wakes_event, wakes_key=wakes_key,
+        )  # fmt: skip
         self.tables.endpoints[endpoint.id] = endpoint
         return endpoint
 
@@ -111,6 +120,8 @@ class MemoryDeliveries(MemoryReruns):
             endpoint_name=self.tables.endpoints[row.endpoint_id].name, tenant_id=row.tenant_id,
             tenant_name=self.tables.tenants[row.tenant_id].name, delivery_id=row.delivery_id,
             event=row.event, payload=row.payload, status=row.status, trace=row.trace,
+            wakes_event=self.tables.endpoints[row.endpoint_id].wakes_event,
+            wakes_key=self.tables.endpoints[row.endpoint_id].wakes_key,
         )  # fmt: skip
 
     def finish_delivery(

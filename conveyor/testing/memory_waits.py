@@ -43,6 +43,16 @@ class MemoryWaits:
         ]
         return sorted(found, key=lambda w: (w.created_at, w.job_id))
 
+    def pending_waits(self, tenant_id: uuid.UUID, event: str) -> list[WaitRecord]:
+        found = [
+            w
+            for w in self.tables.waits.values()
+            if (w.tenant_id, w.event) == (tenant_id, event)
+            and (job := self.tables.jobs.get(w.job_id)) is not None
+            and job.status is JobStatus.WAITING_EVENT
+        ]
+        return sorted(found, key=lambda w: (w.created_at, w.job_id))
+
     def end_wait(self, job_id: uuid.UUID) -> None:
         self.tables.waits.pop(job_id, None)
 

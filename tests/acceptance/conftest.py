@@ -26,6 +26,28 @@ from tests.conftest import PG_ADMIN_URL, REDIS_DB, REDIS_SERVER, RUN_ID
 from tests.support import rabbit, services
 
 ROOT = Path(__file__).resolve().parents[2]
+Shell = Callable[[str], subprocess.CompletedProcess[str]]
+
+
+def examples_shell(tmp_path: Path) -> Shell:
+    """A shell in a fresh directory holding the examples, with no CONVEYOR_* settings but the
+    demo's nodes (the embedded default, as the examples' comments run them): it runs a
+    command line and gives what it did."""
+    import shutil
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples",
+                    ignore=shutil.ignore_patterns("own-project"))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(CONVEYOR_IMPORTS="conveyor.demo",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")  # fmt: skip
+
+    def shell(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
+                              capture_output=True, timeout=120)  # fmt: skip
+
+    return shell
+
+
 ACCEPTANCE_REDIS = f"{REDIS_SERVER}/{REDIS_DB + 1}"
 ACCEPTANCE_DB = f"conveyor_accept_{RUN_ID}"
 ACCEPTANCE_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + ACCEPTANCE_DB

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +22,7 @@ from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import ROOT, await_ready
+from tests.acceptance.conftest import await_ready, examples_shell
 
 StartWorker = Callable[..., Popen[str]]
 WAITS = 200
@@ -105,15 +102,7 @@ def test_the_order_payment_example_completes_on_the_embedded_default_once_its_ev
     tmp_path: Path,
 ) -> None:
     # Given a fresh directory with the examples, no CONVEYOR_* settings but the demo's nodes
-    shutil.copytree(ROOT / "examples", tmp_path / "examples",
-                    ignore=shutil.ignore_patterns("own-project"))  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    env.update(CONVEYOR_IMPORTS="conveyor.demo",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")  # fmt: skip
-
-    def shell(command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
-                              capture_output=True, timeout=120)  # fmt: skip
+    shell = examples_shell(tmp_path)
 
     # When the order runs as the example's comments say: it comes to its wait and returns
     run = shell(

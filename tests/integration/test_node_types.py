@@ -6,8 +6,10 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -420,3 +422,31 @@ def test_cancelling_a_finished_execution_is_refused(conveyor_service: Conveyor) 
 
     with pytest.raises(InvalidTransition, match="already completed"):
         conveyor_service.cancel(row.id)
+
+
+def test_a_delay_sleeps_until_the_time_its_template_gives_in_its_timezone(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given a delay until a time a second ahead, written as Paris's wall clock (no offset)
+    paris = ZoneInfo("Europe/Paris")
+    until = datetime.now(paris).replace(tzinfo=None, microsecond=0) + timedelta(seconds=2)
+    apply(
+        conveyor_service,
+        "until",
+        [{"id": "wait", "type": "delay",
+          "config": {"until": "{{ input.at }}", "timezone": "Europe/Paris"}}],
+    )  # fmt: skip
+
+    execution_id = conveyor_service.trigger("until", {"at": until.isoformat()})
+    time.sleep(0.4)
+    job, attempts = only_node_job(conveyor_service, execution_id)
+
+    # Then its job is held in the database until that moment, and it runs then
+    due = until.replace(tzinfo=paris).astimezone(UTC)
+    assert job.status is JobStatus.SCHEDULED and attempts == []
+    assert job.next_run_at == due
+    row = wait_for(conveyor_service, execution_id)
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    assert node_states(conveyor_service, execution_id)["wait"].output == {
+        "delayed_until": due.isoformat()
+    }

@@ -28,6 +28,7 @@ PYTHON_FORMS = {
     "map-of-children.yaml": ("examples.python.map_of_children", "children"),
     "map.yaml": ("examples.python.map", "prices"),
     "order-payment.yaml": ("examples.python.order_payment", "order_payment"),
+    "export-approval.yaml": ("examples.python.export_approval", "export_approval"),
 }
 
 

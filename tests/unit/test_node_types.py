@@ -61,7 +61,7 @@ def test_a_registered_type_is_validated_by_its_own_check(shout: NodeType) -> Non
 def test_a_registered_type_is_named_among_the_known_types(shout: NodeType) -> None:
     (error,) = validate(definition({"id": "a", "type": "shell"}))
 
-    assert "use one of python, http, delay, condition, workflow, wait, shout " in error
+    assert "use one of python, http, delay, condition, workflow, wait, approval, shout " in error
 
 
 def test_a_registered_type_is_run_by_its_executor(shout: NodeType) -> None:
@@ -93,7 +93,7 @@ def test_a_type_that_waits_holds_its_job_for_what_its_wait_gives() -> None:
         config_keys=frozenset({"minutes"}),
         check=_shout_problems,
         execute=lambda step: {},
-        wait=lambda node, context: 60.0 * node.config["minutes"],
+        wait=lambda node, context, now: 60.0 * node.config["minutes"],
     )
     node = Node(id="a", type="later", config={"minutes": 2})
     node_types.register(later)

@@ -313,3 +313,54 @@ def test_a_timed_out_wait_requeued_from_its_dead_letter_waits_again_and_its_even
     assert send(bench, "F1", {"paid": "late"}).woke == [dead.id]
     assert bench.statuses(execution_id) == {"wait": "completed", "ship": "queued"}
     assert bench.probe.execution(execution_id).status is ExecutionStatus.RUNNING
+
+
+def _delivery(bench: Bench, payload: Any, **wakes: Any) -> uuid.UUID:
+    """A verified delivery of type ``paid`` stored for an endpoint that wakes ``wakes``."""
+    from conveyor.engine import subscriptions
+    from conveyor.engine.credentials import Verified
+    from conveyor.engine.states import SignatureScheme
+
+    tenant = bench.units.run(lambda s: s.tenant_id("default"))
+    endpoint = bench.units.run(lambda s: s.add_endpoint(
+        tenant, f"pay-{uuid.uuid4().hex[:6]}", SignatureScheme.STANDARD, "secret", bench.clock(),
+        **wakes))  # fmt: skip
+    verified = Verified(delivery_id=uuid.uuid4().hex, event="paid", payload=payload)
+    return bench.units.run(lambda s: subscriptions.store_delivery(
+        s, endpoint, verified, bench.clock(), timedelta(days=1))).id  # fmt: skip
+
+
+def deliver(bench: Bench, delivery_id: uuid.UUID) -> waits.Delivered:
+    return bench.units.run(lambda s: waits.deliver_webhook(s, delivery_id, bench.clock()))
+
+
+def test_a_webhook_delivery_wakes_the_wait_its_endpoints_key_template_names(
+    bench: Bench,
+) -> None:
+    order_flow(bench)
+    execution_id, run = started_wait(bench, "W1")
+    begin(bench, run)
+    named = "payment.{{ 'confirmed' if event == 'paid' else event }}"
+    delivery = _delivery(bench, {"order": "W1", "amount": 9}, wakes_key="{{ payload.order }}",
+                         wakes_event=named)  # fmt: skip
+
+    delivered = deliver(bench, delivery)
+
+    assert delivered.woke == [run.job.id] and delivered.woke_executions == [execution_id]
+    assert bench.probe.nodes(execution_id)["wait"].output == {"order": "W1", "amount": 9}
+    assert deliver(bench, delivery).woke == []  # handled once
+
+
+def test_a_delivery_wakes_nothing_when_its_endpoint_names_no_key_or_it_renders_none(
+    bench: Bench,
+) -> None:
+    order_flow(bench)
+    execution_id, run = started_wait(bench, "W2")
+    begin(bench, run)
+
+    plain = deliver(bench, _delivery(bench, {"order": "W2"}))
+    keyless = deliver(bench, _delivery(bench, {"other": 1}, wakes_key="{{ payload.order }}",
+                                       wakes_event="payment.confirmed"))  # fmt: skip
+
+    assert (plain.woke, keyless.woke) == ([], [])
+    assert bench.statuses(execution_id)["wait"] == "waiting"
