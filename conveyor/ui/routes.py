@@ -365,10 +365,10 @@ async def events(
     request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep
 ) -> Response:
     """The execution's live stream (as ``/v1``'s), for the page's script."""
-    owner = await run_in_threadpool(_owned, service, who, execution_id)
+    await run_in_threadpool(_owned, service, who, execution_id)
     streams: stream.Streams = request.app.state.streams
-    try:
-        return await streams.open(service, owner, execution_id)
+    try:  # counted against the session's own tenant: an operator's pages take no tenant's share
+        return await streams.open(service, who.tenant, execution_id)
     except (TooManyStreams, StreamsUnavailable) as exc:
         return stream.refused(exc)
 

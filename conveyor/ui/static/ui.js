@@ -96,7 +96,8 @@ document.addEventListener("DOMContentLoaded", function () {
     }));
     bars(document.getElementById("chart-queues"), (f.queues || []).map(function (q) {
       var name = q.queue.replace("workflow-", "") + " " + q.priority;
-      return {label: name, short: name.slice(0, 10), parts: [{value: q.depth, cls: "status-queued"}]};
+      var short = q.queue.replace("workflow-", "").slice(0, 4) + "·" + q.priority.charAt(0);
+      return {label: name, short: short, parts: [{value: q.depth, cls: "status-queued"}]};
     }));
     document.getElementById("latency-p50").textContent = seconds(f.latency.p50);
     document.getElementById("latency-p95").textContent = seconds(f.latency.p95);
