@@ -131,7 +131,8 @@ def test_the_operators_figures_count_every_tenants_tries_and_latency(
     _started(api_url, make_key("red"), conveyor_service, FLOW)
     _started(api_url, make_key("blue"), conveyor_service, FAILING)
     with _signed_in(api_url, operator_key) as browser:
-        assert 'id="operator-overview"' in browser.get("/ui").text
+        page = browser.get("/ui").text
+        assert page.count('id="operator-overview"') == 1 and "<title>Overview · " in page
         figures = browser.get("/ui/overview.json").json()
     assert len(figures["steps"]) == 12
     assert sum(s["succeeded"] for s in figures["steps"]) >= 1
