@@ -181,3 +181,15 @@ def test_a_waiting_execution_shows_its_event_key_and_timeout_and_is_listed_as_wa
         assert "<b>paid</b> with key <b>A-7</b>, until " in page
         assert _ids(browser.get("/ui/executions", params={"status": "waiting"})) == {waiting}
         assert done in _ids(browser.get("/ui/executions"))
+
+
+def test_on_v1_an_operators_key_acts_for_its_own_tenant_only(
+    api_url: str, make_key: MakeKey, operator_key: str, conveyor_service: Conveyor
+) -> None:
+    red = _started(api_url, make_key("red"), conveyor_service, FLOW)
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {operator_key}"}) as api:
+        assert api.get("/v1/executions").json() == []  # its own tenant, ops, has none
+        assert api.get(f"/v1/executions/{red}").status_code == 404
+        assert api.post(f"/v1/executions/{red}/rerun", json={"from_node": "a"}).status_code == 404
+    with conveyor_service.db.transaction() as store:
+        assert store.execution_reruns(uuid.UUID(red)) == []
