@@ -26,6 +26,7 @@ class AttemptJson(TypedDict):
     number: int
     status: str
     error: str | None
+    traceback: str | None  # a failed try's, cut (engine.failure.TRACEBACK_CHARS)
     worker: str | None
     started_at: str
     finished_at: str | None
@@ -484,6 +485,7 @@ def _attempt_json(row: JobAttempt) -> AttemptJson:
         "number": row.attempt_number,
         "status": row.status.value,
         "error": row.error,
+        "traceback": row.traceback,
         "worker": row.worker,
         "started_at": iso(row.started_at) or "",
         "finished_at": iso(row.finished_at),

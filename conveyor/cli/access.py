@@ -50,17 +50,32 @@ def serve(
     serve_api(host or settings.api_host, port or settings.api_port, settings)
 
 
+Operator = Annotated[
+    bool,
+    typer.Option(
+        "--operator",
+        help="An operator's key: its dashboard session sees every tenant (on /v1 it acts for "
+        "--tenant only). Made only here, never through the API.",
+    ),
+]
+
+
 @keys_app.command("create")
-def keys_create(tenant: Tenant = DEFAULT_TENANT, name: Name = "") -> None:
+def keys_create(
+    tenant: Tenant = DEFAULT_TENANT, name: Name = "", operator: Operator = False
+) -> None:
     """Make an API key for a tenant; it is shown this once (only its hash is kept)."""
     made = credentials.new_api_key()
     with embedded_schema():
         wiring.database().run(
-            lambda s: s.add_api_key(s.tenant_id(tenant), name, made.prefix, made.digest, _now())
+            lambda s: s.add_api_key(
+                s.tenant_id(tenant), name, made.prefix, made.digest, _now(), operator=operator
+            )
         )
     render.out.print(made.key, markup=False)
+    kind = "operator key" if operator else "API key"
     render.err.print(
-        f"API key {made.prefix} for tenant {tenant}: send it as `Authorization: Bearer <key>`; "
+        f"{kind} {made.prefix} for tenant {tenant}: send it as `Authorization: Bearer <key>`; "
         f"it is not shown again",
         markup=False,
         soft_wrap=True,
@@ -77,15 +92,19 @@ def keys_list(tenant: Tenant = DEFAULT_TENANT, as_json: JsonFlag = False) -> Non
                 "name": k.name,
                 "created_at": views.iso(k.created_at),
                 "revoked_at": views.iso(k.revoked_at),
+                "operator": k.operator,
             }
             for k in store.api_keys(store.tenant_id(tenant))
         ]
     if as_json:
         render.print_json(rows)
         return
-    table = Table("prefix", "name", "created", "revoked", box=None)
+    table = Table("prefix", "name", "created", "revoked", "operator", box=None)
     for r in rows:
-        table.add_row(r["prefix"], r["name"], r["created_at"], r["revoked_at"] or "")
+        table.add_row(
+            str(r["prefix"]), str(r["name"]), str(r["created_at"]), str(r["revoked_at"] or ""),
+            "yes" if r["operator"] else "",
+        )  # fmt: skip
     render.out.print(table if rows else "no keys")
 
 

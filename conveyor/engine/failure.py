@@ -4,6 +4,7 @@ retry policy and the execution's status decide."""
 from __future__ import annotations
 
 import random
+import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -34,6 +35,8 @@ from conveyor.exceptions import (
     TemplateError,
     WorkerLost,
 )
+
+TRACEBACK_CHARS = 8_000  # a try's traceback is kept to this many characters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +96,7 @@ def fail_node(
         duration,
         error=message,
         timed_out=isinstance(error, NodeTimeout),
+        traceback=traceback_of(error),
     )
     status = outcome_status(store, execution_id)
     if status is not None and status.finished:  # stopped because it was cancelled or failed
@@ -192,6 +196,20 @@ def is_retryable(error: BaseException) -> bool:
     if isinstance(error, NodeError):
         return error.retryable
     return not isinstance(error, TemplateError)
+
+
+def traceback_of(error: BaseException) -> str | None:
+    """A failed try's traceback as stored: its frames' files, lines and code, and the error
+    (what ``describe`` stores already), never a frame's local values; cut in the middle to
+    TRACEBACK_CHARS, keeping where it began and where it was raised. None for an error never
+    raised (a worker lost, a timeout the engine saw)."""
+    if error.__traceback__ is None:
+        return None
+    text = "".join(traceback.format_exception(error)).replace("\x00", "")
+    if len(text) <= TRACEBACK_CHARS:
+        return text
+    half = TRACEBACK_CHARS // 2
+    return f"{text[:half]}\n… {len(text) - 2 * half} characters cut …\n{text[-half:]}"
 
 
 def describe(error: BaseException) -> str:

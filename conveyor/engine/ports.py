@@ -384,7 +384,11 @@ class Jobs(Protocol):
         *,
         error: str | None = None,
         timed_out: bool = False,
-    ) -> None: ...
+        traceback: str | None = None,
+    ) -> None:
+        """Settle try ``number`` of a job: its status, when it ended, its error and (a failed
+        try's) traceback."""
+        ...
 
     def transition_job(
         self,

@@ -371,6 +371,7 @@ class TenantRef:
     id: uuid.UUID
     name: str
     key: str | None = None  # the name of the API key the call came with
+    operator: bool = False  # the key is an operator's: its dashboard session sees every tenant
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -75,6 +76,9 @@ class ApiKey(Base):
     digest: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # An operator's key (made only by `conveyor keys create --operator`): its dashboard
+    # session sees every tenant. On /v1 it acts for its own tenant, as any key does.
+    operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class WebhookEndpoint(Base):
@@ -492,6 +496,9 @@ class JobAttempt(Base):
     attempt_number: Mapped[int] = mapped_column(Integer)
     status: Mapped[AttemptStatus] = mapped_column(_enum(AttemptStatus, "attempt_status"))
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A failed try's traceback (frames and code lines, never local values), cut to
+    # engine.failure.TRACEBACK_CHARS.
+    traceback: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

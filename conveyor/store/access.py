@@ -42,13 +42,14 @@ class AccessQueries:
     # -- API keys ---------------------------------------------------------------------------
 
     def add_api_key(
-        self, tenant_id: uuid.UUID, name: str, prefix: str, digest: str, now: datetime
-    ) -> uuid.UUID:
+        self, tenant_id: uuid.UUID, name: str, prefix: str, digest: str, now: datetime,
+        *, operator: bool = False,
+    ) -> uuid.UUID:  # fmt: skip
         key_id = uuid.uuid4()
         self.session.execute(
             insert(ApiKey).values(
                 id=key_id, tenant_id=tenant_id, name=name, prefix=prefix, digest=digest,
-                created_at=now,
+                created_at=now, operator=operator,
             )
         )  # fmt: skip
         return key_id
@@ -57,11 +58,13 @@ class AccessQueries:
         """The digest of the live key with that prefix and its tenant (with the key's name);
         None if there is none or it was revoked."""
         row = self.session.execute(
-            select(ApiKey.digest, ApiKey.name.label("key"), Tenant.id, Tenant.name)
+            select(ApiKey.digest, ApiKey.name.label("key"), ApiKey.operator, Tenant.id, Tenant.name)
             .join(Tenant, Tenant.id == ApiKey.tenant_id)
             .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
         ).one_or_none()
-        return (row.digest, TenantRef(id=row.id, name=row.name, key=row.key)) if row else None
+        if row is None:
+            return None
+        return row.digest, TenantRef(id=row.id, name=row.name, key=row.key, operator=row.operator)
 
     def api_keys(self, tenant_id: uuid.UUID) -> list[ApiKey]:
         return list(
@@ -322,6 +325,15 @@ class AccessQueries:
             )
         )
         return found is not None
+
+    def execution_tenant(self, execution_id: uuid.UUID) -> TenantRef | None:
+        """The tenant an execution belongs to; None if there is no such execution."""
+        row = self.session.execute(
+            select(Tenant.id, Tenant.name)
+            .join(Execution, Execution.tenant_id == Tenant.id)
+            .where(Execution.id == execution_id)
+        ).one_or_none()
+        return TenantRef(id=row.id, name=row.name) if row else None
 
     def dead_letters(self, tenant_id: uuid.UUID, limit: int) -> list[tuple[Job, str]]:
         """The tenant's dead-lettered jobs, newest first, with their workflow's name."""

@@ -266,14 +266,16 @@ class JobQueries(StoreCore):
         *,
         error: str | None = None,
         timed_out: bool = False,
+        traceback: str | None = None,
     ) -> None:
         self._core(
             update(ATTEMPTS)
             .where(ATTEMPTS.c.job_id == job_id, ATTEMPTS.c.attempt_number == number)
             .values(
-                status=status, finished_at=now, duration=duration, error=error, timed_out=timed_out
+                status=status, finished_at=now, duration=duration, error=error,
+                timed_out=timed_out, traceback=traceback,
             )
-        )
+        )  # fmt: skip
 
 
 # A new job's row, but for its execution_id: a node job's, an execution's start job's.

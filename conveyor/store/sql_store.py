@@ -14,6 +14,7 @@ from typing import Any
 
 from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
 from conveyor.store.access import AccessQueries
+from conveyor.store.activity import ActivityQueries
 from conveyor.store.catalog import CatalogQueries
 from conveyor.store.dead_letters import DeadLetterQueries
 from conveyor.store.executions import ExecutionQueries
@@ -27,6 +28,7 @@ from conveyor.store.waits import WaitQueries
 
 
 class SqlStore(
+    ActivityQueries,
     CatalogQueries,
     ExecutionQueries,
     MapItemQueries,

@@ -71,6 +71,13 @@ class WaitQueries:
         )
         return [_wait(row) for row in rows]
 
+    def execution_waits(self, execution_id: uuid.UUID) -> list[WaitRecord]:
+        """The wait nodes of an execution waiting for their event now (for its page)."""
+        rows = self.session.execute(
+            select(WAITS).where(WAITS.c.execution_id == execution_id).order_by(WAITS.c.node_id)
+        )
+        return [_wait(row) for row in rows]
+
     def end_wait(self, job_id: uuid.UUID) -> None:
         self.session.execute(delete(WAITS).where(WAITS.c.job_id == job_id))
 

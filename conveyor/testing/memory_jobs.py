@@ -135,12 +135,13 @@ class MemoryJobs(MemoryExecutions):
         *,
         error: str | None = None,
         timed_out: bool = False,
+        traceback: str | None = None,
     ) -> None:
         if (attempt := self.tables.attempts.get((job_id, number))) is None:
             return
         self.tables.attempts[job_id, number] = replace(
             attempt, status=status, finished_at=now, duration=duration, error=error,
-            timed_out=timed_out,
+            timed_out=timed_out, traceback=traceback,
         )  # fmt: skip
 
     def transition_job(

@@ -191,6 +191,7 @@ class AttemptRow:
     attempt_number: int
     status: AttemptStatus
     error: str | None = None
+    traceback: str | None = None
     worker: str | None = None
     started_at: datetime
     finished_at: datetime | None = None

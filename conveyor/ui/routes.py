@@ -27,10 +27,10 @@ from starlette.concurrency import run_in_threadpool
 from conveyor import views
 from conveyor.api import stream
 from conveyor.api.deps import ServiceDep
-from conveyor.config import Settings
+from conveyor.config import Settings, get_settings
 from conveyor.engine import credentials
 from conveyor.engine.records import TenantRef
-from conveyor.engine.states import ExecutionStatus
+from conveyor.engine.states import ExecutionStatus, NodeStatus
 from conveyor.exceptions import (
     AuthError,
     ConveyorError,
@@ -42,7 +42,7 @@ from conveyor.scheduler import schedules
 from conveyor.service import Conveyor
 from conveyor.store.dead_letters import DeadLetterFilter
 from conveyor.store.listing import ExecutionFilter
-from conveyor.ui import dag
+from conveyor.ui import dag, operators
 from conveyor.ui.sessions import COOKIE, Session, Signer
 
 PAGE = 50  # executions per page
@@ -115,10 +115,19 @@ def _signer(request: Request) -> Signer:
 
 
 class Who:
-    """The signed-in tenant (with its key's name, as the API records it) and the session."""
+    """The signed-in tenant (with its key's name, as the API records it) and the session.
+
+    Whether it is an operator's comes from the key's row, read again on each request, never
+    from the cookie: a tenant's session cannot become an operator's."""
 
     def __init__(self, tenant: TenantRef, session: Session, csrf: str) -> None:
         self.tenant, self.session, self.csrf = tenant, session, csrf
+        self.operator = tenant.operator
+
+    @property
+    def scope(self) -> uuid.UUID | None:
+        """The tenant whose rows this session reads; None (every tenant) for an operator."""
+        return None if self.operator else self.tenant.id
 
 
 def signed_in(request: Request, service: ServiceDep) -> Who:
@@ -209,9 +218,9 @@ def signout(request: Request, who: WhoDep, form: FormDep) -> Response:
 def overview(request: Request, service: ServiceDep, who: WhoDep) -> HTMLResponse:
     hour_ago = datetime.now(UTC) - timedelta(hours=1)
     with service.db.transaction() as store:
-        counts = store.status_counts(who.tenant.id, ExecutionFilter())
-        recent = store.status_counts(who.tenant.id, ExecutionFilter(created_after=hour_ago))
-        dead = store.dead_letter_rows(DeadLetterFilter(tenant_id=who.tenant.id), 1000)
+        counts = store.status_counts(who.scope, ExecutionFilter())
+        recent = store.status_counts(who.scope, ExecutionFilter(created_after=hour_ago))
+        dead = store.dead_letter_rows(DeadLetterFilter(tenant_id=who.scope), 1000)
     totals: dict[str, int] = {}
     for row in counts:
         totals[row.status.value] = totals.get(row.status.value, 0) + row.count
@@ -224,6 +233,16 @@ def overview(request: Request, service: ServiceDep, who: WhoDep) -> HTMLResponse
         error_rate=f"{100 * failed / done:.1f} %" if done else "—",
         dead_letters=len(dead), statuses=[s.value for s in ExecutionStatus],
     )  # fmt: skip
+
+
+@router.get("/overview.json")
+def overview_figures(service: ServiceDep, who: WhoDep) -> dict[str, Any]:
+    """The operators' figures (process-wide: every tenant's), which the overview page of an
+    operator's session fetches every few seconds. A tenant's session has none (404)."""
+    if not who.operator:
+        raise NotFound("There is no such page.")
+    limiter = service.gate.limiter if service.gate is not None else None
+    return operators.figures(service.db, get_settings().resolved_broker_url, limiter)
 
 
 # -- executions ---------------------------------------------------------------------------------
@@ -239,6 +258,7 @@ def executions(
     since_hours: float | None = None,
     find: str = "",
     after: uuid.UUID | None = None,
+    tenant: str = "",
 ) -> Response:
     found = _find(service, who, find.strip())
     if found is not None:
@@ -252,12 +272,21 @@ def executions(
         idempotency_key=find.strip() or None,
     )  # fmt: skip
     with service.db.transaction() as store:
-        rows = store.list_executions(who.tenant.id, where=where, after=after, limit=PAGE + 1)
+        scope = who.scope
+        names = {t.id: t.name for t in store.tenants()} if who.operator else {}
+        if who.operator and tenant:  # an operator's filter; a tenant's session has none
+            scope = next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+        if status == "waiting":
+            where = replace(where, status=ExecutionStatus.RUNNING, node_status=NodeStatus.WAITING)
+        rows = store.list_executions(scope, where=where, after=after, limit=PAGE + 1)
         if not rows and where.idempotency_key:  # then it is a dedupe key, perhaps
             where = replace(where, idempotency_key=None, dedupe_key=where.idempotency_key)
-            rows = store.list_executions(who.tenant.id, where=where, after=after, limit=PAGE + 1)
-        listed = [views.execution_summary(e, name, v) for e, name, v in rows[:PAGE]]
-    more = {"status": status, "workflow": workflow, "find": find}
+            rows = store.list_executions(scope, where=where, after=after, limit=PAGE + 1)
+        listed = [
+            {**views.execution_summary(e, name, v), "tenant": names.get(e.tenant_id, "")}
+            for e, name, v in rows[:PAGE]
+        ]
+    more = {"status": status, "workflow": workflow, "find": find, "tenant": tenant}
     if since_hours is not None:
         more["since_hours"] = str(since_hours)
     next_page = None
@@ -265,8 +294,9 @@ def executions(
         next_page = "/ui/executions?" + urlencode({**more, "after": listed[-1]["id"]})
     return _render(
         request, "executions.html", who=who, rows=listed, next_page=next_page,
-        statuses=[s.value for s in ExecutionStatus], status=status, workflow=workflow,
-        since_hours=since_hours, find=find,
+        statuses=[*(s.value for s in ExecutionStatus), "waiting"], status=status,
+        workflow=workflow, since_hours=since_hours, find=find, tenant=tenant,
+        tenants=sorted(names.values()),
     )  # fmt: skip
 
 
@@ -276,14 +306,21 @@ def _find(service: Conveyor, who: Who, text: str) -> uuid.UUID | None:
         execution_id = uuid.UUID(text)
     except ValueError:
         return None
-    with service.db.transaction() as store:
-        return execution_id if store.owns_execution(who.tenant.id, execution_id) else None
+    try:
+        _owned(service, who, execution_id)
+    except NotFound:
+        return None
+    return execution_id
 
 
-def _owned(service: Conveyor, who: Who, execution_id: uuid.UUID) -> None:
+def _owned(service: Conveyor, who: Who, execution_id: uuid.UUID) -> TenantRef:
+    """The tenant of an execution this session may see (its own; any, for an operator's),
+    with the session's key: what an action on it records. NotFound otherwise."""
     with service.db.transaction() as store:
-        if not store.owns_execution(who.tenant.id, execution_id):
-            raise NotFound(f"No execution has id {execution_id}.")
+        owner = store.execution_tenant(execution_id)
+    if owner is None or (not who.operator and owner.id != who.tenant.id):
+        raise NotFound(f"No execution has id {execution_id}.")
+    return replace(owner, key=who.tenant.key)
 
 
 @router.get("/executions/{execution_id}")
@@ -294,12 +331,13 @@ def execution(
     with service.db.transaction() as store:
         view = views.execution_view(store, execution_id)
         record = store.workflow(store.execution_row(execution_id).workflow_id)
+        waits = {w.node_id: w for w in store.execution_waits(execution_id)}
     drawn = dag.layout(record.definition.get("nodes", []))
     nodes = {n["id"]: n for n in view["nodes"]}
     tries = {j["node"]: j["attempts"] for j in view["jobs"] if j["node"]}
     return _render(
         request, "execution.html", who=who, e=view, layout=drawn, nodes=nodes, tries=tries,
-        shown=_shown, note=request.query_params.get("note"),
+        waits=waits, shown=_shown, note=request.query_params.get("note"),
         finished=ExecutionStatus(view["status"]).finished,
     )  # fmt: skip
 
@@ -343,7 +381,7 @@ async def events(
     """The execution's live stream (as ``/v1``'s), for the page's script."""
     await run_in_threadpool(_owned, service, who, execution_id)
     streams: stream.Streams = request.app.state.streams
-    try:
+    try:  # counted against the session's own tenant: an operator's pages take no tenant's share
         return await streams.open(service, who.tenant, execution_id)
     except (TooManyStreams, StreamsUnavailable) as exc:
         return stream.refused(exc)
@@ -355,10 +393,11 @@ def _acting_on(
     who: Who,
     form: dict[str, list[str]],
     execution_id: uuid.UUID,
-) -> None:
-    """A form acting on an execution: its CSRF token first, then the tenant's ownership."""
+) -> TenantRef:
+    """A form acting on an execution: its CSRF token first, then the tenant's ownership; the
+    execution's own tenant, which the action records."""
     _checked(request, who, form)
-    _owned(service, who, execution_id)
+    return _owned(service, who, execution_id)
 
 
 @router.post("/executions/{execution_id}/cancel")
@@ -374,11 +413,11 @@ def cancel(
 def rerun(
     request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, form: FormDep
 ) -> Response:
-    _acting_on(request, service, who, form, execution_id)
+    owner = _acting_on(request, service, who, form, execution_id)
     node = (form.get("from_node") or [""])[0]
     done = service.rerun(
         execution_id, node, requested_by=who.tenant.key or f"tenant:{who.tenant.name}",
-        tenant_id=who.tenant.id,
+        tenant_id=owner.id,
     )  # fmt: skip
     return _back(f"/ui/executions/{execution_id}", f"Running again from {done.from_node}.")
 
@@ -392,7 +431,7 @@ def dead_letters(
     archived: bool = False,
 ) -> HTMLResponse:  # fmt: skip
     where = DeadLetterFilter(
-        tenant_id=who.tenant.id, workflow=workflow or None, error=error or None,
+        tenant_id=who.scope, workflow=workflow or None, error=error or None,
         discarded=archived,
     )  # fmt: skip
     with service.db.transaction() as store:
@@ -425,14 +464,14 @@ def _outcome(verb: str, results: dict[uuid.UUID, str | None]) -> str:
 @router.post("/dead-letters/requeue")
 def requeue(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
     _checked(request, who, form)
-    results = service.requeue_dead_letters(_job_ids(form), who.tenant.id)
+    results = service.requeue_dead_letters(_job_ids(form), who.scope)
     return _back("/ui/dead-letters", _outcome("Requeued", results))
 
 
 @router.post("/dead-letters/discard")
 def discard(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
     _checked(request, who, form)
-    results = service.discard_dead_letters(_job_ids(form), who.tenant.id)
+    results = service.discard_dead_letters(_job_ids(form), who.scope)
     return _back("/ui/dead-letters", _outcome("Discarded", results))
 
 

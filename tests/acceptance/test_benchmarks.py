@@ -137,3 +137,15 @@ def test_the_cpu_benchmark_measures_fan_outs_against_chords(tmp_path: Path) -> N
     assert raw["node worker, pool"] > 0 and raw["PostgreSQL"] == 0, raw
     assert figures["params"]["fanout"] == 10
     assert "CPU per node" in result.stdout
+
+
+def test_the_ui_benchmark_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    result, figures = run_benchmark(
+        tmp_path / "ui.json", "benchmarks.ui", "--executions", "500", "--requests", "2",
+        "--throughput", "10", "--clients", "2", "--concurrency", "2",
+    )  # fmt: skip
+    assert figures["executions"] == 500
+    assert set(figures["pages"]) == {"executions_list", "executions_list_failed", "execution_page"}
+    assert all(p["p95_ms"] >= p["p50_ms"] > 0 for p in figures["pages"].values())
+    assert figures["ratios"]["live_pages_of_none"] > 0
+    assert "2 live pages" in result.stdout

@@ -38,7 +38,7 @@ from conveyor.service import Conveyor
 from conveyor.store.sql_store import SqlStore
 from tests.acceptance.conftest import ROOT, _wait_until_ready
 from tests.acceptance.test_api import serving_api
-from tests.acceptance.test_cli import CONVEYOR
+from tests.acceptance.test_cli import CONVEYOR, conveyor
 
 Start = Callable[..., subprocess.Popen[str]]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -191,14 +191,17 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     assert len(browser.find_elements(By.CSS_SELECTOR, "svg.dag path.edge")) == 6
     shot("execution")
 
-    # When a node fails: its page shows the try and its error
+    # When a node fails: its page shows the try, its error and its traceback
     fragile = _trigger(http, "fragile", {})
     _await(client, fragile, ExecutionStatus.FAILED)
     browser.get(f"{api}/ui/executions/{fragile}")
     assert "status-failed" in _node_status(browser, "charge")
-    browser.find_element(By.CSS_SELECTOR, "#node-charge details.traceback summary").click()
-    error = browser.find_element(By.CSS_SELECTOR, "#node-charge details.traceback pre")
+    error = browser.find_element(By.CSS_SELECTOR, "#node-charge .attempt-error")
     assert "its first run fails" in error.text
+    browser.find_element(By.CSS_SELECTOR, "#node-charge details.traceback summary").click()
+    traced = browser.find_element(By.CSS_SELECTOR, "#node-charge details.traceback pre").text
+    assert traced.startswith("Traceback (most recent call last)")
+    assert "in fails_first_run" in traced
     shot("failed-execution")
 
     # And its dead letter is requeued from the dead letters page: the execution completes
@@ -323,6 +326,44 @@ def test_a_tenants_session_sees_none_of_another_tenants_executions_and_cannot_ac
     signed_out = httpx.post(f"{api}/ui/executions/{ours}/cancel", data={"csrf": csrf})
     assert signed_out.status_code == 303
     assert signed_out.headers["location"].startswith("/ui/signin")
+
+
+def test_an_operator_key_from_the_cli_sees_every_tenant_and_the_operators_charts(
+    api: str,
+    browser: WebDriver,
+    client: Conveyor,
+    acceptance_env: dict[str, str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    # Given an unfinished execution of each of two tenants (no worker: their messages wait)
+    made = {}
+    for tenant in ("beta", "acme"):
+        http = _http(api, _key(client, tenant), request)
+        assert http.post("/v1/workflows", json=FRAGILE).status_code == 201
+        made[tenant] = _trigger(http, "fragile", {})
+    # and an operator's key, made by the CLI
+    key = conveyor("keys", "create", "--operator", "--name", "ops", env=acceptance_env)
+    assert "operator key" in key.stderr
+    shot = Shots(browser, tmp_path)
+
+    # When the operator signs in
+    _sign_in(browser, api, key.stdout.strip())
+
+    # Then the overview draws the process-wide charts from its figures (the queued messages)
+    WebDriverWait(browser, WAIT).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-queues rect")
+    )
+    assert browser.find_element(By.ID, "operator").text == "operator"
+    shot("operator-overview")
+    # and the executions list shows both tenants', with their tenant, and filters by tenant
+    browser.get(f"{api}/ui/executions")
+    assert set(_listed(browser)) == set(made.values())
+    tenants = {c.text for c in browser.find_elements(By.CSS_SELECTOR, "#executions td.tenant")}
+    assert tenants == {"beta", "acme"}
+    shot("operator-executions")
+    browser.get(f"{api}/ui/executions?tenant=beta")
+    assert _listed(browser) == [made["beta"]]
 
 
 def test_conveyor_ui_serves_the_dashboard_on_the_embedded_default_with_a_key_to_sign_in(

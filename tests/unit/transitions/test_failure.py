@@ -192,3 +192,28 @@ def test_a_lost_workers_late_outcome_leaves_the_job_to_the_try_that_runs_it_now(
                                                           before.jobs)  # fmt: skip
     assert bench.alone(current, {"n": 1})
     assert bench.probe.execution(made.execution_id).status is ExecutionStatus.COMPLETED
+
+
+def _raised(error: BaseException) -> BaseException:
+    try:
+        raise error
+    except BaseException as caught:
+        return caught
+
+
+def test_a_failed_trys_traceback_is_kept_with_its_error_and_a_never_raised_one_has_none(
+    bench: Bench,
+) -> None:
+    made = bench.trigger(bench.apply("traced", node("a"), defaults=RETRY).name)
+    job = bench.job(made.execution_id, "a")
+
+    bench.fail(bench.claim_node(made.execution_id, "a"), _raised(RuntimeError("traced")))
+    bench.clock.advance(10)
+    (published,) = bench.units.run(lambda s: due.promote_due(s, bench.clock()))
+    bench.fail(bench.claimed(published.job_id), RuntimeError("never raised"))
+
+    first, second = bench.probe.attempts(job.id)
+    assert first.traceback is not None and first.error == "RuntimeError: traced"
+    assert first.traceback.startswith("Traceback (most recent call last):")
+    assert first.traceback.rstrip().endswith("RuntimeError: traced")
+    assert second.traceback is None
