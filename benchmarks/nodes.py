@@ -122,3 +122,14 @@ def raw_map_root(items: list[object], key: str) -> None:
     """The root of the map's twin: a chord over ``items`` and the join, as a map's own job
     makes a job per item of the list it reads."""
     chord(group(raw_item.s(i) for i in items))(raw_join.s(key))
+
+
+@raw.task(name="bench.raw_step")
+def raw_step() -> None:
+    """A raw chain's step: no work (the chain's next message is sent as it ends)."""
+
+
+@raw.task(name="bench.raw_end")
+def raw_end(key: str) -> None:
+    """A raw chain's last step: records when it ran."""
+    _redis().set(key, time.time())
