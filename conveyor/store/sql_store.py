@@ -95,8 +95,8 @@ class SqlStore(
         input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """See :class:`~conveyor.engine.ports.Jobs`: a look for a queued job of a higher
-        priority (the status index: a high one's absence is read from the index alone), then
-        the node's own claim."""
+        priority (ix_jobs_queued_priority: by priority, not through a backlog of queued jobs),
+        then the node's own claim."""
         above = priorities_above(priority)
         if above and self._core(select(exists().where(
             JOBS.c.status == JobStatus.QUEUED, JOBS.c.priority.in_(above),
