@@ -274,7 +274,8 @@ class Workers(ServiceBase):
             attempt=run.attempt,
             **tracing.log_fields(),
         )
-        job_log.info("job received")
+        # a continuation's "received" says so, and how many steps in a row it is
+        job_log.info("job received", **({"continued": streak} if streak else {}))
         expands = mapping.makes_items(run)  # a map node's own try: it makes the items
         if node_types.starts_child(run.node) and not expands:  # (an item's: a child each)
             return self._start_child(run, job_log), None

@@ -4,6 +4,7 @@ success's transaction, and run next without a message (docs/guarantees.md#contin
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -69,20 +70,37 @@ def assert_each_step_once(service: Conveyor, execution_id: Any, steps: int) -> N
         assert [a.status for a in attempts] == [AttemptStatus.SUCCEEDED], job
 
 
+def continued(caplog: pytest.LogCaptureFixture) -> list[int]:
+    """The ``continued`` field of each ``job received`` line that has one."""
+    return [
+        r.msg["continued"] for r in caplog.records
+        if isinstance(r.msg, dict) and r.msg.get("event") == "job received"
+        and "continued" in r.msg
+    ]  # fmt: skip
+
+
 def test_a_chain_of_50_runs_each_step_once_mostly_without_messages(
-    conveyor_service: Conveyor, node_messages: Counter[str], steps_in_a_row: Any
+    conveyor_service: Conveyor,
+    node_messages: Counter[str],
+    steps_in_a_row: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     steps_in_a_row(16)
     conveyor_service.apply(parse_workflow(chain("fifty", 50)))
 
-    row = wait_for(conveyor_service, conveyor_service.trigger("fifty", {}))
+    with caplog.at_level(logging.INFO, logger="conveyor.jobs"):
+        row = wait_for(conveyor_service, conveyor_service.trigger("fifty", {}))
 
     assert row.status is ExecutionStatus.COMPLETED, row.error
     assert row.output == {"s49": {"sum": 50}}
     assert_each_step_once(conveyor_service, row.id, 50)
     # The first step's message, then one every 17 steps at most: 16 continue in a row, the
     # 17th is published (so that a worker returns to its queue now and then).
-    assert 3 <= sum(node_messages.values()) <= 4, node_messages
+    messages = sum(node_messages.values())
+    assert 3 <= messages <= 4, node_messages
+    # and each step that came without a message says so in its log, 16 in a row at most
+    steps = continued(caplog)
+    assert len(steps) == 50 - messages and max(steps) == 16, steps
 
 
 def test_with_continuations_off_every_step_is_published(
