@@ -13,9 +13,7 @@ claim together."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,7 +27,12 @@ from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
 from tests.chaos.conftest import CHAOS_DB_URL, CHAOS_REDIS, Spawn, processes
-from tests.chaos.test_chaos import Cluster, _assert_no_permit_held
+from tests.chaos.test_chaos import (
+    Cluster,
+    _assert_no_permit_held,
+    _unfinished,
+    restart_postgresql,
+)
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -80,11 +83,6 @@ def assert_each_step_once(client: Conveyor, ids: list[uuid.UUID]) -> None:
     _assert_no_permit_held()
 
 
-def _unfinished(client: Conveyor, ids: list[uuid.UUID]) -> list[uuid.UUID]:
-    with client.db.transaction() as store:
-        return [i for i in ids if not store.execution(i).status.finished]
-
-
 def test_long_chains_lose_nothing_when_node_workers_are_sigkilled(
     chaos_client: Conveyor, chain_spawn: Spawn
 ) -> None:
@@ -132,11 +130,6 @@ def test_long_chains_lose_nothing_across_a_postgresql_restart(
     ids = start_chains(chaos_client)
 
     time.sleep(1.5)  # mid-chain: every connection of every process is cut
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    restarted = subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert restarted.returncode == 0, restarted.stderr
+    restart_postgresql()
 
     assert_each_step_once(chaos_client, ids)
