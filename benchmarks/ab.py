@@ -1,8 +1,8 @@
 """This tree's Conveyor beside an older commit's, on the same services: worker sets
 alternate between the two, cycle after cycle, and each figure is the median over cycles.
 
-    python -m benchmarks.ab REF [--figure fanout|map|latency] [--fanout 200] [--cycles 4]
-                                [--runs 3] [--json ab.json]
+    python -m benchmarks.ab REF [--figure fanout|map|chain|latency] [--fanout 200]
+                                [--chain 40] [--cycles 4] [--runs 3] [--json ab.json]
 
 Why: this machine's speed drifts by 15 to 30 % within minutes, so two runs of
 ``python -m benchmarks`` minutes apart cannot tell a change of 5 or 10 % from the drift (a
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks import compare, harness, maps
+from benchmarks import chains, compare, harness, maps
 from benchmarks.bench import Bench
 from conveyor.engine.validation import parse_workflow
 
@@ -80,7 +80,8 @@ def sides(bench: Bench, old_root: Path) -> list[Side]:
 
 
 def fanout_runs(bench: Bench, n: int, runs: int, one: Callable[[Bench, int], float]) -> list[float]:
-    """``runs`` fan-outs (``one``: a static one, or a map) of ``n`` (ms per node)."""
+    """``runs`` fan-outs (``one``: a static one, or a map; or chains) of ``n`` (ms per node,
+    item or step)."""
     one(bench, n)  # untimed: connections, imports, definition caches
     return [one(bench, n) * 1000 for _ in range(runs)]
 
@@ -108,8 +109,9 @@ def measure(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("ref", help="the older commit (any git revision)")
-    parser.add_argument("--figure", choices=["fanout", "map", "latency"], default="fanout")
+    parser.add_argument("--figure", choices=["fanout", "map", "chain", "latency"], default="fanout")
     parser.add_argument("--fanout", type=int, default=200, help="fan-out width (map: items)")
+    parser.add_argument("--chain", type=int, default=40, help="steps of the chain")
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3, help="fan-out runs per side and cycle")
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
@@ -126,6 +128,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             one = compare.conveyor_fanout if static else maps.conveyor_map
             found = measure(bench, sides(bench, old_root), args.cycles,
                             lambda _: fanout_runs(bench, args.fanout, args.runs, one))  # fmt: skip
+        elif args.figure == "chain":
+            bench.client.apply(parse_workflow(chains.definition(args.chain)))
+            unit = "ms per step"
+            found = measure(bench, sides(bench, old_root), args.cycles,
+                            lambda _: fanout_runs(bench, args.chain, args.runs,
+                                                  chains.conveyor_chain))  # fmt: skip
         else:
             bench.client.apply(parse_workflow(compare.STARTED))
             unit = "ms, trigger -> node start p50"

@@ -7,7 +7,10 @@
 2. throughput: one-node executions drained by fresh workers, against plain Celery tasks with
    ``acks_late`` (nodes per second);
 3. latency: trigger -> node start and trigger -> execution completed over sequential runs on
-   idle workers, against apply_async -> task start (p50 / p95 / p99);
+   idle workers, against apply_async -> task start (p50 / p95 / p99; the raw task is a no-op,
+   so its start is its end: trigger -> completed is held to apply -> done);
+   and a chain of N no-op nodes against a raw Celery ``chain`` of N no-op tasks (time per
+   step, the sides taking turns: :mod:`benchmarks.chains`);
 4. waits: event sent -> the waiting node's successor started, against a task that publishes
    a second task: apply -> second task started (p50 / p95 / p99: :mod:`benchmarks.waits`);
 5. scale: the throughput again with finished jobs already in the tables; then the retention
@@ -16,8 +19,9 @@
 
     python -m benchmarks [--fanout 200,2000] [--executions 10000] [--latency-runs 500]
                          [--wait-runs 200]
-                         [--scale-rows 1000000] [--scale-map 100000] [--concurrency 4]
-                         [--rounds 3] [--skip fanout,map,...] [--json results.json]
+                         [--scale-rows 1000000] [--scale-map 100000] [--chain 40]
+                         [--concurrency 4] [--rounds 3] [--skip fanout,map,chain,...]
+                         [--json results.json]
 
 Needs PostgreSQL and Redis as the tests do (a database of its own; Redis db 14, flushed).
 Both sides run real ``celery worker`` processes with the same concurrency, prefetch 1 and late
@@ -37,7 +41,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from benchmarks import harness, maps, waits
+from benchmarks import chains, harness, maps, waits
 from benchmarks.bench import END_POLL, HOT_TABLES, NOOP, Bench
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
@@ -308,12 +312,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--scale-map", type=int, default=100_000, help="items of the scale's map (0: none)"
     )
+    parser.add_argument("--chain", type=int, default=40, help="steps of the chain")
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="fan-out and throughput runs (the median)"
+        "--rounds", type=int, default=3, help="fan-out, chain and throughput runs (the median)"
     )
     parser.add_argument(
-        "--skip", default="", help="skip: fanout,map,throughput,latency,waits,scale"
+        "--skip", default="", help="skip: fanout,map,chain,throughput,latency,scale"
     )
     parser.add_argument("--json", dest="json_path")
     parser.add_argument(
@@ -335,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 figures[f"fanout_{n}"] = figure(found["conveyor"], found["raw"], "node")
                 if "map" in found:
                     figures[f"map_{n}"] = figure(found["map"], found["raw_map"], "item")
+        if "chain" not in skip:
+            found = chains.rounds(bench, args.chain, args.rounds)
+            figures[f"chain_{args.chain}"] = figure(found["conveyor"], found["raw"], "step")
         if "throughput" not in skip or "scale" not in skip:
             figures["throughput"] = throughput(bench, args)
         if "latency" not in skip:
@@ -402,6 +410,8 @@ def ratios(figures: dict[str, Any]) -> dict[str, float]:
             found[f"{name}_per_item"] = f["conveyor_s_per_item"] / f["raw_s_per_item"]
             static = figures[f"fanout_{name[4:]}"]["conveyor_s_per_node"]
             found[f"{name}_of_static"] = f["conveyor_s_per_item"] / static
+        if name.startswith("chain_"):
+            found[f"{name}_per_step"] = f["conveyor_s_per_step"] / f["raw_s_per_step"]
     if "throughput" in figures:
         t = figures["throughput"]
         found["throughput_of_raw"] = t["conveyor_per_s"] / t["raw_per_s"]
@@ -423,11 +433,13 @@ def ratios(figures: dict[str, Any]) -> dict[str, float]:
 
 TARGETS = {
     "per_node": ("<=", 1.5),
+    "per_step": ("<=", 1.5),
     "per_item": ("<=", 1.3),
     "of_static": ("<=", 1.2),
     "throughput_of_raw": (">=", 0.5),
     "node_start_p50": ("<=", 2.0),
     "node_start_p99": ("<=", 3.0),
+    "completed_p50": ("<=", 1.5),  # a one-node execution against apply -> done
     "scale_of_empty": (">=", 0.9),
 }
 
@@ -457,6 +469,12 @@ def table(figures: dict[str, Any], found: dict[str, float], args: argparse.Names
                          f"x{r:.2f}  {_verdict('per_item', r)}"))  # fmt: skip
             rows.append((f"map {name[4:]}: of the static fan-out", "", "",
                          f"x{static:.2f}  {_verdict('of_static', static)}"))  # fmt: skip
+        if name.startswith("chain_"):
+            r = found[f"{name}_per_step"]
+            rows.append((f"chain of {name[6:]}: per step",
+                         f"{f['conveyor_s_per_step'] * 1e3:.2f} ms",
+                         f"{f['raw_s_per_step'] * 1e3:.2f} ms",
+                         f"x{r:.2f}  {_verdict('per_step', r)}"))  # fmt: skip
     if "throughput" in figures:
         t, r = figures["throughput"], found["throughput_of_raw"]
         rows.append((f"throughput ({args.executions} one-node)", f"{t['conveyor_per_s']:.0f} /s",

@@ -130,3 +130,14 @@ def raw_relay(key: str) -> None:
     """Publish the task that records its start: the raw twin of an event that wakes a wait
     whose successor then starts (benchmarks.waits: apply -> the second task started)."""
     raw_started.delay(key)
+
+
+@raw.task(name="bench.raw_step")
+def raw_step() -> None:
+    """A raw chain's step: no work (the chain's next message is sent as it ends)."""
+
+
+@raw.task(name="bench.raw_end")
+def raw_end(key: str) -> None:
+    """A raw chain's last step: records when it ran."""
+    _redis().set(key, time.time())

@@ -319,6 +319,15 @@ class Settings(BaseSettings):
         "before the jobs it has not started are handed back, one a message, for other "
         "workers: slow siblings stay parallel.",
     )
+    continue_steps: int = Field(
+        default=16,
+        ge=0,
+        le=1000,
+        description="A worker whose node's success makes exactly one node ready (a chain's "
+        "next step) claims and runs it itself, in the success's transaction, no message: at "
+        "most this many steps in a row, and only while no job of a higher priority waits in "
+        "its queue; 0 publishes every step.",
+    )
     map_window: int = Field(
         default=1000,
         ge=1,

@@ -74,6 +74,7 @@ def service() -> Conveyor:
         misfire_grace=max(settings.schedule_misfire_grace, settings.schedule_check_interval + 5),
         replay_window=timedelta(days=settings.webhook_replay_window_days),
         map_window=settings.map_window,
+        continue_steps=settings.continue_steps,
         max_child_depth=settings.max_child_depth,
         bounds=settings.bounds,
         event_retention=timedelta(seconds=settings.event_retention_seconds),

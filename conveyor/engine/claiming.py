@@ -13,6 +13,7 @@ from conveyor.engine.definitions import Node, Workflow
 from conveyor.engine.ports import Store
 from conveyor.engine.ready import context_of
 from conveyor.engine.records import (
+    Dispatch,
     ExecutionRecord,
     JobRecord,
     NodeHints,
@@ -69,6 +70,37 @@ def claim_node(
         job_id, now, worker, needs=hinted.needs if hinted else (),
         input=hinted.input if hinted else True,
     )  # fmt: skip
+    return _run_of(store, claimed, hinted, now, output_bytes)
+
+
+def claim_continuation(
+    store: Store,
+    dispatch: Dispatch,
+    now: datetime,
+    worker: str | None = None,
+    *,
+    output_bytes: int = Bounds().output_bytes,
+) -> NodeRun | None:
+    """The claim of the one node a success made ready, in that success's transaction, by
+    the worker that runs it next instead of publishing ``dispatch`` (a chain's next step):
+    None, nothing claimed, while a job of a higher priority waits in its queue (then the
+    message is published as any other). See docs/guarantees.md#continuations."""
+    hinted = _hinted(dispatch.hints)
+    claimed = store.claim_continuation(
+        dispatch.job_id, now, worker, queue=dispatch.queue, priority=dispatch.priority,
+        needs=hinted.needs if hinted else (), input=hinted.input if hinted else True,
+    )  # fmt: skip
+    return _run_of(store, claimed, hinted, now, output_bytes)
+
+
+def _run_of(
+    store: Store,
+    claimed: tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None,
+    hinted: _Hinted | None,
+    now: datetime,
+    output_bytes: int,
+) -> NodeRun | None:
+    """The run a claim took, with what its node reads (None: nothing to run)."""
     if claimed is None:
         return None
     job, execution, outputs = claimed

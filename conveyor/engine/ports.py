@@ -43,6 +43,7 @@ from conveyor.engine.states import (
     JobKind,
     JobStatus,
     NodeStatus,
+    Priority,
     SubscriptionKind,
 )
 
@@ -337,6 +338,24 @@ class Jobs(Protocol):
         when the execution has finished). With ``input`` False the execution's input is not
         read: the record's is None. None when the job is not a runnable node job.
         Needs no transaction around it."""
+        ...
+
+    def claim_continuation(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        *,
+        queue: str,
+        priority: Priority,
+        needs: Sequence[str] = (),
+        input: bool = True,
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
+        """The claim of a chain's next node by the worker whose success just made it ready,
+        inside that success's transaction (no message, no broker hop): as
+        :meth:`claim_node_job`, but only while no node job of a priority higher than
+        ``priority`` is queued in ``queue`` (those go first: the worker returns to the
+        broker). None, and nothing changed, when one is, or when the job is not runnable."""
         ...
 
     def complete_running(

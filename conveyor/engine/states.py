@@ -109,6 +109,11 @@ class Priority(StrEnum):
 PRIORITY_ORDER = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 
 
+def priorities_above(priority: Priority) -> tuple[Priority, ...]:
+    """The priorities that go before ``priority`` (none before high)."""
+    return PRIORITY_ORDER[: PRIORITY_ORDER.index(priority)]
+
+
 class TriggerSource(StrEnum):
     """What started an execution; each source has a default priority (see ``priority``)."""
 

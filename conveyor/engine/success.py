@@ -16,6 +16,7 @@ from conveyor.engine.records import (
 from conveyor.engine.settling import known_finish, outcome_status, settle
 from conveyor.engine.states import (
     AttemptStatus,
+    JobKind,
     JobStatus,
     NodeStatus,
 )
@@ -60,6 +61,18 @@ def complete_fast(
     if run.job.item_index is not None:
         return mapping.complete_alone(store, run, output, now, duration)
     return [] if complete_alone(store, run, output, now, duration) else None
+
+
+def continuation(after: AfterCommit, queue: str) -> Dispatch | None:
+    """The message of a success's that its worker may take itself instead of publishing (a
+    chain's next step): the only thing the success left to do is publish one node job's
+    message to ``queue``, the worker's own. None: publish them all."""
+    if len(after.dispatches) != 1 or after.forget:
+        return None
+    (only,) = after.dispatches
+    if only.kind is not JobKind.NODE or only.queue != queue or only.hints is None:
+        return None
+    return only
 
 
 def complete_node(

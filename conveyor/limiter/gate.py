@@ -136,6 +136,18 @@ class Gate:
         self.keeper.hold(acquired.permit)
         return acquired.permit
 
+    def try_admit(self, job_id: uuid.UUID, hints: NodeHints) -> Permit | None:
+        """Permits for a job this worker would claim without a message (a continuation),
+        or None: it keeps no place in the limiter's lines and is not parked (its message is
+        published instead, and admitted as any other's)."""
+        acquired = self.limiter.acquire(self._hinted(job_id, hints))
+        self._wake(acquired.woken)
+        if acquired.permit is None:
+            self._wake(self.limiter.forget([job_id]))
+            return None
+        self.keeper.hold(acquired.permit)
+        return acquired.permit
+
     def release(self, permit: Permit) -> None:
         self.keeper.drop(permit)
         self._wake(self.limiter.release(permit))

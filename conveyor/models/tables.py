@@ -447,6 +447,14 @@ class Job(Base):
             postgresql_where=text("status = 'queued' AND priority = 'low'"),
             sqlite_where=text("status = 'queued' AND priority = 'low'"),
         ),
+        # a continuation's look for a queued job of a higher priority (Store.claim_continuation)
+        Index(
+            "ix_jobs_queued_priority",
+            "priority",
+            "queue",
+            postgresql_where=text("status = 'queued'"),
+            sqlite_where=text("status = 'queued'"),
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=new_id)

@@ -54,6 +54,7 @@ class ServiceBase:
         broker_holds: BrokerHolds = lambda: None,
         replay_window: timedelta = timedelta(days=30),
         map_window: int = 1000,
+        continue_steps: int = 16,
         max_child_depth: int = DEFAULT_MAX_DEPTH,
         bounds: Bounds | None = None,
         event_retention: timedelta = DEFAULT_RETENTION,
@@ -62,6 +63,8 @@ class ServiceBase:
         # how long an event with a key is kept for the wait nodes that begin after it
         self.event_retention = event_retention
         self.map_window = map_window  # a map's items queued or running at once (at most)
+        # a chain's steps a worker runs in a row without a message (0: none)
+        self.continue_steps = continue_steps
         # the size bounds (CONVEYOR_MAX_*): here, a map's items and its assembled output
         self.bounds = bounds or Bounds()
         self.max_child_depth = max_child_depth  # how deep child executions may nest

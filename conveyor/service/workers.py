@@ -24,11 +24,14 @@ from conveyor.engine import (
     triggering,
     waits,
 )
+from conveyor.engine.limits import Permit
+from conveyor.engine.ports import Store
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import AfterCommit, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
     CancelExecution,
+    LimitError,
     NodeCancelled,
     NonRetryableError,
     Skip,
@@ -147,6 +150,11 @@ def _chose(ran: Ran, failed: failure.Failed, choice: Snooze | Skip | CancelExecu
     return replace(ran, by_node=True, error=logs.short(shown))
 
 
+# A step of a chain this worker claimed for itself (see Workers._complete), with its permits
+# (None without a limiter).
+_Taken = tuple[claiming.NodeRun, Permit | None]
+
+
 class Workers(ServiceBase):
     """A worker's side: each task's message becomes one of these calls."""
 
@@ -191,14 +199,31 @@ class Workers(ServiceBase):
         """Take the job's permits (or park it), then claim, run and record it; the permits
         go back once the outcome is committed. ``hints``: the message's (see NodeHints)."""
         if self.gate is None:
-            return self._run_node(job_id, hints)
-        permit = self.gate.admit(job_id, hints)
-        if permit is None:
-            return Ran(job_id=job_id, outcome=JobStatus.PARKED)
-        try:
-            return self._run_node(job_id, hints)
-        finally:
-            self.gate.release(permit)
+            ran, taken = self._run_node(job_id, hints)
+        else:
+            permit = self.gate.admit(job_id, hints)
+            if permit is None:
+                return Ran(job_id=job_id, outcome=JobStatus.PARKED)
+            try:
+                ran, taken = self._run_node(job_id, hints)
+            finally:
+                self.gate.release(permit)
+        self._continue(taken)
+        return ran
+
+    def _continue(self, taken: _Taken | None) -> None:
+        """Run the chain's steps this worker's successes claimed for it, one after another,
+        each with the permits it was given before its claim (see :meth:`_complete`)."""
+        streak = 1
+        while taken is not None:
+            run, permit = taken
+            try:
+                with tracing.node_try(run, time.time_ns()):
+                    _, taken = self._try(run, streak)
+            finally:
+                if permit is not None and self.gate is not None:
+                    self.gate.release(permit)
+            streak += 1
 
     def run_nodes(self, members: Sequence[Member], budget: float) -> list[Ran]:
         """Run a batch message's node jobs one after another, each as :meth:`run_node` runs
@@ -218,7 +243,9 @@ class Workers(ServiceBase):
         self._publish([_alone(job_id, hints) for job_id, hints in members], batch=False)
         log.info("a batch ran past its budget: %d job(s) handed back", len(members))
 
-    def _run_node(self, job_id: uuid.UUID, hints: NodeHints | None = None) -> Ran:
+    def _run_node(
+        self, job_id: uuid.UUID, hints: NodeHints | None = None
+    ) -> tuple[Ran, _Taken | None]:
         """Claim a node job, run the node outside any transaction, record the outcome."""
         claiming_at = time.time_ns()
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
@@ -230,12 +257,14 @@ class Workers(ServiceBase):
         )
         if run is None:
             logs.message_dropped(job_id, "job not queued any more")
-            return Ran(job_id=job_id, outcome=None)
+            return Ran(job_id=job_id, outcome=None), None
         with tracing.node_try(run, claiming_at):
             return self._try(run)
 
-    def _try(self, run: claiming.NodeRun) -> Ran:
-        """Run a claimed node, record its outcome and publish what it made ready."""
+    def _try(self, run: claiming.NodeRun, streak: int = 0) -> tuple[Ran, _Taken | None]:
+        """Run a claimed node, record its outcome and publish what it made ready; the next
+        step it claimed for this worker instead, the ``streak`` th in a row (see
+        :meth:`_complete`)."""
         item = {} if run.job.item_index is None else {"item_index": run.job.item_index}
         job_log = events.bind(
             job_id=str(run.job.id),
@@ -248,12 +277,13 @@ class Workers(ServiceBase):
             attempt=run.attempt,
             **tracing.log_fields(),
         )
-        job_log.info("job received")
+        # a continuation's "received" says so, and how many steps in a row it is
+        job_log.info("job received", **({"continued": streak} if streak else {}))
         expands = mapping.makes_items(run)  # a map node's own try: it makes the items
         if node_types.starts_child(run.node) and not expands:  # (an item's: a child each)
-            return self._start_child(run, job_log)
+            return self._start_child(run, job_log), None
         if node_types.waits_for_event(run.node):
-            return self._begin_wait(run, job_log)
+            return self._begin_wait(run, job_log), None
         ctx = NodeContext(
             execution_id=str(run.execution.id), node_id=run.node.id, attempt=run.attempt,
             item=run.job.item, index=run.job.item_index,
@@ -266,6 +296,7 @@ class Workers(ServiceBase):
             node=run.node.id,
         )
         started = time.monotonic()
+        taken: _Taken | None = None
         try:
             if expands:
                 output = mapping.items_of(run, self.bounds.map_items)
@@ -288,14 +319,16 @@ class Workers(ServiceBase):
             elif ctx.told_to_stop:  # it saw ctx.cancelled: it may have returned early
                 after, ran = self._record_stopped(run, output, duration, job_log, ran)
             else:
-                after, ran = self._record_success(run, output, duration, job_log, ran)
+                after, ran, taken = self._record_success(
+                    run, output, duration, job_log, ran, streak
+                )
         finally:
             self.watcher.unwatch(run.job.id)
             self.durations.record(
                 run.execution.workflow_id, run.node.id, time.monotonic() - started
             )
         self._after(after)
-        return ran
+        return ran, taken
 
     def _start_child(self, run: claiming.NodeRun, job_log: Any) -> Ran:
         """A workflow node's try: one transaction leaves its job waiting and starts the
@@ -354,25 +387,79 @@ class Workers(ServiceBase):
         return ran
 
     def _record_success(
-        self, run: claiming.NodeRun, output: Any, duration: float, job_log: Any, ran: Ran
-    ) -> tuple[AfterCommit, Ran]:
+        self,
+        run: claiming.NodeRun,
+        output: Any,
+        duration: float,
+        job_log: Any,
+        ran: Ran,
+        streak: int = 0,
+    ) -> tuple[AfterCommit, Ran, _Taken | None]:
+        taken: _Taken | None = None
         try:
             # in one statement where it can (it made no successor ready), else a transaction
             done = self.db.autocommit(
                 lambda s: success.complete_fast(s, run, output, utcnow(), duration)
             )
-            after = (
-                AfterCommit(dispatches=done)
-                if done is not None
-                else self.db.run(
-                    lambda s: success.complete_node(s, run, output, utcnow(), duration)
-                )
-            )
+            if done is not None:
+                after = AfterCommit(dispatches=done)
+            else:
+                after, taken = self._complete(run, output, duration, streak)
         except DataError as exc:
-            return self._output_refused(run, exc, duration, job_log, ran)
+            return (*self._output_refused(run, exc, duration, job_log, ran), None)
         job_log.info("job completed", duration=round(duration, 3))
         tracing.outcome("completed")
-        return after, ran
+        return after, ran, taken
+
+    def _complete(
+        self, run: claiming.NodeRun, output: Any, duration: float, streak: int
+    ) -> tuple[AfterCommit, _Taken | None]:
+        """A success in a transaction and, when it made exactly one node ready in this
+        worker's queue (a chain's next step), that node's job claimed in the same
+        transaction for this worker to run next, with no message: its permits taken first
+        (refused, its message is published as any other's), at most ``continue_steps`` in a
+        row, and only while no job of a higher priority waits in the queue (the claim's
+        rule). See docs/guarantees.md#continuations."""
+        permits: list[Permit] = []  # one a transaction's try: only the last one's is kept
+
+        def record(store: Store) -> tuple[AfterCommit, claiming.NodeRun | None]:
+            after = success.complete_node(store, run, output, utcnow(), duration)
+            step = success.continuation(after, NODE_QUEUE)
+            if step is None or streak >= self.continue_steps:
+                return after, None
+            if self.gate is not None:
+                permit = self._permit_for(step)
+                if permit is None:
+                    return after, None
+                permits.append(permit)
+            taken = claiming.claim_continuation(
+                store, step, utcnow(), self.worker, output_bytes=self.bounds.output_bytes
+            )
+            return (after, None) if taken is None else (replace(after, dispatches=[]), taken)
+
+        try:
+            after, taken = self.db.run(record)
+        except BaseException:
+            self._release(permits)
+            raise
+        kept = permits.pop() if taken is not None and permits else None
+        self._release(permits)
+        return after, None if taken is None else (taken, kept)
+
+    def _permit_for(self, step: Dispatch) -> Permit | None:
+        """The permits of a step this worker would take itself; None when refused, or when
+        the limiter cannot be reached (the step's message then goes as any other's)."""
+        assert self.gate is not None and step.hints is not None
+        try:
+            return self.gate.try_admit(step.job_id, step.hints)
+        except LimitError:
+            log.warning("no continuation: the limiter could not be reached")
+            return None
+
+    def _release(self, permits: list[Permit]) -> None:
+        if self.gate is not None:
+            for permit in permits:
+                self.gate.release(permit)
 
     def _record_items(
         self, run: claiming.NodeRun, items: list[Any], duration: float, job_log: Any, ran: Ran

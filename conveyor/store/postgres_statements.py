@@ -179,8 +179,17 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 # claims would otherwise all queue for (and its status is the map's, running until it ends).
 # The execution's input is returned only when asked for (``input``): an item whose templates
 # do not read it is not sent the list its map may have come from, once per item.
+# The claim's commit does not wait for its WAL flush (``synchronous_commit`` off for its own
+# transaction, ``relaxed``): only a crash of the server can lose it, within the WAL writer's
+# delay, and then the job is queued again as if the claim had never happened, and the sweep
+# sends it again, which at-least-once already allows (a worker's crash does the same). Every
+# later commit of the try (its success, failure or heartbeat) is flushed, and a flush takes
+# the claim's WAL with it: a try's outcome is never durable without its claim
+# (docs/guarantees.md#what-a-commit-waits-for).
 _CLAIM = """
-WITH job AS (
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true) AS setting
+), job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
     WHERE id = :id AND kind = 'node' AND status || '' IN ({runnable})
       AND node_id IS NOT NULL
@@ -209,7 +218,7 @@ SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        job.item_index AS x_item_index, job.item AS x_item,
        ex.parent_execution_id AS x_parent_execution_id, ex.parent_node_id AS x_parent_node_id,
        ex.parent_job_id AS x_parent_job_id, ex.parent_try AS x_parent_try, ex.depth AS x_depth
-FROM job, ex
+FROM job, ex, relaxed
 """
 _NEEDS = """(SELECT jsonb_object_agg(w.node_id, n.output)
         FROM unnest(CAST(:needs AS varchar[])) AS w (node_id)

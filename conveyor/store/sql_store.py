@@ -12,7 +12,10 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import exists, select
+
 from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob
+from conveyor.engine.states import JobKind, JobStatus, Priority, priorities_above
 from conveyor.store.access import AccessQueries
 from conveyor.store.activity import ActivityQueries
 from conveyor.store.catalog import CatalogQueries
@@ -23,6 +26,7 @@ from conveyor.store.map_items import MapItemQueries
 from conveyor.store.recovery import RecoveryQueries
 from conveyor.store.reruns import RerunQueries
 from conveyor.store.schedules import ScheduleQueries
+from conveyor.store.session import JOBS
 from conveyor.store.stats import StatsQueries
 from conveyor.store.waits import WaitQueries
 
@@ -80,6 +84,28 @@ class SqlStore(
         needs: Sequence[str] = (),
         input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None: ...
+
+    def claim_continuation(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        *,
+        queue: str,
+        priority: Priority,
+        needs: Sequence[str] = (),
+        input: bool = True,
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
+        """See :class:`~conveyor.engine.ports.Jobs`: a look for a queued job of a higher
+        priority (ix_jobs_queued_priority: by priority, not through a backlog of queued jobs),
+        then the node's own claim."""
+        above = priorities_above(priority)
+        if above and self._core(select(exists().where(
+            JOBS.c.status == JobStatus.QUEUED, JOBS.c.priority.in_(above),
+            JOBS.c.queue == queue, JOBS.c.kind == JobKind.NODE,
+        ))).scalar_one():  # fmt: skip
+            return None
+        return self.claim_node_job(job_id, now, worker, needs=needs, input=input)
 
     @abstractmethod
     def complete_running(

@@ -21,6 +21,7 @@ from conveyor.engine.states import (
     JobStatus,
     NodeStatus,
     Priority,
+    priorities_above,
 )
 from conveyor.exceptions import DuplicateExecution, StoreError
 from conveyor.testing.memory_executions import MemoryExecutions
@@ -71,6 +72,26 @@ class MemoryJobs(MemoryExecutions):
             return job, execution, None
         rows = self.node_rows(execution.id, needs)
         return job, execution, {need: row.output for need, row in rows.items()}
+
+    def claim_continuation(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        *,
+        queue: str,
+        priority: Priority,
+        needs: Sequence[str] = (),
+        input: bool = True,
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
+        above = priorities_above(priority)
+        if any(
+            row.status is JobStatus.QUEUED and row.priority in above and row.queue == queue
+            and row.kind is JobKind.NODE
+            for row in self.tables.jobs.values()
+        ):  # fmt: skip
+            return None
+        return self.claim_node_job(job_id, now, worker, needs=needs, input=input)
 
     def complete_running(
         self,

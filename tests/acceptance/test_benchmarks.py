@@ -49,20 +49,22 @@ def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_pa
     result, figures = run_benchmark(
         tmp_path / "compare.json", "benchmarks", "--fanout", "5", "--executions", "20",
         "--latency-runs", "5", "--wait-runs", "3", "--scale-rows", "200", "--scale-map", "30",
-        "--concurrency", "2", "--rounds", "1",
+        "--concurrency", "2", "--rounds", "1", "--chain", "3",
     )  # fmt: skip
     found = figures["figures"]
     assert set(found) == {
-        "fanout_5", "map_5", "throughput", "latency", "waits", "scale", "map_scale",
+        "fanout_5", "map_5", "chain_3", "throughput", "latency", "waits", "scale", "map_scale",
     }  # fmt: skip
     assert set(figures["ratios"]) >= {
-        "fanout_5_per_node", "map_5_per_item", "map_5_of_static", "throughput_of_raw",
-        "latency_node_start_p50", "latency_node_start_p99", "scale_of_empty", "waits_p50",
-        "waits_p99",
+        "fanout_5_per_node", "map_5_per_item", "map_5_of_static", "chain_3_per_step",
+        "throughput_of_raw", "latency_node_start_p50", "latency_node_start_p99",
+        "latency_completed_p50", "scale_of_empty", "waits_p50", "waits_p99",
     }  # fmt: skip
     # the waits' figure: one event -> successor time per run, beside the raw relay's
     assert len(figures["raw_waits"]["event_to_start"]) == 3
     assert len(figures["raw_waits"]["raw_relay_start"]) == 3
+    # the chain ran beside a raw Celery chain, round for round
+    assert len(found["chain_3"]["conveyor_rounds"]) == len(found["chain_3"]["raw_rounds"]) == 1
     assert all(v > 0 for v in figures["ratios"].values())
     # the map ran in the fan-out's rounds, beside its chord over the same list
     assert len(found["map_5"]["conveyor_rounds"]) == len(found["map_5"]["raw_rounds"]) == 1
@@ -80,6 +82,7 @@ def test_the_comparison_benchmark_runs_every_figure_and_writes_its_ratios(tmp_pa
     assert "raw Celery" in result.stdout and "target" in result.stdout
     assert "map 5: per item" in result.stdout and "map of 30 items" in result.stdout
     assert "event->waiting node's successor p99" in result.stdout
+    assert "chain of 3: per step" in result.stdout
 
 
 def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(
@@ -94,6 +97,16 @@ def test_the_ab_benchmark_runs_an_older_commit_s_workers_beside_this_tree_s(
     assert "this tree / HEAD" in result.stdout
     listed = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True)
     assert "conveyor-ab-" not in listed.stdout  # the worktree is gone
+
+
+def test_the_ab_benchmark_runs_the_chain_figure(tmp_path: Path) -> None:
+    result, figures = run_benchmark(
+        tmp_path / "ab.json", "benchmarks.ab", "HEAD", "--figure", "chain", "--chain", "3",
+        "--cycles", "1", "--runs", "1", "--concurrency", "2",
+    )  # fmt: skip
+    assert figures["unit"] == "ms per step"
+    assert all(len(v) == 1 and v[0] > 0 for v in figures["values"].values())
+    assert "this tree / HEAD" in result.stdout
 
 
 def test_the_batching_benchmark_runs_both_sides_and_writes_its_figures(tmp_path: Path) -> None:

@@ -240,11 +240,16 @@ def test_a_postgresql_restart_loses_nothing(chaos_client: Conveyor, spawn: Spawn
     ids = start_all(chaos_client)
 
     time.sleep(1.5)  # mid-run: every connection of every process is cut
+    restart_postgresql()
+
+    assert_nothing_lost_nothing_twice(chaos_client, ids)
+
+
+def restart_postgresql() -> None:
+    """Restart the local PostgreSQL server (the newest cluster's ``main``)."""
     version = sorted(os.listdir("/etc/postgresql"))[-1]
     restarted = subprocess.run(
         ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert restarted.returncode == 0, restarted.stderr
-
-    assert_nothing_lost_nothing_twice(chaos_client, ids)

@@ -458,3 +458,22 @@ def test_a_map_s_settled_items_release_the_held_ones_by_key_on_statistics_taken_
     after = index_reads(service, url)
     read = {name: after[name] - before[name] for name in after}
     assert sum(read.values()) < 20 * 600, read
+
+
+def test_a_claim_s_own_transaction_commits_without_waiting_for_its_flush(
+    own: Conveyor,
+) -> None:
+    # Given a node job queued (the trigger plans a one-node execution itself)
+    own.trigger("one")
+    held = own.dispatcher
+    assert isinstance(held, Held)
+    (node_job,) = held.dispatches
+    # When it is claimed inside a transaction that reads the setting after the claim
+    with own.db.transaction() as store:
+        before = store.session.execute(text("SHOW synchronous_commit")).scalar_one()
+        assert store.claim_node_job(node_job.job_id, utcnow(), "w") is not None
+        during = store.session.execute(text("SHOW synchronous_commit")).scalar_one()
+    # Then the claim relaxed its own transaction's commit, and only that transaction's
+    with own.db.transaction() as store:
+        after = store.session.execute(text("SHOW synchronous_commit")).scalar_one()
+    assert (before, during, after) == ("on", "off", "on")

@@ -46,7 +46,8 @@ def kept(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Conveyo
     services.truncate(database_url)
     monkeypatch.setattr(mapping, "ITEM_CHUNK", CHUNK)
     db = Database(database_url)
-    service = Conveyor(db, Kept(), map_window=WINDOW)
+    # no continuations: every job runs from a message this test holds and counts
+    service = Conveyor(db, Kept(), map_window=WINDOW, continue_steps=0)
     service.apply(parse_workflow({"name": "long", "nodes": [
         {"id": "m", "type": "python", "config": {"function": "test.noop"},
          "map": {"over": "{{ input.rows }}"}},
