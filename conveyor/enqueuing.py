@@ -23,7 +23,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from conveyor import tracing
@@ -33,6 +33,7 @@ from conveyor.engine.records import Dispatch
 from conveyor.engine.states import Priority, TriggerSource
 from conveyor.exceptions import StoreError
 from conveyor.store import DEFAULT_TENANT, store_on
+from conveyor.store.unit_of_work import older_snapshot
 
 log = logging.getLogger("conveyor.enqueue")
 
@@ -116,10 +117,8 @@ def _read_committed(session: Session) -> None:
     key's lock: a snapshot taken earlier in a REPEATABLE READ or SERIALIZABLE transaction
     would not show a wait committed meanwhile, and the event would miss it (as the wait had
     missed the event, not committed yet)."""
-    if session.get_bind().dialect.name != "postgresql":
-        return
-    level = session.execute(text("SHOW transaction_isolation")).scalar_one()
-    if level != "read committed":
+    level = older_snapshot(session)
+    if level is not None:
         raise StoreError(
             f"conveyor.send_event needs a READ COMMITTED transaction, and this one is {level}: "
             "a wait that began after your transaction's snapshot would miss the event; send "

@@ -36,6 +36,16 @@ def store_on(session: Session) -> SqlStore:
     return SqliteStore(session)
 
 
+def older_snapshot(session: Session) -> str | None:
+    """The isolation level of the session's transaction when its reads see a snapshot older
+    than each statement (PostgreSQL's REPEATABLE READ or SERIALIZABLE); None when each
+    statement sees what committed before it (READ COMMITTED, and SQLite's one writer)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    level = str(session.execute(text("SHOW transaction_isolation")).scalar_one())
+    return None if level == "read committed" else level
+
+
 class Database:
     """Owns the engine; hands out stores bound to one transaction each."""
 
