@@ -197,15 +197,18 @@ def await_ready(*processes: subprocess.Popen[str]) -> None:
 
 
 def _wait_until_ready(process: subprocess.Popen[str], log: Path, says: str = "ready.") -> None:
+    """Until ``log`` holds ``says``. For uvicorn wait for "Uvicorn running on", which it logs
+    once its socket listens: "Application startup complete" comes before the bind, and a
+    request sent between the two is refused."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if says in log.read_text():
             return
         if process.poll() is not None:
-            raise AssertionError(f"celery exited with {process.returncode}:\n{log.read_text()}")
+            raise AssertionError(f"{process.args} exited {process.returncode}:\n{log.read_text()}")
         time.sleep(0.1)
     _stop([process], grace=0)
-    raise AssertionError(f"celery not ready after 30 s:\n{log.read_text()}")
+    raise AssertionError(f"{process.args} said no {says!r} in 30 s:\n{log.read_text()}")
 
 
 def _stop(processes: list[subprocess.Popen[str]], grace: float = 20) -> None:

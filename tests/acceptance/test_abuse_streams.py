@@ -35,7 +35,7 @@ def test_conveyor_api_ends_its_streams_cleanly_on_sigterm_and_exits(tmp_path: Pa
             stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
     try:
-        _wait_until_ready(process, log, "Application startup complete")
+        _wait_until_ready(process, log, "Uvicorn running on")
         http = httpx.Client(
             base_url=f"http://127.0.0.1:{port}",
             headers={"Authorization": f"Bearer {made.stdout.strip()}"},

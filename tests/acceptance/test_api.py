@@ -44,7 +44,7 @@ def serving_api(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
             stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
     try:
-        _wait_until_ready(process, log, "Application startup complete")
+        _wait_until_ready(process, log, "Uvicorn running on")
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
@@ -112,7 +112,7 @@ def test_conveyor_api_serves_metrics_on_their_own_port_and_not_on_the_public_one
             cwd=ROOT, env=env, text=True, stdout=out, stderr=out, start_new_session=True,
         )  # fmt: skip
     try:
-        _wait_until_ready(process, log, "Application startup complete")
+        _wait_until_ready(process, log, "Uvicorn running on")
 
         public = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
         own = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30)

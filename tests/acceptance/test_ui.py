@@ -382,7 +382,7 @@ def test_conveyor_ui_serves_the_dashboard_on_the_embedded_default_with_a_key_to_
         )  # fmt: skip
     try:
         # When it is up, the key it printed signs in
-        _wait_until_ready(process, log, "Application startup complete")
+        _wait_until_ready(process, log, "Uvicorn running on")
         key = re.search(r"\bcvk_\S+", log.read_text())
         assert key is not None, log.read_text()
         assert f"http://127.0.0.1:{port}/ui" in log.read_text()
