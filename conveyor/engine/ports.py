@@ -734,10 +734,20 @@ class Waits(Protocol):
         ...
 
     def first_event(
-        self, tenant_id: uuid.UUID, event: str, key: str, since: datetime, now: datetime
+        self,
+        tenant_id: uuid.UUID,
+        event: str,
+        key: str,
+        since: datetime,
+        now: datetime,
+        *,
+        execution_id: uuid.UUID | None = None,
     ) -> EventRecord | None:
         """The earliest kept event of (tenant, event, key) that arrived at ``since`` or later
-        and has not expired at ``now``; None when there is none."""
+        and has not expired at ``now``; None when there is none. With ``execution_id``, an
+        adapter whose database stamps both an execution's insert and an event's by its own
+        clock (PostgreSQL) counts from that execution's stamp instead of ``since``: the
+        processes that trigger and send may disagree on the time, the database does not."""
         ...
 
     def add_wait(self, wait: WaitRecord) -> None:

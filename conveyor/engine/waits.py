@@ -114,7 +114,10 @@ def begin_wait(
         return Began(after=failed.after, failed=failed, error=stopped)
     # A decision is never made before its approval waits: it has no kept event to take.
     asks = node_types.asks_a_person(run.node)
-    kept = None if asks else store.first_event(tenant_id, event, key, run.execution.created_at, now)
+    kept = None
+    if not asks:
+        since = run.execution.created_at
+        kept = store.first_event(tenant_id, event, key, since, now, execution_id=run.execution.id)
     if kept is not None:
         after = complete_node(store, run, kept.payload, now, 0.0, branch="on_event")
         return Began(after=after, woke=True)

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Enum,
+    FetchedValue,
     Float,
     ForeignKey,
     Index,
@@ -322,6 +323,12 @@ class Execution(Base):
     traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
     tracestate: Mapped[str | None] = mapped_column(String(TRACESTATE_CHARS), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # The database's clock when it was inserted (PostgreSQL: statement_timestamp(), the
+    # default of migration 0028; SQLite and the executions before 0028: NULL, created_at
+    # counts): its waits take the events kept from then on, both stamps by one clock.
+    events_since: Mapped[datetime | None] = mapped_column(
+        UTCDateTime(), nullable=True, server_default=FetchedValue()
+    )
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
@@ -614,6 +621,7 @@ class Event(Base):
     name: Mapped[str] = mapped_column(String(200))
     key: Mapped[str] = mapped_column(String(200))
     payload: Mapped[Any] = mapped_column(JsonType)
+    # PostgreSQL: the database's clock (statement_timestamp()), as executions.events_since.
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, ColumnElement, String, any_, bindparam, func, select
+from sqlalchemy import ARRAY, ColumnElement, String, any_, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import (
     Created,
+    EventRecord,
     ExecutionRecord,
     Finish,
     ItemsLeft,
@@ -27,6 +29,7 @@ from conveyor.store import postgres_statements as hot
 from conveyor.store.jobs import node_job_row, start_job_row
 from conveyor.store.session import NODE_STATES
 from conveyor.store.sql_store import SqlStore
+from conveyor.store.waits import EVENTS
 
 # The first key of the advisory locks of applies (the second is the tenant's): "conv".
 APPLY_LOCK = 0x636F6E76
@@ -61,6 +64,13 @@ class PostgresStore(SqlStore):
         commit or rollback. Two correlations sharing a hash take turns, nothing worse."""
         correlation = func.hashtext(f"{tenant_id}\x1f{event}\x1f{key}")
         self._core(select(func.pg_advisory_xact_lock(WAIT_LOCK, correlation)))
+
+    def add_event(self, event: EventRecord) -> None:
+        """Stamped by the database's clock (``statement_timestamp()``), as an execution's
+        ``events_since`` is (its column's default): a wait compares the two, so a sender
+        whose clock lags the trigger's loses no wake-up."""
+        stamped = asdict(event) | {"created_at": func.statement_timestamp()}
+        self.session.execute(insert(EVENTS).values(**stamped))
 
     def _hot(self, statement: hot.Statement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Run a statement of the hot path on the driver's connection: the autocommit

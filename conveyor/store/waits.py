@@ -8,13 +8,23 @@ from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, and_, delete, exists, func, insert, select
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Table,
+    and_,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from conveyor.engine.records import EventRecord, WaitRecord
 from conveyor.engine.states import JobStatus
 from conveyor.models import Event, Wait
-from conveyor.store.session import JOBS
+from conveyor.store.session import EXECUTIONS, JOBS
 
 EVENTS = cast(Table, Event.__table__)
 WAITS = cast(Table, Wait.__table__)
@@ -31,15 +41,27 @@ class WaitQueries:
         self.session.execute(insert(EVENTS).values(**asdict(event)))
 
     def first_event(
-        self, tenant_id: uuid.UUID, event: str, key: str, since: datetime, now: datetime
+        self,
+        tenant_id: uuid.UUID,
+        event: str,
+        key: str,
+        since: datetime,
+        now: datetime,
+        *,
+        execution_id: uuid.UUID | None = None,
     ) -> EventRecord | None:
+        # The execution's events_since when the database stamped it (PostgreSQL), else since.
+        start: ColumnElement[datetime] | datetime = since
+        if execution_id is not None:
+            stamped = select(EXECUTIONS.c.events_since).where(EXECUTIONS.c.id == execution_id)
+            start = func.coalesce(stamped.scalar_subquery(), since)
         row = self.session.execute(
             select(EVENTS)
             .where(
                 EVENTS.c.tenant_id == tenant_id,
                 EVENTS.c.name == event,
                 EVENTS.c.key == key,
-                EVENTS.c.created_at >= since,
+                EVENTS.c.created_at >= start,
                 EVENTS.c.expires_at > now,
             )
             .order_by(EVENTS.c.created_at, EVENTS.c.id)

@@ -21,7 +21,14 @@ class MemoryWaits:
         self.tables.events[event.id] = replace(event, payload=stored(event.payload))
 
     def first_event(
-        self, tenant_id: uuid.UUID, event: str, key: str, since: datetime, now: datetime
+        self,
+        tenant_id: uuid.UUID,
+        event: str,
+        key: str,
+        since: datetime,
+        now: datetime,
+        *,
+        execution_id: uuid.UUID | None = None,  # one clock here: since is the execution's
     ) -> EventRecord | None:
         found = [
             e

@@ -10,7 +10,7 @@ import random
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -168,13 +168,13 @@ def test_a_tenant_cannot_wake_another_tenants_wait(
     assert wait_for(conveyor_service, theirs).status is ExecutionStatus.COMPLETED
 
 
-def claimed_wait(service: Conveyor, order: str) -> claiming.NodeRun:
+def claimed_wait(service: Conveyor, order: str, clock: timedelta = timedelta()) -> claiming.NodeRun:
     """A wait node's try claimed by the test, its execution never published (no worker has
-    it)."""
+    it), triggered by a process whose clock is ``clock`` off the right time."""
     apply(service, "pay", wait_node("wait"), got("wait"))
     made = service.db.autocommit(
         lambda s: triggering.trigger(
-            s, workflow_name="pay", tenant="default", input={"order": order}, now=utcnow()
+            s, workflow_name="pay", tenant="default", input={"order": order}, now=utcnow() + clock
         )
     )
     (dispatch,) = made.dispatches
@@ -250,6 +250,44 @@ def test_a_wait_beginning_while_its_event_arrives_waits_for_it_and_takes_it(
     service._after(begun[0].after)  # its successor's message, as the worker publishes it
     assert wait_for(service, run.execution.id).status is ExecutionStatus.COMPLETED
     assert [float(e["value"]) for e in effects(TEST_DB_URL)] == [2.0]
+
+
+def send_by_clock(service: Conveyor, order: str, clock: timedelta) -> waits.Sent:
+    """The event of ``order`` sent by a process whose clock is ``clock`` off the right time."""
+    return service.db.run(
+        lambda s: waits.send_event(
+            s, s.tenant_id("default"), "paid", order, {"n": 4}, utcnow() + clock
+        )
+    )
+
+
+def test_a_wait_takes_an_event_whose_senders_clock_lags_the_triggers(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given an execution triggered by a process whose clock runs an hour ahead
+    run = claimed_wait(conveyor_service, "skew-1", clock=timedelta(hours=1))
+
+    # When its event is sent after it by a process whose clock is right, before the wait began
+    assert send_by_clock(conveyor_service, "skew-1", timedelta()).woke == []
+
+    # Then the wait takes it as it begins: both stamped by the database's clock, the event
+    # came after the execution
+    began = conveyor_service.db.run(lambda s: waits.begin_wait(s, run, utcnow()))
+    assert began.woke and not began.waiting
+
+
+def test_a_wait_leaves_an_event_sent_before_its_execution_by_a_clock_running_ahead(
+    conveyor_service: Conveyor,
+) -> None:
+    # Given an event sent by a process whose clock runs an hour ahead
+    assert send_by_clock(conveyor_service, "skew-2", timedelta(hours=1)).woke == []
+
+    # When an execution waiting for it is triggered after it by a process whose clock is right
+    run = claimed_wait(conveyor_service, "skew-2")
+
+    # Then its wait does not take it: it came before the execution, by the database's clock
+    began = conveyor_service.db.run(lambda s: waits.begin_wait(s, run, utcnow()))
+    assert began.waiting and not began.woke
 
 
 def test_waiting_executions_are_listed_counted_by_age_and_woken_from_the_cli(
