@@ -18,6 +18,16 @@ CONVEYOR = str(Path(sys.executable).parent / "conveyor")  # the installed consol
 
 Event = dict[str, Any]  # {"id", "kind", "data"}: one line of --json
 
+# Runs the command with SIGINT at its default, as a terminal's foreground job has it. A job
+# that a shell without job control started in the background (`cmd &`: scripts/test's side
+# lanes, a CI runner's) ignores SIGINT, its children inherit that, and Python then installs
+# no KeyboardInterrupt: a Ctrl-C would be lost on the watch. exec keeps the default.
+_AS_IN_A_TERMINAL = (
+    sys.executable, "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+)  # fmt: skip
+
 
 class Watch:
     """A running ``conveyor executions watch --json``: threads read its stdout's lines onto
@@ -25,7 +35,7 @@ class Watch:
 
     def __init__(self, *args: str, env: dict[str, str], cwd: Path) -> None:
         self.process = subprocess.Popen(
-            [CONVEYOR, "executions", "watch", "--json", *args],
+            [*_AS_IN_A_TERMINAL, CONVEYOR, "executions", "watch", "--json", *args],
             env=env, cwd=cwd, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
