@@ -68,6 +68,7 @@ def all_done_once(client: Conveyor, ids: list[uuid.UUID], timeout: float = 90) -
     assert len(written) == len(ids) * 3 and set(written.values()) == {1}, written
 
 
+@pytest.mark.alone  # stops the whole RabbitMQ application every vhost uses
 def test_a_rabbitmq_restart_loses_nothing(
     client: Conveyor,
     start_worker: StartWorker,

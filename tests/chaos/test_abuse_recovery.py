@@ -134,6 +134,7 @@ def outage_spawn(outage_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[S
         yield start, logs
 
 
+@pytest.mark.alone  # compares the pace of a calm run with a disturbed one's
 def test_redis_restarted_empty_recovers_in_proportion_to_what_it_lost(
     own_redis: OwnRedis, outage_spawn: tuple[Spawn, Path]
 ) -> None:

@@ -235,6 +235,7 @@ def test_malformed_messages_and_unknown_jobs_disturb_nothing(
     assert all(w.poll() is None for w in [cluster.planner, *cluster.nodes])  # none died
 
 
+@pytest.mark.alone  # restarts the PostgreSQL every tier uses
 def test_a_postgresql_restart_loses_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
     Cluster(spawn)
     ids = start_all(chaos_client)

@@ -123,6 +123,7 @@ def test_long_chains_lose_nothing_when_the_broker_is_flushed(
     assert_each_step_once(chaos_client, ids)
 
 
+@pytest.mark.alone  # restarts the PostgreSQL every tier uses
 def test_long_chains_lose_nothing_across_a_postgresql_restart(
     chaos_client: Conveyor, chain_spawn: Spawn
 ) -> None:
