@@ -35,6 +35,8 @@ def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, durat
         return False
     _, shape = load_workflow(store, run.execution.workflow_id)
     successors = shape.successors[run.node.id]
+    if any(shape.waiting_on[s] == 1 for s in successors):
+        return False  # it settles that successor (a chain's next step): spare the statement
     finish = None
     if not successors:
         finish = known_finish(run, shape, now, {run.node.id: output})
