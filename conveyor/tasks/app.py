@@ -102,9 +102,10 @@ def create_app(settings: Settings) -> Celery:
     return app
 
 
-# A recovery sweep waits in the queue at least this long before it is dropped as expired:
-# with a short interval (the chaos tier's 1 s), a planner busier than one interval would
-# otherwise drop every sweep, and nothing lost would be recovered until it caught up.
+# A recovery sweep or a due check waits in the queue at least this long before it is dropped
+# as expired: with a short interval (the chaos tier's 1 s sweep, a check every second), a
+# worker busier than one interval would otherwise drop every one, and nothing lost would be
+# recovered, nor anything due fired, until it caught up. Both are safe to run late or twice.
 RECOVER_EXPIRES_FLOOR = 10.0
 
 
@@ -113,7 +114,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     default, else every ``CONVEYOR_SCHEDULE_CHECK_INTERVAL`` seconds. A check that waited in
     the queue longer than one interval is dropped: the next one does its work. Any number of
     beats may run; their checks share the due schedules, never firing one slot twice. The
-    recovery sweep expires after its interval too, but never sooner than
+    check and the recovery sweep expire after their interval, but never sooner than
     :data:`RECOVER_EXPIRES_FLOOR`."""
     interval = settings.schedule_check_interval
     every: crontab | float = crontab() if interval == 60 else interval
@@ -122,7 +123,7 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         "conveyor-schedule-check": {
             "task": "conveyor.scheduled.check",
             "schedule": every,
-            "options": {"queue": SCHEDULED_QUEUE, "expires": interval},
+            "options": {"queue": SCHEDULED_QUEUE, "expires": max(interval, RECOVER_EXPIRES_FLOOR)},
         },
         "conveyor-recover": {
             "task": "conveyor.scheduled.recover",

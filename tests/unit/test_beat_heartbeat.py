@@ -95,3 +95,15 @@ def test_a_recovery_sweep_expires_after_its_interval_but_never_within_ten_second
 
     assert recover["schedule"] == interval
     assert recover["options"] == {"queue": "workflow-scheduled", "expires": expires}
+
+
+@pytest.mark.parametrize(("interval", "expires"), [(1.0, 10.0), (60.0, 60.0)])
+def test_a_due_check_expires_after_its_interval_but_never_within_ten_seconds(
+    interval: float, expires: float
+) -> None:
+    # A scheduled-queue worker busier than a short interval still runs the checks it is sent
+    app = create_app(Settings(broker_url="memory://", schedule_check_interval=interval))
+
+    check = app.conf.beat_schedule["conveyor-schedule-check"]
+
+    assert check["options"] == {"queue": "workflow-scheduled", "expires": expires}
