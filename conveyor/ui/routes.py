@@ -251,10 +251,15 @@ def execution(
     }
     return render(
         request, "execution.html", who=who, e=view, layout=drawn, nodes=nodes, tries=tries,
-        waits=waits, asks=asks, shown=_shown, note=request.query_params.get("note"),
+        waits=waits, asks=asks, approval_nodes=_approval_nodes(record.definition),
+        shown=_shown, note=request.query_params.get("note"),
         finished=ExecutionStatus(view["status"]).finished,
         workflow_link=_workflow_link(who, owner.name, view["workflow"], view["version"]),
     )  # fmt: skip
+
+
+def _approval_nodes(definition: dict[str, Any]) -> set[str]:
+    return {n["id"] for n in definition.get("nodes", []) if n.get("type") == "approval"}
 
 
 def _workflow_link(who: Who, tenant: str, name: str, version: int | None = None) -> str:

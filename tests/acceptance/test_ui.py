@@ -150,7 +150,10 @@ DIAMOND = {
 RELEASE = {
     "name": "release",
     "nodes": [
-        {"id": "sign-off", "type": "approval", "config": {"message": "Ship it?"}},
+        {"id": "build", "type": "python", "config": {"function": "test.wait_for_file"},
+         "inputs": {"path": "{{ input.path }}"}},
+        {"id": "sign-off", "type": "approval", "needs": ["build"],
+         "config": {"message": "Ship it?"}},
         {"id": "ship", "type": "python", "needs": ["sign-off"], "config": {"function": "test.add"},
          "inputs": {"a": 1, "b": 2}},
     ],
@@ -243,12 +246,16 @@ def test_an_operator_watches_a_diamond_live_requeues_a_failure_pauses_a_schedule
     browser.get(f"{api}/ui/executions/{uuid.uuid4()}")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
 
-    # When a release waits for its sign-off, and it is approved from its page with a comment
-    release = _trigger(http, "release", {})
-    WebDriverWait(None, WAIT, poll_frequency=0.2).until(  # type: ignore[arg-type]
-        lambda _: client.approvals("acme")
-    )
+    # When a release's page is open while it builds, then its sign-off waits (the page reloads
+    # itself to show the buttons), and it is approved there with a comment
+    built = tmp_path / "built"
+    release = _trigger(http, "release", {"input": {"path": str(built)}})
     browser.get(f"{api}/ui/executions/{release}")
+    WebDriverWait(browser, WAIT).until(lambda d: "status-running" in _node_status(d, "build"))
+    built.write_text("go")
+    WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, '[data-approval="sign-off"] button.approve')
+    )
     assert "status-waiting" in _node_status(browser, "sign-off")
     box = browser.find_element(By.CSS_SELECTOR, '[data-approval="sign-off"]')
     assert "Ship it?" in box.text
