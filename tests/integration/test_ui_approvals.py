@@ -123,14 +123,16 @@ def test_an_operator_decides_another_tenants_approval_under_its_own_keys_name(
     assert conveyor_service.approvals("acme") == []
 
 
-def test_an_operator_lists_every_tenants_workflows_filters_them_and_opens_any(
-    api_url: str, make_key: MakeKey, operator_key: str
+def test_an_operator_lists_every_tenants_workflows_opens_any_and_pauses_its_schedule(
+    api_url: str, make_key: MakeKey, operator_key: str, conveyor_service: Conveyor
 ) -> None:
-    # Given the workflow "one" in each of red and blue
+    # Given the workflow "one" in each of red and blue, red's with a schedule
     for tenant in ("red", "blue"):
         headers = {"Authorization": f"Bearer {make_key(tenant)}"}
+        flow = {**FLOW, "schedules": [{"name": "nightly", "cron": "0 2 * * *"}]}
         with httpx.Client(base_url=api_url, headers=headers) as api:
-            assert api.post("/v1/workflows", json=FLOW).status_code in (200, 201)
+            answer = api.post("/v1/workflows", json=flow if tenant == "red" else FLOW)
+            assert answer.status_code in (200, 201), answer.text
 
     with _signed_in(api_url, operator_key) as browser:
         # When the operator opens the workflows list, filtered or not, and red's "one"
@@ -138,6 +140,9 @@ def test_an_operator_lists_every_tenants_workflows_filters_them_and_opens_any(
         blue = browser.get("/ui/workflows", params={"tenant": "blue"}).text
         red_one = browser.get("/ui/workflows/one", params={"tenant": "red"})
         nobody = browser.get("/ui/workflows/one", params={"tenant": "nobody"})
+        # and pauses red's schedule from there
+        form = {"csrf": _csrf(red_one), "tenant": "red"}
+        paused = browser.post("/ui/schedules/nightly/pause", data=form)
     # Then both tenants' are listed with their tenant and links naming it
     tenants = re.findall(r'<td class="tenant">([^<]*)</td>', every)
     assert {"red", "blue"} <= set(tenants) and 'id="tenant-filter"' in every
@@ -145,10 +150,25 @@ def test_an_operator_lists_every_tenants_workflows_filters_them_and_opens_any(
     assert re.findall(r'<td class="tenant">([^<]*)</td>', blue) == ["blue"]
     assert red_one.status_code == 200 and "tenant red" in red_one.text
     assert nobody.status_code == 404
+    assert paused.status_code == 303
+    assert paused.headers["location"].startswith("/ui/workflows/one?tenant=red&note=Paused")
+    assert _schedule_enabled(conveyor_service, "red") is False
 
     # And a tenant's session has no filter: its own workflows only, whatever it asks
     with _signed_in(api_url, make_key("blue")) as browser:
         own = browser.get("/ui/workflows", params={"tenant": "red"}).text
         assert 'id="tenant-filter"' not in own and '<td class="tenant">' not in own
         assert len(re.findall(r"<tr data-workflow=", own)) == 1
-        assert browser.get("/ui/workflows/one", params={"tenant": "red"}).status_code == 200
+        page = browser.get("/ui/workflows/one", params={"tenant": "red"})
+        assert page.status_code == 200 and 'data-schedule="nightly"' not in page.text
+        # and its forged post naming red resumes nothing (blue has no such schedule)
+        forged = {"csrf": _csrf(page), "tenant": "red"}
+        assert browser.post("/ui/schedules/nightly/resume", data=forged).status_code == 404
+    assert _schedule_enabled(conveyor_service, "red") is False
+
+
+def _schedule_enabled(service: Conveyor, tenant: str) -> bool:
+    with service.db.transaction() as store:
+        found = store.schedule(store.tenant_id(tenant), "nightly")
+    assert found is not None
+    return found.enabled
