@@ -77,10 +77,15 @@ def _decide(
     approved: bool,
     body: DecisionBody | None,
 ) -> DecisionMade:
-    by = f"key:{tenant.key}" if tenant.key else f"tenant:{tenant.name}"
     decided = service.decide(
-        approval_id, approved=approved, by=by, comment=body.comment if body else None,
+        approval_id, approved=approved, by=decider(tenant), comment=body.comment if body else None,
         tenant=tenant.name,
     )  # fmt: skip
     made = {"execution_id": decided.execution_id, "node_id": decided.node_id, **decided.output}
     return DecisionMade.model_validate(made)
+
+
+def decider(signed_in: TenantRef) -> str:
+    """Who a decision records as its maker: the name of the API key that made it (the
+    dashboard records its session's key the same way, an operator's included)."""
+    return f"key:{signed_in.key}" if signed_in.key else f"tenant:{signed_in.name}"

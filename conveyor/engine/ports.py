@@ -759,9 +759,10 @@ class Waits(Protocol):
         may be among them: the caller's resume refuses it)."""
         ...
 
-    def pending_waits(self, tenant_id: uuid.UUID, event: str) -> list[WaitRecord]:
+    def pending_waits(self, tenant_id: uuid.UUID | None, event: str) -> list[WaitRecord]:
         """The tenant's waits on ``event`` whose job still waits, oldest first (the pending
-        approvals, under :data:`~conveyor.engine.waits.APPROVAL_EVENT`)."""
+        approvals, under :data:`~conveyor.engine.waits.APPROVAL_EVENT`); every tenant's with
+        None (an operator's dashboard)."""
         ...
 
     def end_wait(self, job_id: uuid.UUID) -> None:

@@ -22,6 +22,7 @@ class Pending:
     since when and until when it waits (None: no timeout)."""
 
     id: uuid.UUID
+    tenant_id: uuid.UUID
     execution_id: uuid.UUID
     workflow: str
     node_id: str
@@ -34,12 +35,14 @@ class Approvals(ServiceBase):
     def approvals(self, tenant: str = DEFAULT_TENANT) -> list[Pending]:
         """The tenant's approvals that wait for a decision, oldest first."""
 
-        def read(store: SqlStore) -> list[Pending]:
-            found = store.pending_waits(store.tenant_id(tenant), waits.APPROVAL_EVENT)
-            return [_pending(store, wait) for wait in found]
-
         with self.db.transaction() as store:
-            return read(store)
+            return _pending_in(store, store.tenant_id(tenant))
+
+    def approvals_in(self, tenant_id: uuid.UUID | None) -> list[Pending]:
+        """The approvals of the tenant of that id that wait for a decision, oldest first;
+        every tenant's with None (an operator's dashboard)."""
+        with self.db.transaction() as store:
+            return _pending_in(store, tenant_id)
 
     def decide(
         self,
@@ -62,12 +65,17 @@ class Approvals(ServiceBase):
         return decided
 
 
+def _pending_in(store: SqlStore, tenant_id: uuid.UUID | None) -> list[Pending]:
+    return [_pending(store, w) for w in store.pending_waits(tenant_id, waits.APPROVAL_EVENT)]
+
+
 def _pending(store: SqlStore, wait: WaitRecord) -> Pending:
     execution = store.execution(wait.execution_id)
     workflow, _ = load_workflow(store, execution.workflow_id)
     message = workflow.node(wait.node_id).config.get("message")
     return Pending(
-        id=wait.job_id, execution_id=wait.execution_id, workflow=workflow.name,
-        node_id=wait.node_id, message=message if isinstance(message, str) else None,
+        id=wait.job_id, tenant_id=wait.tenant_id, execution_id=wait.execution_id,
+        workflow=workflow.name, node_id=wait.node_id,
+        message=message if isinstance(message, str) else None,
         since=wait.created_at, timeout_at=wait.timeout_at,
     )  # fmt: skip

@@ -119,21 +119,25 @@ class CatalogQueries(StoreCore):
         self.session.flush()
         return workflow_record(row)
 
-    def list_workflows(self, tenant_id: uuid.UUID) -> list[WorkflowRecord]:
-        newest = (
-            select(WorkflowVersion.name, func.max(WorkflowVersion.version).label("v"))
-            .where(WorkflowVersion.tenant_id == tenant_id)
-            .group_by(WorkflowVersion.name)
-            .subquery()
-        )
+    def list_workflows(self, tenant_id: uuid.UUID | None) -> list[WorkflowRecord]:
+        """Each workflow's latest version, by name: the tenant's, or every tenant's with None
+        (an operator's dashboard), then by tenant."""
+        newest = select(
+            WorkflowVersion.tenant_id, WorkflowVersion.name,
+            func.max(WorkflowVersion.version).label("v"),
+        ).group_by(WorkflowVersion.tenant_id, WorkflowVersion.name)  # fmt: skip
+        if tenant_id is not None:
+            newest = newest.where(WorkflowVersion.tenant_id == tenant_id)
+        latest = newest.subquery()
         rows = self.session.scalars(
             select(WorkflowVersion)
             .join(
-                newest,
-                (WorkflowVersion.name == newest.c.name) & (WorkflowVersion.version == newest.c.v),
+                latest,
+                (WorkflowVersion.tenant_id == latest.c.tenant_id)
+                & (WorkflowVersion.name == latest.c.name)
+                & (WorkflowVersion.version == latest.c.v),
             )
-            .where(WorkflowVersion.tenant_id == tenant_id)
-            .order_by(WorkflowVersion.name)
+            .order_by(WorkflowVersion.name, WorkflowVersion.tenant_id)
         )
         return [workflow_record(r) for r in rows]
 

@@ -83,14 +83,12 @@ class WaitQueries:
         )
         return [_wait(row) for row in rows]
 
-    def pending_waits(self, tenant_id: uuid.UUID, event: str) -> list[WaitRecord]:
+    def pending_waits(self, tenant_id: uuid.UUID | None, event: str) -> list[WaitRecord]:
         waiting = and_(JOBS.c.id == WAITS.c.job_id, JOBS.c.status == JobStatus.WAITING_EVENT)
-        rows = self.session.execute(
-            select(WAITS)
-            .join(JOBS, waiting)
-            .where(WAITS.c.tenant_id == tenant_id, WAITS.c.event == event)
-            .order_by(WAITS.c.created_at, WAITS.c.job_id)
-        )
+        query = select(WAITS).join(JOBS, waiting).where(WAITS.c.event == event)
+        if tenant_id is not None:
+            query = query.where(WAITS.c.tenant_id == tenant_id)
+        rows = self.session.execute(query.order_by(WAITS.c.created_at, WAITS.c.job_id))
         return [_wait(row) for row in rows]
 
     def execution_waits(self, execution_id: uuid.UUID) -> list[WaitRecord]:

@@ -50,11 +50,12 @@ class MemoryWaits:
         ]
         return sorted(found, key=lambda w: (w.created_at, w.job_id))
 
-    def pending_waits(self, tenant_id: uuid.UUID, event: str) -> list[WaitRecord]:
+    def pending_waits(self, tenant_id: uuid.UUID | None, event: str) -> list[WaitRecord]:
         found = [
             w
             for w in self.tables.waits.values()
-            if (w.tenant_id, w.event) == (tenant_id, event)
+            if w.event == event
+            and tenant_id in (None, w.tenant_id)
             and (job := self.tables.jobs.get(w.job_id)) is not None
             and job.status is JobStatus.WAITING_EVENT
         ]

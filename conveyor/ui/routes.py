@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
-from urllib.parse import parse_qs, urlencode
+from typing import Any
+from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
-from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from conveyor import views
@@ -31,9 +27,9 @@ from conveyor.config import Settings, get_settings
 from conveyor.engine import credentials
 from conveyor.engine.records import TenantRef
 from conveyor.engine.states import ExecutionStatus, NodeStatus
+from conveyor.engine.waits import APPROVAL_EVENT
 from conveyor.exceptions import (
     AuthError,
-    ConveyorError,
     NotFound,
     StreamsUnavailable,
     TooManyStreams,
@@ -42,51 +38,25 @@ from conveyor.scheduler import schedules
 from conveyor.service import Conveyor
 from conveyor.store.dead_letters import DeadLetterFilter
 from conveyor.store.listing import ExecutionFilter
-from conveyor.ui import dag, operators
-from conveyor.ui.sessions import COOKIE, Session, Signer
+from conveyor.ui import approvals, dag, operators
+from conveyor.ui.pages import (
+    FormDep,
+    Pages,
+    Who,
+    WhoDep,
+    back,
+    checked,
+    error_page,
+    render,
+    signer,
+)
+from conveyor.ui.sessions import COOKIE, Signer
 
 PAGE = 50  # executions per page
 SHOWN_CHARS = 2_000  # a value longer than this, as JSON, is cut with a link to all of it
 
 
-class SignInNeeded(Exception):
-    """No session, or its key was revoked."""
-
-
-class Forbidden(Exception):
-    """A form posted without its session's CSRF token."""
-
-
-class _Pages(APIRoute):
-    """A route whose errors answer as pages a person reads."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def answer(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except SignInNeeded:
-                target = urlencode({"next": request.url.path})
-                return RedirectResponse(f"/ui/signin?{target}", status_code=303)
-            except Forbidden:
-                return _error(request, 403, "This form is stale or was not sent by this "
-                              "dashboard (its CSRF token is missing or wrong); reload the page "
-                              "and try again.")  # fmt: skip
-            except RequestValidationError:
-                return _error(request, 404, "Nothing here has that id.")
-            except NotFound as exc:
-                return _error(request, 404, str(exc))
-            except ConveyorError as exc:
-                return _error(request, 409, str(exc))
-
-        return answer
-
-
-router = APIRouter(prefix="/ui", route_class=_Pages, include_in_schema=False)
-_templates = Environment(
-    loader=PackageLoader("conveyor.ui"), autoescape=select_autoescape(default=True)
-)
+router = APIRouter(prefix="/ui", route_class=Pages, include_in_schema=False)
 
 
 def install(app: FastAPI, settings: Settings) -> None:
@@ -94,70 +64,8 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.ui_signer = Signer(settings.ui_secret)
     static = Path(__file__).parent / "static"
     app.mount("/ui/static", StaticFiles(directory=static), name="ui-static")
-    app.include_router(router)
-
-
-def _render(request: Request, name: str, code: int = 200, **values: Any) -> HTMLResponse:
-    body = _templates.get_template(name).render(request=request, **values)
-    return HTMLResponse(body, status_code=code, headers={"Cache-Control": "no-store"})
-
-
-def _error(request: Request, status: int, message: str) -> HTMLResponse:
-    return _render(request, "error.html", status, status=status, message=message, who=None)
-
-
-def _signer(request: Request) -> Signer:
-    signer: Signer = request.app.state.ui_signer
-    return signer
-
-
-# -- who is signed in ---------------------------------------------------------------------------
-
-
-class Who:
-    """The signed-in tenant (with its key's name, as the API records it) and the session.
-
-    Whether it is an operator's comes from the key's row, read again on each request, never
-    from the cookie: a tenant's session cannot become an operator's."""
-
-    def __init__(self, tenant: TenantRef, session: Session, csrf: str) -> None:
-        self.tenant, self.session, self.csrf = tenant, session, csrf
-        self.operator = tenant.operator
-
-    @property
-    def scope(self) -> uuid.UUID | None:
-        """The tenant whose rows this session reads; None (every tenant) for an operator."""
-        return None if self.operator else self.tenant.id
-
-
-def signed_in(request: Request, service: ServiceDep) -> Who:
-    session = _signer(request).read(request.cookies.get(COOKIE))
-    if session is None:
-        raise SignInNeeded()
-    with service.db.transaction() as store:
-        found = store.api_key(session.key_prefix)
-    if found is None or found[1].id != session.tenant_id:
-        raise SignInNeeded()  # the key was revoked since
-    return Who(found[1], session, _signer(request).csrf(session))
-
-
-WhoDep = Annotated[Who, Depends(signed_in)]
-
-
-async def _form(request: Request) -> dict[str, list[str]]:
-    return parse_qs((await request.body()).decode(errors="replace"))
-
-
-FormDep = Annotated[dict[str, list[str]], Depends(_form)]
-
-
-def _checked(request: Request, who: Who, form: dict[str, list[str]]) -> None:
-    if not _signer(request).csrf_matches(who.session, next(iter(form.get("csrf", [])), None)):
-        raise Forbidden()
-
-
-def _back(path: str, note: str) -> RedirectResponse:
-    return RedirectResponse(f"{path}?{urlencode({'note': note})}", status_code=303)
+    app.include_router(approvals.router)
+    app.include_router(router)  # last: its catch-all answers every other path under /ui
 
 
 # -- sign in and out ----------------------------------------------------------------------------
@@ -165,7 +73,7 @@ def _back(path: str, note: str) -> RedirectResponse:
 
 @router.get("/signin")
 def signin_page(request: Request, next: str = "/ui") -> HTMLResponse:
-    return _render(request, "signin.html", who=None, next=next, problem=None)
+    return render(request, "signin.html", who=None, next=next, problem=None)
 
 
 def _cross_site(request: Request) -> bool:
@@ -183,7 +91,7 @@ def _cross_site(request: Request) -> bool:
 def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
     if _cross_site(request):
         problem = "Sign in from this page: a sign-in posted by another site is refused."
-        return _render(request, "signin.html", 403, who=None, next="/ui", problem=problem)
+        return render(request, "signin.html", 403, who=None, next="/ui", problem=problem)
     key = (form.get("key") or [""])[0].strip()
     target = (form.get("next") or ["/ui"])[0]
     if not target.startswith("/ui"):
@@ -193,8 +101,8 @@ def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
         prefix = credentials.key_prefix(key)
     except AuthError:
         problem = "That API key is unknown or revoked; make one with `conveyor keys create`."
-        return _render(request, "signin.html", 401, who=None, next=target, problem=problem)
-    _, cookie = _signer(request).open(tenant.id, tenant.name, prefix)
+        return render(request, "signin.html", 401, who=None, next=target, problem=problem)
+    _, cookie = signer(request).open(tenant.id, tenant.name, prefix)
     answer = RedirectResponse(target, status_code=303)
     answer.set_cookie(
         COOKIE, cookie, httponly=True, samesite="strict", path="/ui",
@@ -205,7 +113,7 @@ def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
 
 @router.post("/signout")
 def signout(request: Request, who: WhoDep, form: FormDep) -> Response:
-    _checked(request, who, form)
+    checked(request, who, form)
     answer = RedirectResponse("/ui/signin", status_code=303)
     answer.delete_cookie(COOKIE, path="/ui")
     return answer
@@ -227,7 +135,7 @@ def overview(request: Request, service: ServiceDep, who: WhoDep) -> HTMLResponse
     finished = [r for r in recent if r.status.finished]
     failed = sum(r.count for r in finished if r.status is ExecutionStatus.FAILED)
     done = sum(r.count for r in finished)
-    return _render(
+    return render(
         request, "overview.html", who=who, totals=totals, total=sum(totals.values()),
         hour_finished=done, hour_failed=failed,
         error_rate=f"{100 * failed / done:.1f} %" if done else "—",
@@ -292,7 +200,7 @@ def executions(
     next_page = None
     if len(rows) > PAGE:
         next_page = "/ui/executions?" + urlencode({**more, "after": listed[-1]["id"]})
-    return _render(
+    return render(
         request, "executions.html", who=who, rows=listed, next_page=next_page,
         statuses=[*(s.value for s in ExecutionStatus), "waiting"], status=status,
         workflow=workflow, since_hours=since_hours, find=find, tenant=tenant,
@@ -327,7 +235,7 @@ def _owned(service: Conveyor, who: Who, execution_id: uuid.UUID) -> TenantRef:
 def execution(
     request: Request, execution_id: uuid.UUID, service: ServiceDep, who: WhoDep
 ) -> HTMLResponse:
-    _owned(service, who, execution_id)
+    owner = _owned(service, who, execution_id)
     with service.db.transaction() as store:
         view = views.execution_view(store, execution_id)
         record = store.workflow(store.execution_row(execution_id).workflow_id)
@@ -335,11 +243,31 @@ def execution(
     drawn = dag.layout(record.definition.get("nodes", []))
     nodes = {n["id"]: n for n in view["nodes"]}
     tries = {j["node"]: j["attempts"] for j in view["jobs"] if j["node"]}
-    return _render(
+    # a wait for a person's decision shows its question and the Approve and Reject buttons
+    asks = {
+        n["id"]: str(n.get("config", {}).get("message") or "")
+        for n in record.definition.get("nodes", [])
+        if n["id"] in waits and waits[n["id"]].event == APPROVAL_EVENT
+    }
+    return render(
         request, "execution.html", who=who, e=view, layout=drawn, nodes=nodes, tries=tries,
-        waits=waits, shown=_shown, note=request.query_params.get("note"),
+        waits=waits, asks=asks, approval_nodes=_approval_nodes(record.definition),
+        shown=_shown, note=request.query_params.get("note"),
         finished=ExecutionStatus(view["status"]).finished,
+        workflow_link=_workflow_link(who, owner.name, view["workflow"], view["version"]),
     )  # fmt: skip
+
+
+def _approval_nodes(definition: dict[str, Any]) -> set[str]:
+    return {n["id"] for n in definition.get("nodes", []) if n.get("type") == "approval"}
+
+
+def _workflow_link(who: Who, tenant: str, name: str, version: int | None = None) -> str:
+    """A workflow's page; an operator's names the tenant (names are each tenant's own)."""
+    query: dict[str, str | int] = {"tenant": tenant} if who.operator else {}
+    if version is not None:
+        query["version"] = version
+    return f"/ui/workflows/{quote(name, safe='')}" + (f"?{urlencode(query)}" if query else "")
 
 
 def _shown(value: Any) -> tuple[str, bool]:
@@ -396,7 +324,7 @@ def _acting_on(
 ) -> TenantRef:
     """A form acting on an execution: its CSRF token first, then the tenant's ownership; the
     execution's own tenant, which the action records."""
-    _checked(request, who, form)
+    checked(request, who, form)
     return _owned(service, who, execution_id)
 
 
@@ -406,7 +334,7 @@ def cancel(
 ) -> Response:
     _acting_on(request, service, who, form, execution_id)
     service.cancel(execution_id)
-    return _back(f"/ui/executions/{execution_id}", "Cancelled.")
+    return back(f"/ui/executions/{execution_id}", "Cancelled.")
 
 
 @router.post("/executions/{execution_id}/rerun")
@@ -419,7 +347,7 @@ def rerun(
         execution_id, node, requested_by=who.tenant.key or f"tenant:{who.tenant.name}",
         tenant_id=owner.id,
     )  # fmt: skip
-    return _back(f"/ui/executions/{execution_id}", f"Running again from {done.from_node}.")
+    return back(f"/ui/executions/{execution_id}", f"Running again from {done.from_node}.")
 
 
 # -- dead letters -------------------------------------------------------------------------------
@@ -439,7 +367,7 @@ def dead_letters(
     groups: dict[tuple[str, str], list[views.DeadLetterJson]] = {}
     for row in rows:
         groups.setdefault((row["workflow"], (row["error"] or "")[:120]), []).append(row)
-    return _render(
+    return render(
         request, "dead_letters.html", who=who, groups=groups, workflow=workflow, error=error,
         archived=archived, note=request.query_params.get("note"),
     )  # fmt: skip
@@ -463,50 +391,73 @@ def _outcome(verb: str, results: dict[uuid.UUID, str | None]) -> str:
 
 @router.post("/dead-letters/requeue")
 def requeue(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
-    _checked(request, who, form)
+    checked(request, who, form)
     results = service.requeue_dead_letters(_job_ids(form), who.scope)
-    return _back("/ui/dead-letters", _outcome("Requeued", results))
+    return back("/ui/dead-letters", _outcome("Requeued", results))
 
 
 @router.post("/dead-letters/discard")
 def discard(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
-    _checked(request, who, form)
+    checked(request, who, form)
     results = service.discard_dead_letters(_job_ids(form), who.scope)
-    return _back("/ui/dead-letters", _outcome("Discarded", results))
+    return back("/ui/dead-letters", _outcome("Discarded", results))
 
 
 # -- workflows and schedules ----------------------------------------------------------------------
 
 
 @router.get("/workflows")
-def workflows(request: Request, service: ServiceDep, who: WhoDep) -> HTMLResponse:
+def workflows(request: Request, service: ServiceDep, who: WhoDep, tenant: str = "") -> HTMLResponse:
     with service.db.transaction() as store:
-        rows = [views.workflow_json(r) for r in store.list_workflows(who.tenant.id)]
-        planned = store.schedules(who.tenant.id)
-    return _render(request, "workflows.html", who=who, rows=rows, schedules=planned,
-                   note=request.query_params.get("note"))  # fmt: skip
+        scope = who.scope
+        names = {t.id: t.name for t in store.tenants()} if who.operator else {}
+        if who.operator and tenant:  # an operator's filter; a tenant's session has none
+            scope = next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+        rows = [
+            {**views.workflow_json(r), "tenant": names.get(r.tenant_id, ""),
+             "link": _workflow_link(who, names.get(r.tenant_id, ""), r.name)}
+            for r in store.list_workflows(scope)
+        ]  # fmt: skip
+        planned = store.schedules(scope)
+    return render(
+        request, "workflows.html", who=who, rows=rows, schedules=planned, tenant=tenant,
+        tenants=sorted(names.values()), names=names, note=request.query_params.get("note"),
+    )  # fmt: skip
+
+
+def _tenant_named(service: Conveyor, who: Who, tenant: str) -> TenantRef:
+    """The tenant whose workflow or schedule a page shows or acts on: the session's own, or
+    for an operator's the one named (its own when none is)."""
+    if not who.operator or not tenant or tenant == who.tenant.name:
+        return who.tenant
+    with service.db.transaction() as store:
+        found = next((t for t in store.tenants() if t.name == tenant), None)
+    if found is None:
+        raise NotFound(f"No tenant is named {tenant!r}; the workflows page lists every one.")
+    return TenantRef(id=found.id, name=found.name, key=who.tenant.key)
 
 
 @router.get("/workflows/{name}")
 def workflow(
-    request: Request, name: str, service: ServiceDep, who: WhoDep, version: int | None = None
-) -> HTMLResponse:
+    request: Request, name: str, service: ServiceDep, who: WhoDep, version: int | None = None,
+    tenant: str = "",
+) -> HTMLResponse:  # fmt: skip
+    owner = _tenant_named(service, who, tenant)
     with service.db.transaction() as store:
-        latest = store.latest_workflow(who.tenant.id, name)
+        latest = store.latest_workflow(owner.id, name)
         if latest is None:
             raise NotFound(f"No workflow is named {name!r}.")
         shown = latest
         if version is not None:
-            shown = store.workflow_version(who.tenant.id, name, version) or latest
-        planned = store.schedules(who.tenant.id, workflow=name)
-        recent = store.list_executions(
-            who.tenant.id, where=ExecutionFilter(workflow=name), limit=10
-        )
+            shown = store.workflow_version(owner.id, name, version) or latest
+        planned = store.schedules(owner.id, workflow=name)
+        recent = store.list_executions(owner.id, where=ExecutionFilter(workflow=name), limit=10)
         runs = [views.execution_summary(e, n, v) for e, n, v in recent]
-    return _render(
+    return render(
         request, "workflow.html", who=who, w=shown, latest=latest.version, schedules=planned,
         runs=runs, layout=dag.layout(shown.definition.get("nodes", [])), nodes={}, tries={},
-        note=request.query_params.get("note"),
+        note=request.query_params.get("note"), owner=owner.name,
+        names={owner.id: owner.name}, link=lambda v: _workflow_link(who, owner.name, name, v),
     )  # fmt: skip
 
 
@@ -514,16 +465,18 @@ def workflow(
 def schedule_action(
     request: Request, name: str, verb: str, service: ServiceDep, who: WhoDep, form: FormDep
 ) -> Response:
-    _checked(request, who, form)
+    checked(request, who, form)
     change = {"pause": schedules.pause, "resume": schedules.resume}.get(verb)
     if change is None:
         raise NotFound(f"A schedule can be paused or resumed, not {verb!r}.")
+    owner = _tenant_named(service, who, (form.get("tenant") or [""])[0])
     now = datetime.now(UTC)
-    record = service.db.run(lambda s: change(s, who.tenant.name, name, now))
+    record = service.db.run(lambda s: change(s, owner.name, name, now))
     done = "Paused" if verb == "pause" else "Resumed"
-    return _back(f"/ui/workflows/{record.workflow_name}", f"{done} schedule {name}.")
+    target = _workflow_link(who, owner.name, record.workflow_name)
+    return back(target, f"{done} schedule {name}.")
 
 
 @router.get("/{rest:path}")
 def unknown(request: Request, rest: str) -> HTMLResponse:
-    return _error(request, 404, "There is no such page.")
+    return error_page(request, 404, "There is no such page.")

@@ -147,13 +147,24 @@ DIAMOND = {
     "schedules": [{"name": "nightly-diamond", "cron": "0 2 * * *",
                    "input": {"path": "/nonexistent"}}],
 }  # fmt: skip
+RELEASE = {
+    "name": "release",
+    "nodes": [
+        {"id": "build", "type": "python", "config": {"function": "test.wait_for_file"},
+         "inputs": {"path": "{{ input.path }}"}},
+        {"id": "sign-off", "type": "approval", "needs": ["build"],
+         "config": {"message": "Ship it?"}},
+        {"id": "ship", "type": "python", "needs": ["sign-off"], "config": {"function": "test.add"},
+         "inputs": {"a": 1, "b": 2}},
+    ],
+}  # fmt: skip
 FRAGILE = {
     "name": "fragile",
     "nodes": [{"id": "charge", "type": "python", "config": {"function": "test.fails_first_run"}}],
 }
 
 
-def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_pauses_a_schedule(
+def test_an_operator_watches_a_diamond_live_requeues_a_failure_pauses_a_schedule_and_approves(
     api: str,
     browser: WebDriver,
     start_worker: Start,
@@ -164,7 +175,7 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     # Given workers, a tenant's key, a diamond held at its first node and a node that fails once
     start_worker(QUEUES, concurrency=2)
     http = _http(api, _key(client, "acme"), request)
-    for flow in (DIAMOND, FRAGILE):
+    for flow in (DIAMOND, FRAGILE, RELEASE):
         assert http.post("/v1/workflows", json=flow).status_code == 201
     shot = Shots(browser, tmp_path)
     _sign_in(browser, api, _key(client, "acme"))
@@ -234,6 +245,35 @@ def test_an_operator_watches_a_diamond_live_reads_a_failure_requeues_it_and_paus
     shot("executions")
     browser.get(f"{api}/ui/executions/{uuid.uuid4()}")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+
+    # When a release's page is open while it builds, then its sign-off waits (the page reloads
+    # itself to show the buttons), and it is approved there with a comment
+    built = tmp_path / "built"
+    release = _trigger(http, "release", {"input": {"path": str(built)}})
+    browser.get(f"{api}/ui/executions/{release}")
+    WebDriverWait(browser, WAIT).until(lambda d: "status-running" in _node_status(d, "build"))
+    built.write_text("go")
+    WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, '[data-approval="sign-off"] button.approve')
+    )
+    assert "status-waiting" in _node_status(browser, "sign-off")
+    box = browser.find_element(By.CSS_SELECTOR, '[data-approval="sign-off"]')
+    assert "Ship it?" in box.text
+    box.find_element(By.NAME, "comment").send_keys("looks good")
+    shot("approval")
+    box.find_element(By.CSS_SELECTOR, "button.approve").click()
+
+    # Then the page says so, the sign-off is completed and the release runs to its end
+    assert _text_after_click(browser, By.ID, "note") == "Approved sign-off."
+    assert "status-completed" in _node_status(browser, "sign-off")
+    WebDriverWait(browser, WAIT).until(
+        lambda d: d.find_element(By.ID, "execution-status").text == "completed"
+    )
+    nodes = client.execution(release, tenant="acme")["nodes"]
+    decided = next(n["output"] for n in nodes if n["id"] == "sign-off")
+    assert (decided["decision"], decided["by"], decided["comment"]) == (
+        "approved", "key:acme-ops", "looks good",
+    )  # fmt: skip
 
 
 def _await(client: Conveyor, execution_id: str, status: ExecutionStatus) -> None:

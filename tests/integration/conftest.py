@@ -104,3 +104,16 @@ def make_key(conveyor_service: Conveyor) -> Callable[[str], str]:
         return made.key
 
     return make
+
+
+@pytest.fixture
+def operator_key(conveyor_service: Conveyor) -> str:
+    """An operator's key, of the tenant ``ops`` (its name ``operator``): its
+    dashboard session sees every tenant."""
+    made = new_api_key()
+    with conveyor_service.db.transaction() as store:
+        tenant_id = store.create_tenant("ops")
+        store.add_api_key(
+            tenant_id, "operator", made.prefix, made.digest, datetime.now(UTC), operator=True
+        )
+    return made.key

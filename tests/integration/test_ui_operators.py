@@ -12,14 +12,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pytest
 
 from conveyor.engine import credentials
-from conveyor.engine.credentials import new_api_key
 from conveyor.engine.states import ExecutionStatus
 from conveyor.service import Conveyor
 from conveyor.ui.sessions import COOKIE
@@ -31,18 +28,6 @@ FLOW = {"name": "one", "nodes": [{"id": "a", "type": "python",
 FAILING = {"name": "broken", "defaults": {"retry": {"max_attempts": 1}},
            "nodes": [{"id": "boom", "type": "python", "config": {"function": "test.fail"},
                       "inputs": {"message": "it broke"}}]}  # fmt: skip
-
-
-@pytest.fixture
-def operator_key(conveyor_service: Conveyor) -> str:
-    """An operator's key, of the tenant ``ops``."""
-    made = new_api_key()
-    with conveyor_service.db.transaction() as store:
-        tenant_id = store.create_tenant("ops")
-        store.add_api_key(
-            tenant_id, "operator", made.prefix, made.digest, datetime.now(UTC), operator=True
-        )
-    return made.key
 
 
 @contextmanager

@@ -20,7 +20,13 @@ document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll('[data-node-status="' + CSS.escape(data.node_id) + '"]').forEach(function (el) {
       setStatus(el, data.status);
       el.textContent = data.status;
-    });
+    });    var detail = document.getElementById("node-" + data.node_id);
+    if (data.status === "waiting" && detail && detail.hasAttribute("data-asks-approval")) {
+      // An approval that began waiting after this page was drawn: its Approve and Reject
+      // buttons come with the page. Once per node, should the page still lack them.
+      var once = "conveyor-approval:" + pill.dataset.live + ":" + data.node_id;
+      if (!sessionStorage.getItem(once)) { sessionStorage.setItem(once, "1"); location.reload(); }
+    }
   }
   source.addEventListener("node", function (message) {
     var data = JSON.parse(message.data);
