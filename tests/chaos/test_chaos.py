@@ -40,7 +40,7 @@ from tests.conftest import RUN_ID
 pytestmark = pytest.mark.timeout(420)
 
 EXECUTIONS = 200
-AMQP_EXECUTIONS = 50
+AMQP_EXECUTIONS = 40
 AMQP_KILLS = 2  # the Redis runs kill 4 (SIGKILL) and 3 (SIGTERM) workers
 BOTH_BROKERS = pytest.mark.parametrize("chaos_broker", ["redis", "amqp"], indirect=True)
 FANOUT = 4
