@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 from subprocess import Popen
 from typing import Any
 
+import pytest
+
 from conveyor import views
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
@@ -41,9 +43,15 @@ def wait_status(client: Conveyor, execution_id: uuid.UUID, status: str) -> None:
         time.sleep(0.05)
 
 
+# The broker carries every run here: the same checks on Redis and RabbitMQ
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_delays_at_the_edges_and_per_trigger_limits_on_real_workers(
-    client: Conveyor, start_worker: Callable[..., Popen[str]], acceptance_env: dict[str, str]
+    client: Conveyor,
+    start_worker: Callable[..., Popen[str]],
+    acceptance_env: dict[str, str],
+    acceptance_broker: str,
 ) -> None:
+    cli_env = {**acceptance_env, "CONVEYOR_BROKER_URL": acceptance_broker}  # the workers' broker
     await_ready(
         start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
         start_worker("workflow-node", concurrency=2, name="node", wait=False),
@@ -110,8 +118,8 @@ def test_delays_at_the_edges_and_per_trigger_limits_on_real_workers(
     assert (done_job["status"], len(done_job["attempts"])) == ("completed", 3)
 
     # The CLI: conveyor run --delay, its start time in executions show
-    ran = conveyor("run", "later", "--input", '{"a": 1}', "--delay", "600", env=acceptance_env)
+    ran = conveyor("run", "later", "--input", '{"a": 1}', "--delay", "600", env=cli_env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    shown_cli = conveyor("executions", "show", ran.stdout.strip(), env=acceptance_env)
+    shown_cli = conveyor("executions", "show", ran.stdout.strip(), env=cli_env)
     assert "scheduled for" in shown_cli.stdout and "pending" in shown_cli.stdout, shown_cli
     client.cancel(uuid.UUID(ran.stdout.strip()))

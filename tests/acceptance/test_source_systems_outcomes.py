@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 
+import pytest
+
 from conveyor import views
 from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
@@ -25,6 +27,8 @@ def _python(node_id: str, function: str, needs: list[str], **inputs: object) -> 
             "needs": needs, "inputs": inputs}  # fmt: skip
 
 
+# The broker carries every run here: the same checks on Redis and RabbitMQ
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_a_node_snoozes_without_spending_attempts_cancels_its_execution_or_skips_itself(
     client: Conveyor,
     start_worker: Callable[..., Popen[str]],

@@ -14,6 +14,8 @@ from datetime import timedelta
 from subprocess import Popen
 from typing import Any
 
+import pytest
+
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor, utcnow
@@ -56,9 +58,15 @@ def settled(client: Conveyor, key: str, count: int) -> list[tuple[uuid.UUID, Exe
         time.sleep(0.1)
 
 
+# The broker carries every run here: the same checks on Redis and RabbitMQ
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_ten_updates_for_an_active_key_under_each_dedupe_policy(
-    client: Conveyor, start_worker: Callable[..., Popen[str]], acceptance_env: dict[str, str]
+    client: Conveyor,
+    start_worker: Callable[..., Popen[str]],
+    acceptance_env: dict[str, str],
+    acceptance_broker: str,
 ) -> None:
+    cli_env = {**acceptance_env, "CONVEYOR_BROKER_URL": acceptance_broker}  # the workers' broker
     await_ready(
         start_worker("workflow-execution", concurrency=1, name="exec", wait=False),
         start_worker("workflow-node", concurrency=2, name="node", wait=False),
@@ -95,8 +103,8 @@ def test_ten_updates_for_an_active_key_under_each_dedupe_policy(
 
     # The CLI's answer: the id of the active execution, and on stderr what became of the input
     cli = ("run", "latest", "--dedupe-key", "doc-c", "--json")
-    first = conveyor(*cli, "-i", '{"v": 1}', "--delay", "600", env=acceptance_env)
-    again = conveyor(*cli[:-1], "-i", '{"v": 2}', env=acceptance_env)
+    first = conveyor(*cli, "-i", '{"v": 1}', "--delay", "600", env=cli_env)
+    again = conveyor(*cli[:-1], "-i", '{"v": 2}', env=cli_env)
     assert first.returncode == 0, first.stderr
     execution_id = json.loads(first.stdout)["execution_id"]
     assert (again.returncode, again.stdout.strip()) == (0, execution_id), again.stderr

@@ -1,7 +1,11 @@
 """Issue 27, seeing and finding, as an operator of the replaced job systems would: a running
 node's heartbeat seen to move in `conveyor executions show` and the REST API, and executions
 found by filter and counted by the status view, through `conveyor` and `conveyor api` processes
-and a real `celery worker`."""
+and a real `celery worker`.
+
+Redis only: what is checked (show, the API, filters, counts) is read from PostgreSQL, whatever
+broker carried the few runs; the RabbitMQ variants of the seed-system tests are in
+test_source_systems_edges, _outcomes and _policy."""
 
 from __future__ import annotations
 

@@ -3,7 +3,11 @@ process and real `celery worker` processes: it sees an execution triggered after
 only its tenant's and only what its filters ask for, and a client that reconnects with
 Last-Event-ID after a dropped connection misses no event. The same stream printed by
 `conveyor executions watch --json` in a process of its own, and read in Python
-(`Conveyor.stream`), while a trigger happens."""
+(`Conveyor.stream`), while a trigger happens.
+
+Redis only: a stream is read from PostgreSQL's events, whatever broker carried the runs; the
+RabbitMQ variants of the seed-system tests are in test_source_systems_edges, _outcomes and
+_policy."""
 
 from __future__ import annotations
 

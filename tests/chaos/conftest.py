@@ -1,6 +1,10 @@
 """Chaos tier: real `celery worker` and `celery beat` processes on a database and Redis db of
 their own, killed, flushed and flooded while executions run.
 
+The broker is that Redis db, or, for a test parametrized with
+``@pytest.mark.parametrize("chaos_broker", ["redis", "amqp"], indirect=True)``, a RabbitMQ
+vhost of the run's own (the limiter stays on Redis), as in the acceptance tier.
+
 The recovery settings are shortened so that a scenario recovers in seconds: heartbeats every
 0.3 s, a job reclaimed 3 s after its last one, a queued job's message re-sent after 2 s, a
 recovery sweep every second.
@@ -26,12 +30,13 @@ from conveyor.store import Database
 from conveyor.tasks.app import create_app
 from conveyor.tasks.dispatch import CeleryDispatcher
 from tests.conftest import PG_ADMIN_URL, REDIS_DB, REDIS_SERVER, RUN_ID
-from tests.support import services
+from tests.support import rabbit, services
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS_REDIS = f"{REDIS_SERVER}/{REDIS_DB + 2}"
 CHAOS_DB = f"conveyor_chaos_{RUN_ID}"
 CHAOS_DB_URL = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + CHAOS_DB
+CHAOS_VHOST = f"conveyor_chaos_{RUN_ID}"  # RabbitMQ's, for the scenarios run on it
 FAST_RECOVERY = {
     "CONVEYOR_HEARTBEAT_INTERVAL": "0.3",
     "CONVEYOR_HEARTBEAT_TIMEOUT": "3",
@@ -75,15 +80,33 @@ def chaos_env() -> Iterator[dict[str, str]]:
     services.flush_redis(CHAOS_REDIS)
 
 
+@pytest.fixture(scope="session")
+def chaos_amqp() -> Iterator[str]:
+    """A RabbitMQ vhost of the run's own; its URL."""
+    with rabbit.vhost(CHAOS_VHOST) as url:
+        yield url
+
+
 @pytest.fixture
-def chaos_client(chaos_env: dict[str, str]) -> Iterator[Conveyor]:
+def chaos_broker(request: pytest.FixtureRequest) -> str:
+    """The broker of the scenario's client, workers and beat: the chaos Redis db, or RabbitMQ
+    for a test parametrized with ``"amqp"``. Its queues start empty."""
+    if getattr(request, "param", "redis") == "redis":
+        return CHAOS_REDIS
+    url: str = request.getfixturevalue("chaos_amqp")
+    rabbit.purge(url)  # the last scenario's killed workers left messages behind
+    return url
+
+
+@pytest.fixture
+def chaos_client(chaos_env: dict[str, str], chaos_broker: str) -> Iterator[Conveyor]:
     services.truncate(CHAOS_DB_URL)
     engine = create_engine(CHAOS_DB_URL)
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE chaos_effects"))
     engine.dispose()
     services.flush_redis(CHAOS_REDIS)
-    settings = Settings(database_url=CHAOS_DB_URL, broker_url=CHAOS_REDIS)
+    settings = Settings(database_url=CHAOS_DB_URL, broker_url=chaos_broker)
     database = Database(CHAOS_DB_URL)
     yield Conveyor(database, CeleryDispatcher(create_app(settings)))
     database.dispose()
@@ -146,7 +169,8 @@ def processes(env: dict[str, str], logs: Path) -> Iterator[Spawn]:
 
 
 @pytest.fixture
-def spawn(chaos_env: dict[str, str], tmp_path: Path) -> Iterator[Spawn]:
-    """Start `celery -A conveyor.tasks worker|beat ARGS...`; all are killed after the test."""
-    with processes(chaos_env, tmp_path) as start:
+def spawn(chaos_env: dict[str, str], chaos_broker: str, tmp_path: Path) -> Iterator[Spawn]:
+    """Start `celery -A conveyor.tasks worker|beat ARGS...` on the scenario's broker; all are
+    killed after the test."""
+    with processes({**chaos_env, "CONVEYOR_BROKER_URL": chaos_broker}, tmp_path) as start:
         yield start

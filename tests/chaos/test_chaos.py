@@ -2,7 +2,12 @@
 messages are duplicated or malformed. Each scenario runs 200 executions of a fan-out workflow
 (a root, four parallel nodes, a join) whose nodes write an idempotency-keyed effect, and then
 checks that every execution completed, every node's effect exists exactly once, and no
-concurrency permit is left held."""
+concurrency permit is left held.
+
+The scenarios where the broker matters run on RabbitMQ too (``chaos_broker``), on fewer
+executions (the Redis run keeps the volume; CI time is what the second broker costs). The
+flushed broker's RabbitMQ twin is the purged queue of tests/acceptance/test_rabbitmq_faults.py.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +20,11 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from subprocess import Popen
+from typing import cast
 
 import pytest
 import redis
-from kombu import Connection
+from kombu import Connection, Producer
 from sqlalchemy import create_engine, text
 
 from conveyor.engine.ready import dispatch_of
@@ -26,6 +32,7 @@ from conveyor.engine.states import ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.limiter import RedisLimiter
 from conveyor.service import Conveyor
+from conveyor.tasks.dispatch import CeleryDispatcher
 from tests.chaos.conftest import CHAOS_DB_URL, CHAOS_REDIS, Spawn
 from tests.conftest import RUN_ID
 
@@ -33,6 +40,9 @@ from tests.conftest import RUN_ID
 pytestmark = pytest.mark.timeout(420)
 
 EXECUTIONS = 200
+AMQP_EXECUTIONS = 40
+AMQP_KILLS = 2  # the Redis runs kill 4 (SIGKILL) and 3 (SIGTERM) workers
+BOTH_BROKERS = pytest.mark.parametrize("chaos_broker", ["redis", "amqp"], indirect=True)
 FANOUT = 4
 NODES = FANOUT + 2
 NODE_SECONDS = 0.05
@@ -84,9 +94,15 @@ class Cluster:
         self.nodes[self.nodes.index(old)] = self.add_node_worker()
 
 
-def start_all(client: Conveyor) -> list[uuid.UUID]:
+@pytest.fixture
+def executions(chaos_broker: str) -> int:
+    """How many executions the scenario runs on its broker."""
+    return EXECUTIONS if chaos_broker == CHAOS_REDIS else AMQP_EXECUTIONS
+
+
+def start_all(client: Conveyor, executions: int = EXECUTIONS) -> list[uuid.UUID]:
     client.apply(parse_workflow(fanout()))
-    return [client.trigger("fanout", {"n": i}) for i in range(EXECUTIONS)]
+    return [client.trigger("fanout", {"n": i}) for i in range(executions)]
 
 
 def assert_nothing_lost_nothing_twice(client: Conveyor, ids: list[uuid.UUID]) -> None:
@@ -103,7 +119,7 @@ def assert_nothing_lost_nothing_twice(client: Conveyor, ids: list[uuid.UUID]) ->
     engine.dispose()
     expected = {f"{i}:{node}" for i in ids
                 for node in ["root", "join", *(f"part{p}" for p in range(FANOUT))]}  # fmt: skip
-    assert set(keys) == expected and len(keys) == EXECUTIONS * NODES
+    assert set(keys) == expected and len(keys) == len(ids) * NODES
     _assert_no_permit_held()
 
 
@@ -135,17 +151,22 @@ def during(seconds: float, action: Callable[[], None]) -> threading.Thread:
     return thread
 
 
-def test_sigkilled_node_workers_lose_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
+@BOTH_BROKERS
+def test_sigkilled_node_workers_lose_nothing(
+    chaos_client: Conveyor, spawn: Spawn, chaos_broker: str, executions: int
+) -> None:
     cluster = Cluster(spawn)
-    ids = start_all(chaos_client)
+    ids = start_all(chaos_client, executions)
 
-    for _ in range(4):  # kill a node worker outright, pool and all, and start another
+    # kill a node worker outright, pool and all, and start another
+    for _ in range(4 if chaos_broker == CHAOS_REDIS else AMQP_KILLS):
         time.sleep(1.5)
         cluster.replace(cluster.nodes[0], signal.SIGKILL)
 
     assert_nothing_lost_nothing_twice(chaos_client, ids)
 
 
+# Redis only: its RabbitMQ twin, a queue purged mid-run, is tests/acceptance/test_rabbitmq_faults.py
 def test_a_flushed_broker_loses_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
     Cluster(spawn)
     ids = start_all(chaos_client)
@@ -158,8 +179,9 @@ def test_a_flushed_broker_loses_nothing(chaos_client: Conveyor, spawn: Spawn) ->
     assert_nothing_lost_nothing_twice(chaos_client, ids)
 
 
+@BOTH_BROKERS
 def test_every_message_delivered_twice_runs_each_node_once(
-    chaos_client: Conveyor, spawn: Spawn
+    chaos_client: Conveyor, spawn: Spawn, executions: int
 ) -> None:
     Cluster(spawn)
     doubled: set[uuid.UUID] = set()
@@ -180,13 +202,13 @@ def test_every_message_delivered_twice_runs_each_node_once(
 
     thread = threading.Thread(target=duplicate, daemon=True)
     thread.start()
-    ids = start_all(chaos_client)
+    ids = start_all(chaos_client, executions)
     try:
         assert_nothing_lost_nothing_twice(chaos_client, ids)
     finally:
         stop.set()
         thread.join(timeout=10)
-    assert len(doubled) >= EXECUTIONS  # the duplicates were really sent
+    assert len(doubled) >= executions  # the duplicates were really sent
     engine = create_engine(CHAOS_DB_URL)
     with engine.connect() as conn:
         reruns = conn.execute(text("SELECT count(*) FROM chaos_effects WHERE runs > 1")).scalar()
@@ -194,42 +216,56 @@ def test_every_message_delivered_twice_runs_each_node_once(
     assert reruns == 0  # a duplicate message never ran a node again
 
 
+def push_raw(broker: str, queue: str, bodies: list[bytes]) -> None:
+    """Put bodies that are no Celery message on the queue, as a stray producer would."""
+    if broker == CHAOS_REDIS:
+        client = redis.Redis.from_url(broker)
+        client.lpush(queue, *bodies)
+        client.close()
+        return
+    with Connection(broker) as connection:
+        producer = Producer(connection.default_channel, routing_key=queue)  # the default exchange
+        kinds = ["text/plain", "application/json", "application/json"]
+        for body, kind in zip(bodies, kinds, strict=True):
+            producer.publish(body, content_type=kind, content_encoding="utf-8")
+
+
 def store_now() -> datetime:
     """A cutoff after now: every queued job is 'stale' for the duplicating thread."""
     return datetime.now(UTC) + timedelta(seconds=1)
 
 
-def test_sigterm_restarts_lose_nothing(chaos_client: Conveyor, spawn: Spawn) -> None:
+@BOTH_BROKERS
+def test_sigterm_restarts_lose_nothing(
+    chaos_client: Conveyor, spawn: Spawn, chaos_broker: str, executions: int
+) -> None:
     cluster = Cluster(spawn)
-    ids = start_all(chaos_client)
+    ids = start_all(chaos_client, executions)
 
-    for _ in range(3):  # warm shutdowns, as a deploy does them
+    # warm shutdowns, as a deploy does them
+    for _ in range(3 if chaos_broker == CHAOS_REDIS else AMQP_KILLS):
         time.sleep(1.0)
         cluster.replace(cluster.nodes[0], signal.SIGTERM)
 
     assert_nothing_lost_nothing_twice(chaos_client, ids)
 
 
+@BOTH_BROKERS
 def test_malformed_messages_and_unknown_jobs_disturb_nothing(
-    chaos_client: Conveyor, spawn: Spawn
+    chaos_client: Conveyor, spawn: Spawn, chaos_broker: str, executions: int
 ) -> None:
     cluster = Cluster(spawn)
-    ids = start_all(chaos_client)
-    client = redis.Redis.from_url(CHAOS_REDIS)
+    ids = start_all(chaos_client, executions)
 
     for queue in ("workflow-node", "workflow-execution"):
-        client.lpush(queue, b"not json at all", b'{"body": "?"}', b"\x00\xff")
-    client.close()
-    with Connection(CHAOS_REDIS) as connection:
-        from conveyor.tasks import app
-
-        for args in ([str(uuid.uuid4())], ["not-a-uuid"], [None], []):
-            app.send_task("conveyor.node.run", args=args, queue="workflow-node",
-                          connection=connection)  # fmt: skip
-        for batch in ([[str(uuid.uuid4()), "not-a-uuid", None]], ["not-a-list"], [None], []):
-            app.send_task("conveyor.node.run_many", args=batch, queue="workflow-node",
-                          kwargs={"hints": [{"tenant_id": "?"}, 7]},
-                          connection=connection)  # fmt: skip
+        push_raw(chaos_broker, queue, [b"not json at all", b'{"body": "?"}', b"\x00\xff"])
+    # Well-formed Celery messages naming no job, or not a job id, on the client's own broker
+    app = cast(CeleryDispatcher, chaos_client.dispatcher).app
+    for args in ([str(uuid.uuid4())], ["not-a-uuid"], [None], []):
+        app.send_task("conveyor.node.run", args=args, queue="workflow-node")
+    for batch in ([[str(uuid.uuid4()), "not-a-uuid", None]], ["not-a-list"], [None], []):
+        app.send_task("conveyor.node.run_many", args=batch, queue="workflow-node",
+                      kwargs={"hints": [{"tenant_id": "?"}, 7]})  # fmt: skip
 
     assert_nothing_lost_nothing_twice(chaos_client, ids)
     assert all(w.poll() is None for w in [cluster.planner, *cluster.nodes])  # none died

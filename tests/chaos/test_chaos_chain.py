@@ -9,7 +9,11 @@ A continuation is a claim made in its predecessor's success's transaction: a wor
 while it runs one, or before it starts it, leaves a processing job whose heartbeat stops, for
 the heartbeat reclaim, exactly as a job claimed from a message; a flushed broker loses no
 continuation (it has no message), and a PostgreSQL restart rolls back a success and its
-claim together."""
+claim together.
+
+The SIGKILL scenario runs on RabbitMQ too, with continuations off (every step a message: the
+broker carries the whole chain) and fewer chains (the Redis runs keep the volume). The flushed
+broker's RabbitMQ twin is the purged queue of tests/acceptance/test_rabbitmq_faults.py."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
 from tests.chaos.conftest import CHAOS_DB_URL, CHAOS_REDIS, Spawn, processes
 from tests.chaos.test_chaos import (
+    AMQP_KILLS,
     Cluster,
     _assert_no_permit_held,
     _unfinished,
@@ -37,6 +42,7 @@ from tests.chaos.test_chaos import (
 pytestmark = pytest.mark.timeout(420)
 
 CHAINS = 20
+AMQP_CHAINS = 8
 STEPS = 50
 STEP_SECONDS = 0.02
 
@@ -55,16 +61,19 @@ def long_chain() -> dict:
 
 
 @pytest.fixture(params=["16", "0"], ids=["continuations-on", "continuations-off"])
-def chain_spawn(request: pytest.FixtureRequest, chaos_env: dict[str, str], tmp_path: Path
-                ) -> Iterator[Spawn]:  # fmt: skip
-    """Workers with continuations on (16 steps in a row at most) or off."""
-    with processes({**chaos_env, "CONVEYOR_CONTINUE_STEPS": request.param}, tmp_path) as spawn:
+def chain_spawn(request: pytest.FixtureRequest, chaos_env: dict[str, str], chaos_broker: str,
+                tmp_path: Path) -> Iterator[Spawn]:  # fmt: skip
+    """Workers on the scenario's broker with continuations on (16 steps in a row at most) or
+    off."""
+    env = {**chaos_env, "CONVEYOR_BROKER_URL": chaos_broker,
+           "CONVEYOR_CONTINUE_STEPS": request.param}  # fmt: skip
+    with processes(env, tmp_path) as spawn:
         yield spawn
 
 
-def start_chains(client: Conveyor) -> list[uuid.UUID]:
+def start_chains(client: Conveyor, chains: int = CHAINS) -> list[uuid.UUID]:
     client.apply(parse_workflow(long_chain()))
-    return [client.trigger("long_chain", {"n": i}) for i in range(CHAINS)]
+    return [client.trigger("long_chain", {"n": i}) for i in range(chains)]
 
 
 def assert_each_step_once(client: Conveyor, ids: list[uuid.UUID]) -> None:
@@ -79,17 +88,25 @@ def assert_each_step_once(client: Conveyor, ids: list[uuid.UUID]) -> None:
         keys = conn.execute(text("SELECT key FROM chaos_effects")).scalars().all()
     engine.dispose()
     assert set(keys) == {f"{i}:s{n}" for i in ids for n in range(STEPS)}
-    assert len(keys) == CHAINS * STEPS
+    assert len(keys) == len(ids) * STEPS
     _assert_no_permit_held()
 
 
+@pytest.mark.parametrize(
+    ("chaos_broker", "chain_spawn"),
+    [("redis", "16"), ("redis", "0"), ("amqp", "0")],
+    ids=["continuations-on", "continuations-off", "amqp-continuations-off"],
+    indirect=True,
+)
 def test_long_chains_lose_nothing_when_node_workers_are_sigkilled(
-    chaos_client: Conveyor, chain_spawn: Spawn
+    chaos_client: Conveyor, chain_spawn: Spawn, chaos_broker: str
 ) -> None:
+    on_redis = chaos_broker == CHAOS_REDIS
     cluster = Cluster(chain_spawn)
-    ids = start_chains(chaos_client)
+    ids = start_chains(chaos_client, CHAINS if on_redis else AMQP_CHAINS)
 
-    for _ in range(4):  # mid-chain: a worker killed outright, pool and all, another started
+    # mid-chain: a worker killed outright, pool and all, another started
+    for _ in range(4 if on_redis else AMQP_KILLS):
         time.sleep(1.5)
         cluster.replace(cluster.nodes[0], signal.SIGKILL)
 
