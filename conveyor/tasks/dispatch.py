@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import MessageNacked, RecoverableConnectionError
 from celery import Celery
 from kombu.exceptions import OperationalError
 
@@ -44,6 +44,13 @@ CONFIRM_TIMEOUT = 5.0
 _REFUSED = (MessageNacked, socket.timeout, OperationalError)
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """The publish failed on a connection the broker had closed (a restart, an operator's
+    close, a failover): the pool hands out connections it does not know are dead."""
+    cause = exc.__cause__ or exc
+    return isinstance(cause, ConnectionError | RecoverableConnectionError)
+
+
 class CeleryDispatcher:
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -62,23 +69,36 @@ class CeleryDispatcher:
         :class:`PublishRefused` when RabbitMQ did not confirm one (the messages before it
         were taken)."""
         messages = pack(dispatches, self.batch_most if batch else 1)
-        with self.app.producer_or_acquire() as producer:
-            for message in messages:
+        sent, reconnected = 0, False
+        while sent < len(messages):
+            with self.app.producer_or_acquire() as producer:
                 try:
-                    if len(message) == 1:
-                        self._send_one(message[0], producer)
-                    else:
-                        self._send_many(message, producer)
+                    for message in messages[sent:]:
+                        self._send(message, producer)
+                        sent += 1
                 except _REFUSED as exc:
                     if not self._confirm:
                         raise
-                    jobs = ", ".join(str(d.job_id) for d in message)
+                    if _connection_lost(exc) and not reconnected:
+                        # Once, on a new connection: the pool's was dead. (Had the broker
+                        # taken the message before the connection broke, it has it twice: a
+                        # duplicate is harmless, the claim runs a job once.)
+                        producer.connection.collect()
+                        reconnected = True
+                        continue
+                    jobs = ", ".join(str(d.job_id) for d in messages[sent])
                     why = exc.__cause__ or exc
                     raise PublishRefused(
                         f"RabbitMQ did not take the message of job(s) {jobs} ({why!r}): they "
                         "stay queued, the recovery sweep publishes them again; check the "
                         "queue's limits and the broker's alarms"
                     ) from exc
+
+    def _send(self, message: list[Dispatch], producer: Any) -> None:
+        if len(message) == 1:
+            self._send_one(message[0], producer)
+        else:
+            self._send_many(message, producer)
 
     def _send_one(self, d: Dispatch, producer: Any) -> None:
         kwargs = {"hints": encode_hints(d.hints)} if d.hints else None

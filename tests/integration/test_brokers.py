@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -187,6 +188,27 @@ def test_a_publish_rabbitmq_refuses_raises_is_logged_and_left_to_the_sweep(
         store.session.execute(update(Job).values(enqueued_at=utcnow() - timedelta(minutes=5)))
     swept = amqp_broker.sweep()
     assert swept["republished"] == 2 and amqp_broker.messages() > 0
+
+
+def test_a_publish_on_a_connection_rabbitmq_closed_goes_out_on_a_new_one(
+    amqp_broker: Broker,
+) -> None:
+    # Given a publisher whose pool holds a connection (its first publish opened it)
+    service = amqp_broker.service
+    backlog(service, 1)
+    empty(amqp_broker.url, NODE_QUEUE)
+
+    # When RabbitMQ closes every connection of the vhost (a restart, an operator), the pool's
+    rabbit.rabbitmqctl("close_all_connections", "--vhost", VHOST, "integration test")
+    # (gone once RabbitMQ's close handshake with the idle client times out, about 30 s)
+    deadline = time.monotonic() + 90
+    while rabbit.connections(VHOST):
+        assert time.monotonic() < deadline, "RabbitMQ did not close the vhost's connections"
+        time.sleep(0.2)
+
+    # Then the next publish goes out on a new connection: not refused, not left to the sweep
+    service.dispatcher.publish(made_dispatches(service))
+    assert amqp_broker.messages() == 1
 
 
 def made_dispatches(service: Conveyor) -> list[Any]:

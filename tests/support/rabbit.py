@@ -72,3 +72,11 @@ def ready(url: str, queue: str) -> int:
             return int(connection.default_channel.queue_declare(queue=queue, passive=True)[1])
         except connection.channel_errors:
             return 0
+
+
+def connections(vhost_name: str) -> int:
+    """How many client connections the vhost has now."""
+    done = subprocess.run(["rabbitmqctl", "-q", "list_connections", "vhost"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return sum(1 for line in done.stdout.splitlines() if line.strip() == vhost_name)
