@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from selenium.common.exceptions import (
     NoSuchElementException,
     StaleElementReferenceException,
     TimeoutException,
+    WebDriverException,
 )
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -122,8 +124,17 @@ def _sign_in(driver: WebDriver, api: str, key: str) -> None:
 
 
 def _node_status(driver: WebDriver, node: str) -> str:
-    box = driver.find_element(By.CSS_SELECTOR, f'g.node[data-node="{node}"]')
-    return str(box.get_attribute("class"))
+    """The node's box's classes. Read again if the page redrew the box (the live stream) or
+    reloaded between finding it and reading it: "does not belong to the document"."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            box = driver.find_element(By.CSS_SELECTOR, f'g.node[data-node="{node}"]')
+            return str(box.get_attribute("class"))
+        except WebDriverException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _trigger(http: httpx.Client, workflow: str, body: dict[str, object]) -> str:
