@@ -5,7 +5,8 @@ before and after (Linux). Printed per node and process group, both sides in turn
     python -m benchmarks.cpu [--executions 6000] [--rounds 2] [--json cpu.json]
 
 With ``--fanout N``, fan-outs of N members one after another instead (``--executions``
-nodes' worth, the width's root and join counted), against as many chords of N tasks.
+nodes' worth, the width's root and join counted), against as many chords of N tasks; with
+``--chain N``, chains of N steps (:mod:`benchmarks.chains`) against Celery chains of N tasks.
 
 On a 2-core machine the CPU per node is what the throughput is made of, and it moves less from
 run to run than the throughput itself: a change that saves CPU shows here first. Needs what
@@ -28,7 +29,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from benchmarks import harness
+from benchmarks import chains, harness
 from benchmarks.bench import Bench
 from benchmarks.compare import (
     ONE_NODE,
@@ -143,21 +144,21 @@ def raw_drain(bench: Bench, processes: Processes, n: int) -> dict[str, float]:
     return found
 
 
-def fanouts(
+def one_by_one(
     workers: AbstractContextManager[Any],
     one: Callable[[], float],
     processes: Processes,
     n: int,
-    width: int,
+    size: int,
 ) -> dict[str, float]:
-    """Fan-outs of ``width`` members (``one`` runs one: Conveyor's, or a chord of ``width``
-    tasks and a callback) one after another, about ``n`` nodes in all, on ``workers``, after
-    an untimed one (the definition cache, the connections)."""
-    count = max(1, round(n / (width + 2)))
+    """Runs of ``size`` nodes each (``one`` runs one: a fan-out and its chord, a chain and
+    its Celery chain) one after another, about ``n`` nodes in all, on ``workers``, after an
+    untimed one (the definition cache, the connections)."""
+    count = max(1, round(n / size))
     found: dict[str, float] = {}
     with workers:
         one()
-        with counted(processes, count * (width + 2), found):
+        with counted(processes, count * size, found):
             for _ in range(count):
                 one()
     return found
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--concurrency", type=int, default=4, help="processes per node pool")
     parser.add_argument("--rounds", type=int, default=2, help="drains a side (the median)")
     parser.add_argument("--fanout", type=int, default=0, help="fan-outs this wide instead")
+    parser.add_argument("--chain", type=int, default=0, help="chains this long instead")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
 
@@ -188,20 +190,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     drains: dict[str, Callable[[Bench, Processes, int], dict[str, float]]] = {
         "conveyor": conveyor_drain, "raw": raw_drain,
     }  # fmt: skip
-    if args.fanout:
+    if args.fanout:  # a fan-out's width, its root and its join
+        size = args.fanout + 2
         drains = {
-            "conveyor": lambda b, p, n: fanouts(
-                b.conveyor_workers(), lambda: conveyor_fanout(b, args.fanout), p, n, args.fanout
+            "conveyor": lambda b, p, n: one_by_one(
+                b.conveyor_workers(), lambda: conveyor_fanout(b, args.fanout), p, n, size
             ),
-            "raw": lambda b, p, n: fanouts(
-                b.raw_workers(), lambda: raw_fanout(b, args.fanout), p, n, args.fanout
+            "raw": lambda b, p, n: one_by_one(
+                b.raw_workers(), lambda: raw_fanout(b, args.fanout), p, n, size
             ),
         }
+    elif args.chain:
+        drains = {
+            "conveyor": lambda b, p, n: one_by_one(
+                b.conveyor_workers(), lambda: chains.conveyor_chain(b, args.chain), p, n,
+                args.chain,
+            ),
+            "raw": lambda b, p, n: one_by_one(
+                b.raw_workers(), lambda: chains.raw_chain(b, args.chain), p, n, args.chain
+            ),
+        }  # fmt: skip
     with harness.services() as svc:
         bench = Bench(svc, args.concurrency)
         bench.client.apply(parse_workflow(ONE_NODE))
         if args.fanout:
             bench.client.apply(parse_workflow(fanout_definition(args.fanout)))
+        if args.chain:
+            bench.client.apply(parse_workflow(chains.definition(args.chain)))
         processes = Processes(bench)
         for _ in range(args.rounds):  # the sides take turns: the machine drifts
             for side, drain in drains.items():

@@ -93,6 +93,19 @@ def claim_continuation(
     return _run_of(store, claimed, hinted, now, output_bytes)
 
 
+def run_of(
+    store: Store,
+    claimed: tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None,
+    hints: NodeHints | None,
+    now: datetime,
+    output_bytes: int = Bounds().output_bytes,
+) -> NodeRun | None:
+    """The run of a job a store's transition claimed (a chain's step,
+    :func:`~conveyor.engine.success.complete_step`), its message's ``hints`` saying what the
+    claim read."""
+    return _run_of(store, claimed, _hinted(hints), now, output_bytes)
+
+
 def _run_of(
     store: Store,
     claimed: tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None,

@@ -32,6 +32,7 @@ from conveyor.engine.records import (
     NewJob,
     NodeRow,
     ScheduleRecord,
+    Stepped,
     TraceContext,
     WaitRecord,
     WorkflowRecord,
@@ -378,6 +379,32 @@ class Jobs(Protocol):
         makes none of them ready (else False, nothing changed): each one need fewer, the
         node settled and, with ``finish``, the execution completed if it was the last.
         Needs no transaction around it."""
+        ...
+
+    def complete_step(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        execution: ExecutionRecord,
+        successor: NewJob,
+        worker: str | None,
+        claim: bool,
+    ) -> Stepped | None:
+        """A chain's step, when the node's success makes exactly its one successor ready:
+        ``successor.node_id``'s state pending and waiting on this node alone, the job
+        processing in this try, the execution running. Then, in one unit: the node's success
+        (as :meth:`complete_running`), the execution one node fewer, the successor's need
+        counted, its job ``successor`` inserted and, with ``claim`` and while no node job of
+        a priority higher than the execution's is queued in the node queue, claimed for
+        ``worker`` (as :meth:`claim_continuation`, the outputs of its needs read); else
+        queued, its node queued, for its message to be published. None, and nothing
+        changed, in every other case: the caller takes the transaction
+        (:func:`~conveyor.engine.success.complete_node`). Needs no transaction around it."""
         ...
 
     def resume_waiting(

@@ -97,6 +97,15 @@ class ItemsLeft:
     released: JobRecord | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Stepped:
+    """A chain's step recorded in one unit (:meth:`~conveyor.engine.ports.Jobs.complete_step`):
+    the next node's job ``claimed`` for the worker that recorded it (the job, its execution,
+    the outputs its claim read), or None: queued, its message to publish."""
+
+    claimed: tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None = None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ItemRow:
     """A settled item of a map, as its node's output is made of them."""

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from conveyor.engine import mapping, node_types
+from conveyor.engine import claiming, mapping, node_types, planning
+from conveyor.engine.bounds import Bounds
 from conveyor.engine.claiming import NodeRun
 from conveyor.engine.definitions import DedupePolicy
 from conveyor.engine.ports import Store
+from conveyor.engine.ready import new_jobs, node_dispatches
 from conveyor.engine.records import (
     AfterCommit,
     Dispatch,
+    NewJob,
 )
 from conveyor.engine.settling import known_finish, outcome_status, settle
 from conveyor.engine.states import (
@@ -63,6 +67,72 @@ def complete_fast(
     if run.job.item_index is not None:
         return mapping.complete_alone(store, run, output, now, duration)
     return [] if complete_alone(store, run, output, now, duration) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """A chain's next step, made ready by a success alone (:func:`chain_step`): its job,
+    the message that publishes it, and whether its predecessor's worker asks to claim it."""
+
+    job: NewJob
+    dispatch: Dispatch
+    claim: bool
+
+
+def chain_step(
+    store: Store, run: NodeRun, output: Any, now: datetime, *, claim: bool
+) -> Step | None:
+    """The step a success makes ready when it is a chain's: the node's one successor, which
+    waits on it alone, runs (no branch skips it) as a plain node's job (no delay to hold it,
+    no map to expand) in an execution never re-run (no held job to take). None: another
+    case, for :func:`complete_node`. Decided from the definition: the store checks the rows
+    (:meth:`~conveyor.engine.ports.Jobs.complete_step`)."""
+    if run.job.item_index is not None or run.execution.reruns:
+        return None
+    workflow, shape = load_workflow(store, run.execution.workflow_id)
+    successors = shape.successors[run.node.id]
+    if len(successors) != 1 or shape.waiting_on[successors[0]] != 1:
+        return None
+    successor = workflow.node(successors[0])
+    if node_types.waits(successor) or successor.map is not None:
+        return None
+    settled = planning.NeedState(
+        status=NodeStatus.COMPLETED, branch=node_types.branch_of(run.node, output)
+    )
+    if planning.readiness(workflow, successor, {run.node.id: settled}) is planning.Readiness.SKIP:
+        return None
+    (job,) = new_jobs(workflow, [(successor, {})], now, limits=run.execution.limits)
+    (dispatch,) = node_dispatches(run.execution, workflow.name, [job], now)
+    return Step(job=job, dispatch=dispatch, claim=claim)
+
+
+def complete_step(
+    store: Store,
+    run: NodeRun,
+    output: Any,
+    now: datetime,
+    duration: float,
+    step: Step,
+    worker: str | None = None,
+    *,
+    output_bytes: int = Bounds().output_bytes,
+) -> tuple[AfterCommit, NodeRun | None] | None:
+    """A chain's step recorded in one statement where the database can (no transaction
+    round trips): the success and its successor's job, claimed for ``worker`` to run next
+    when ``step.claim`` and nothing of a higher priority waits (the run it claimed), else
+    queued (its message, to publish). None: the rows were not the chain's case (nothing was
+    changed), and :func:`complete_node` does it. See docs/guarantees.md#continuations."""
+    stepped = store.complete_step(
+        run.job, run.node.id, output=output, branch=node_types.branch_of(run.node, output),
+        now=now, duration=duration, execution=run.execution, successor=step.job,
+        worker=worker, claim=step.claim,
+    )  # fmt: skip
+    if stepped is None:
+        return None
+    if stepped.claimed is None:
+        return AfterCommit(dispatches=[step.dispatch]), None
+    taken = claiming.run_of(store, stepped.claimed, step.dispatch.hints, now, output_bytes)
+    return AfterCommit(), taken
 
 
 def continuation(after: AfterCommit, queue: str) -> Dispatch | None:

@@ -397,11 +397,16 @@ class Workers(ServiceBase):
     ) -> tuple[AfterCommit, Ran, _Taken | None]:
         taken: _Taken | None = None
         try:
-            # in one statement where it can (it made no successor ready), else a transaction
-            done = self.db.autocommit(
-                lambda s: success.complete_fast(s, run, output, utcnow(), duration)
-            )
-            if done is not None:
+            # in one statement where it can (a chain's step; or it made no successor ready),
+            # else a transaction
+            stepped = self._step(run, output, duration, streak)
+            if stepped is not None:
+                after, taken = stepped
+            elif (
+                done := self.db.autocommit(
+                    lambda s: success.complete_fast(s, run, output, utcnow(), duration)
+                )
+            ) is not None:
                 after = AfterCommit(dispatches=done)
             else:
                 after, taken = self._complete(run, output, duration, streak)
@@ -410,6 +415,45 @@ class Workers(ServiceBase):
         job_log.info("job completed", duration=round(duration, 3))
         tracing.outcome("completed")
         return after, ran, taken
+
+    def _step(
+        self, run: claiming.NodeRun, output: Any, duration: float, streak: int
+    ) -> tuple[AfterCommit, _Taken | None] | None:
+        """A chain's step in one statement (:func:`~conveyor.engine.success.complete_step`):
+        the success and its one successor's job, claimed for this worker to run next under
+        the rules of :meth:`_complete` (its permits taken first, ``continue_steps`` in a row,
+        nothing of a higher priority waiting), else queued for its message. None: not a
+        chain's step, nothing changed."""
+        permits: list[Permit] = []  # one a statement's try: only the last one's is kept
+
+        def record(store: Store) -> tuple[AfterCommit, claiming.NodeRun | None] | None:
+            now = utcnow()
+            claim = streak < self.continue_steps
+            step = success.chain_step(store, run, output, now, claim=claim)
+            if step is None:
+                return None
+            if step.claim and self.gate is not None:
+                permit = self._permit_for(step.dispatch)
+                if permit is None:
+                    step = replace(step, claim=False)
+                else:
+                    permits.append(permit)
+            return success.complete_step(
+                store, run, output, now, duration, step, self.worker,
+                output_bytes=self.bounds.output_bytes,
+            )  # fmt: skip
+
+        try:
+            stepped = self.db.autocommit(record)
+        except BaseException:
+            self._release(permits)
+            raise
+        taken = stepped[1] if stepped is not None else None
+        kept = permits.pop() if taken is not None and permits else None
+        self._release(permits)
+        if stepped is None:
+            return None
+        return stepped[0], None if taken is None else (taken, kept)
 
     def _complete(
         self, run: claiming.NodeRun, output: Any, duration: float, streak: int

@@ -23,8 +23,9 @@ from conveyor.engine.records import (
     ItemsLeft,
     JobRecord,
     NewJob,
+    Stepped,
 )
-from conveyor.engine.states import ExecutionStatus, NodeStatus
+from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, priorities_above
 from conveyor.store import postgres_statements as hot
 from conveyor.store.jobs import node_job_row, start_job_row
 from conveyor.store.session import NODE_STATES
@@ -222,6 +223,36 @@ class PostgresStore(SqlStore):
             return bool(self._hot(hot.COMPLETE_BEFORE_ONE, params)[0][0])
         params["successors"] = list(successors)
         return bool(self._hot(hot.COMPLETE_ALONE, params)[0][0])
+
+    def complete_step(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        execution: ExecutionRecord,
+        successor: NewJob,
+        worker: str | None,
+        claim: bool,
+    ) -> Stepped | None:
+        """One statement (:data:`~conveyor.store.postgres_statements.COMPLETE_STEP`)."""
+        above = [p.value for p in priorities_above(execution.priority)] + [None, None]
+        rows = self._hot(hot.COMPLETE_STEP, {
+            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
+            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
+            "duration": duration, "successor": successor.node_id, "next_id": successor.id,
+            "max_retries": successor.max_retries, "claim": claim, "above1": above[0],
+            "above2": above[1], "queue": NODE_QUEUE, "worker": worker,
+        })  # fmt: skip
+        if not rows:
+            return None
+        next_job, next_execution, outputs = hot.claimed(rows[0])
+        if next_job.status is not JobStatus.PROCESSING:
+            return Stepped()
+        return Stepped(claimed=(next_job, next_execution, outputs))
 
     def complete_item_alone(
         self, job: JobRecord, node_id: str, output: Any, now: datetime, duration: float

@@ -368,6 +368,100 @@ _LOCK_SUCCESSOR = """
 COMPLETE_BEFORE_ONE = _complete_alone(_LOCK_SUCCESSOR, bindparam("successor", type_=String()))
 
 
+# A chain's step in one statement (Jobs.complete_step): a node's success when it makes its
+# one successor ready (that node pending and waiting on it alone, the execution running), the
+# execution one node fewer, the successor's job inserted and its need counted and, with
+# :claim and while no node job of a priority above the execution's (:above1, :above2; NULL
+# for none) is queued in the node queue, the job claimed for :worker as CLAIM_NODE claims
+# one (processing, its first try running, its node running); else queued, its node queued.
+# Row locks in the order of every other transaction (COMPLETE_BEFORE_ONE's): the successor,
+# the job, the node, the execution. Nothing changes, and no row comes back, in any other
+# case: the caller takes the transaction. The success is flushed at commit as any success;
+# the claim rides in it (a claim alone commits relaxed, see _CLAIM).
+# The successor's output read by its claim is the one this statement wrote (RETURNING: the
+# statement's snapshot does not see its own writes).
+_STEP = """
+WITH locked AS (
+    SELECT s.id, s.waiting_on, s.status FROM node_states s
+    WHERE s.execution_id = :execution_id AND s.node_id = :successor
+    FOR UPDATE
+), ready AS (
+    SELECT EXISTS (SELECT 1 FROM locked WHERE waiting_on = 1 AND status = 'pending') AS yes
+), job AS (
+    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
+    WHERE id = :id AND status || '' = 'processing'
+      AND tries_before + retry_count + 1 = :attempt AND (SELECT yes FROM ready)
+      AND (SELECT status FROM executions WHERE id = :execution_id) = 'running'
+    RETURNING id
+), attempt AS (
+    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
+                            error = NULL, timed_out = false
+    WHERE job_id = :id AND attempt_number = :attempt AND EXISTS (SELECT 1 FROM job)
+), node AS (
+    UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
+                           finished_at = :now, error = NULL
+    WHERE execution_id = :execution_id AND node_id = :node_id AND EXISTS (SELECT 1 FROM job)
+    RETURNING output
+), ex AS (
+    UPDATE executions SET remaining_nodes = remaining_nodes - 1
+    WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
+    RETURNING *
+), above AS (
+    SELECT :claim AND NOT EXISTS (
+        SELECT 1 FROM jobs WHERE status = 'queued' AND priority IN (:above1, :above2)
+                             AND queue = :queue AND kind = 'node'
+    ) AS claimed
+), next AS (
+    INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
+                      tries_before, tenant_id, workflow_id, execution_id, node_id,
+                      created_at, enqueued_at, processed_at, heartbeat_at)
+    SELECT :next_id, 'node', CAST(:queue AS varchar), '{{}}',
+           CASE WHEN above.claimed THEN 'processing' ELSE 'queued' END, ex.priority,
+           :max_retries, 0, 0, ex.tenant_id, ex.workflow_id, ex.id, :successor, :now, :now,
+           CASE WHEN above.claimed THEN CAST(:now AS timestamptz) END,
+           CASE WHEN above.claimed THEN CAST(:now AS timestamptz) END
+    FROM ex, above
+    RETURNING *
+), counted AS (
+    UPDATE node_states SET
+        waiting_on = waiting_on - 1,
+        status = CASE WHEN (SELECT claimed FROM above) THEN 'running' ELSE 'queued' END,
+        started_at = CASE WHEN (SELECT claimed FROM above) THEN CAST(:now AS timestamptz)
+                          ELSE started_at END
+    WHERE id IN (SELECT id FROM locked) AND EXISTS (SELECT 1 FROM next)
+), try AS (
+    INSERT INTO job_attempts (job_id, attempt_number, status, worker, started_at, waited,
+                              timed_out, queue, workflow_id)
+    SELECT next.id, 1, 'running', :worker, :now, 0, false, next.queue, next.workflow_id
+    FROM next WHERE next.status = 'processing'
+)
+SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
+       ex.input AS x_input, ex.created_at AS x_created_at,
+       ex.scheduled_for AS x_scheduled_for,
+       ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate,
+       (SELECT jsonb_build_object(CAST(:node_id AS varchar), node.output) FROM node) AS x_needs,
+       ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns,
+       next.item_index AS x_item_index, next.item AS x_item,
+       ex.parent_execution_id AS x_parent_execution_id, ex.parent_node_id AS x_parent_node_id,
+       ex.parent_job_id AS x_parent_job_id, ex.parent_try AS x_parent_try, ex.depth AS x_depth
+FROM next, ex
+"""
+COMPLETE_STEP = Statement(
+    text(
+        _STEP.format(job_columns=", ".join(f"next.{c}" for c in JOB_COLUMNS.split(", ")))
+    ).bindparams(
+        *_COMPLETE_PARAMS,
+        bindparam("successor", type_=String()),
+        bindparam("next_id", type_=Uuid()),
+        bindparam("max_retries", type_=Integer()),
+        bindparam("claim", type_=Boolean()),
+        bindparam("above1", type_=String()),
+        bindparam("above2", type_=String()),
+        bindparam("queue", type_=String()),
+        bindparam("worker", type_=String()),
+    )
+)
+
 # An execution with its node states and first jobs, in one statement (PostgreSQL). A taken
 # idempotency or deduplication key, or a child's (parent job, try), inserts nothing: the rows
 # hang off ``made``'s RETURNING. Nor does a workflow version that is not the tenant's latest

@@ -10,14 +10,19 @@ from dataclasses import fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from conveyor.engine import step_parts
 from conveyor.engine.ports import Store
 from conveyor.engine.records import (
     Advance,
     DeliveryReceipt,
     DeliveryRecord,
     EndpointRecord,
+    ExecutionRecord,
     Fire,
+    JobRecord,
+    NewJob,
     ScheduleRecord,
+    Stepped,
     TraceContext,
 )
 from conveyor.engine.states import (
@@ -176,6 +181,26 @@ class InMemoryStore(MemoryDeliveries, MemoryMapItems, MemoryWaits):
     :class:`~conveyor.testing.tables.Tables` (one unit of work's view of them: see
     :class:`~conveyor.testing.InMemoryDatabase`). The contracts are the port's docstrings;
     tests/contract holds this store and the SQL ones to the same cases."""
+
+    def complete_step(
+        self,
+        job: JobRecord,
+        node_id: str,
+        *,
+        output: Any,
+        branch: str | None,
+        now: datetime,
+        duration: float,
+        execution: ExecutionRecord,
+        successor: NewJob,
+        worker: str | None,
+        claim: bool,
+    ) -> Stepped | None:
+        """Its parts in turn (:mod:`conveyor.engine.step_parts`)."""
+        return step_parts.complete_step(
+            self, job, node_id, output=output, branch=branch, now=now, duration=duration,
+            execution=execution, successor=successor, worker=worker, claim=claim,
+        )  # fmt: skip
 
     def add_schedule(self, **values: Any) -> ScheduleRecord:
         tenant_id, name = values["tenant_id"], values["name"]

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.acceptance.conftest import ROOT
 from tests.conftest import REDIS_SERVER
 
@@ -136,19 +138,22 @@ def test_the_cpu_benchmark_finds_every_side_s_processes_and_writes_their_cpu(
     assert "CPU per node" in result.stdout
 
 
-def test_the_cpu_benchmark_measures_fan_outs_against_chords(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["fanout", "chain"])
+def test_the_cpu_benchmark_measures_fan_outs_and_chains_against_celery_s(
+    tmp_path: Path, shape: str
+) -> None:
     result, figures = run_benchmark(
-        tmp_path / "cpu.json", "benchmarks.cpu", "--fanout", "10", "--executions", "120",
+        tmp_path / "cpu.json", "benchmarks.cpu", f"--{shape}", "10", "--executions", "120",
         "--rounds", "1", "--concurrency", "2",
     )  # fmt: skip
     ours, raw = figures["conveyor_ms_per_node"], figures["raw_ms_per_node"]
-    # ten fan-outs of ten members (and their roots and joins), ten chords of ten tasks; CPU
-    # is counted in ticks of 10 ms, too coarse for what Redis spends on so few (the drain's
-    # test finds its process)
+    # ten fan-outs of ten members (and their roots and joins) against ten chords of ten tasks,
+    # or twelve chains of ten steps against twelve Celery chains; CPU is counted in ticks of
+    # 10 ms, too coarse for what Redis spends on so few (the drain's test finds its process)
     for group in ("node worker, main", "node worker, pool", "PostgreSQL"):
         assert ours[group] > 0, (group, ours)
     assert raw["node worker, pool"] > 0 and raw["PostgreSQL"] == 0, raw
-    assert figures["params"]["fanout"] == 10
+    assert figures["params"][shape] == 10
     assert "CPU per node" in result.stdout
 
 
