@@ -33,6 +33,7 @@ from conveyor.engine.records import (
     NodeRow,
     ScheduleRecord,
     Stepped,
+    Succeeded,
     TraceContext,
     WaitRecord,
     WorkflowRecord,
@@ -383,15 +384,9 @@ class Jobs(Protocol):
 
     def complete_step(
         self,
-        job: JobRecord,
-        node_id: str,
-        *,
-        output: Any,
-        branch: str | None,
-        now: datetime,
-        duration: float,
-        execution: ExecutionRecord,
+        succeeded: Succeeded,
         successor: NewJob,
+        *,
         worker: str | None,
         claim: bool,
     ) -> Stepped | None:

@@ -98,6 +98,21 @@ class ItemsLeft:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Succeeded:
+    """A node's successful try, for a store to record: its job (in the try that succeeded),
+    its node, its output and the branch that output took, when and how long it ran, and its
+    execution as the try's claim read it."""
+
+    job: JobRecord
+    node_id: str
+    output: Any
+    branch: str | None
+    now: datetime
+    duration: float
+    execution: ExecutionRecord
+
+
+@dataclass(frozen=True, kw_only=True)
 class Stepped:
     """A chain's step recorded in one unit (:meth:`~conveyor.engine.ports.Jobs.complete_step`):
     the next node's job ``claimed`` for the worker that recorded it (the job, its execution,

@@ -16,6 +16,7 @@ from conveyor.engine.records import (
     AfterCommit,
     Dispatch,
     NewJob,
+    Succeeded,
 )
 from conveyor.engine.settling import known_finish, outcome_status, settle
 from conveyor.engine.states import (
@@ -122,11 +123,12 @@ def complete_step(
     when ``step.claim`` and nothing of a higher priority waits (the run it claimed), else
     queued (its message, to publish). None: the rows were not the chain's case (nothing was
     changed), and :func:`complete_node` does it. See docs/guarantees.md#continuations."""
-    stepped = store.complete_step(
-        run.job, run.node.id, output=output, branch=node_types.branch_of(run.node, output),
-        now=now, duration=duration, execution=run.execution, successor=step.job,
-        worker=worker, claim=step.claim,
+    succeeded = Succeeded(
+        job=run.job, node_id=run.node.id, output=output,
+        branch=node_types.branch_of(run.node, output), now=now, duration=duration,
+        execution=run.execution,
     )  # fmt: skip
+    stepped = store.complete_step(succeeded, step.job, worker=worker, claim=step.claim)
     if stepped is None:
         return None
     if stepped.claimed is None:

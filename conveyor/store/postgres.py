@@ -24,6 +24,7 @@ from conveyor.engine.records import (
     JobRecord,
     NewJob,
     Stepped,
+    Succeeded,
 )
 from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, priorities_above
 from conveyor.store import postgres_statements as hot
@@ -226,24 +227,20 @@ class PostgresStore(SqlStore):
 
     def complete_step(
         self,
-        job: JobRecord,
-        node_id: str,
-        *,
-        output: Any,
-        branch: str | None,
-        now: datetime,
-        duration: float,
-        execution: ExecutionRecord,
+        succeeded: Succeeded,
         successor: NewJob,
+        *,
         worker: str | None,
         claim: bool,
     ) -> Stepped | None:
         """One statement (:data:`~conveyor.store.postgres_statements.COMPLETE_STEP`)."""
-        above = [p.value for p in priorities_above(execution.priority)] + [None, None]
+        job, priority = succeeded.job, succeeded.execution.priority
+        above = [p.value for p in priorities_above(priority)] + [None, None]
         rows = self._hot(hot.COMPLETE_STEP, {
-            "id": job.id, "execution_id": job.execution_id, "node_id": node_id,
-            "attempt": job.try_number, "output": output, "branch": branch, "now": now,
-            "duration": duration, "successor": successor.node_id, "next_id": successor.id,
+            "id": job.id, "execution_id": job.execution_id, "node_id": succeeded.node_id,
+            "attempt": job.try_number, "output": succeeded.output, "branch": succeeded.branch,
+            "now": succeeded.now, "duration": succeeded.duration,
+            "successor": successor.node_id, "next_id": successor.id,
             "max_retries": successor.max_retries, "claim": claim, "above1": above[0],
             "above2": above[1], "queue": NODE_QUEUE, "worker": worker,
         })  # fmt: skip

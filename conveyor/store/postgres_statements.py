@@ -378,31 +378,18 @@ COMPLETE_BEFORE_ONE = _complete_alone(_LOCK_SUCCESSOR, bindparam("successor", ty
 # the job, the node, the execution. Nothing changes, and no row comes back, in any other
 # case: the caller takes the transaction. The success is flushed at commit as any success;
 # the claim rides in it (a claim alone commits relaxed, see _CLAIM).
-# The successor's output read by its claim is the one this statement wrote (RETURNING: the
+# The output its claim reads is the one this statement writes, as the parameter sent (the
 # statement's snapshot does not see its own writes).
-_STEP = """
-WITH locked AS (
+_STEP_LOCK = """locked AS (
     SELECT s.id, s.waiting_on, s.status FROM node_states s
     WHERE s.execution_id = :execution_id AND s.node_id = :successor
     FOR UPDATE
 ), ready AS (
     SELECT EXISTS (SELECT 1 FROM locked WHERE waiting_on = 1 AND status = 'pending') AS yes
-), job AS (
-    UPDATE jobs SET status = 'completed', completed_at = :now, last_error = NULL
-    WHERE id = :id AND status || '' = 'processing'
-      AND tries_before + retry_count + 1 = :attempt AND (SELECT yes FROM ready)
-      AND (SELECT status FROM executions WHERE id = :execution_id) = 'running'
-    RETURNING id
-), attempt AS (
-    UPDATE job_attempts SET status = 'succeeded', finished_at = :now, duration = :duration,
-                            error = NULL, timed_out = false
-    WHERE job_id = :id AND attempt_number = :attempt AND EXISTS (SELECT 1 FROM job)
-), node AS (
-    UPDATE node_states SET status = 'completed', output = :output, branch = :branch,
-                           finished_at = :now, error = NULL
-    WHERE execution_id = :execution_id AND node_id = :node_id AND EXISTS (SELECT 1 FROM job)
-    RETURNING output
-), ex AS (
+), """
+_STEP_GUARD = """ AND (SELECT yes FROM ready)
+      AND (SELECT status FROM executions WHERE id = :execution_id) = 'running'"""
+_STEP = """, ex AS (
     UPDATE executions SET remaining_nodes = remaining_nodes - 1
     WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
     RETURNING *
@@ -439,7 +426,7 @@ SELECT {job_columns}, ex.status AS x_status, ex.priority AS x_priority,
        ex.input AS x_input, ex.created_at AS x_created_at,
        ex.scheduled_for AS x_scheduled_for,
        ex.traceparent AS x_traceparent, ex.tracestate AS x_tracestate,
-       (SELECT jsonb_build_object(CAST(:node_id AS varchar), node.output) FROM node) AS x_needs,
+       jsonb_build_object(CAST(:node_id AS varchar), :output) AS x_needs,
        ex.max_attempts AS x_max_attempts, ex.timeout AS x_timeout, ex.reruns AS x_reruns,
        next.item_index AS x_item_index, next.item AS x_item,
        ex.parent_execution_id AS x_parent_execution_id, ex.parent_node_id AS x_parent_node_id,
@@ -448,7 +435,8 @@ FROM next, ex
 """
 COMPLETE_STEP = Statement(
     text(
-        _STEP.format(job_columns=", ".join(f"next.{c}" for c in JOB_COLUMNS.split(", ")))
+        _COMPLETE_CTES.format(before=_STEP_LOCK, guard=_STEP_GUARD)
+        + _STEP.format(job_columns=", ".join(f"next.{c}" for c in JOB_COLUMNS.split(", ")))
     ).bindparams(
         *_COMPLETE_PARAMS,
         bindparam("successor", type_=String()),

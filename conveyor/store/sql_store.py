@@ -15,7 +15,15 @@ from typing import Any
 from sqlalchemy import exists, select
 
 from conveyor.engine import step_parts
-from conveyor.engine.records import Created, ExecutionRecord, Finish, JobRecord, NewJob, Stepped
+from conveyor.engine.records import (
+    Created,
+    ExecutionRecord,
+    Finish,
+    JobRecord,
+    NewJob,
+    Stepped,
+    Succeeded,
+)
 from conveyor.engine.states import JobKind, JobStatus, Priority, priorities_above
 from conveyor.store.access import AccessQueries
 from conveyor.store.activity import ActivityQueries
@@ -110,24 +118,15 @@ class SqlStore(
 
     def complete_step(
         self,
-        job: JobRecord,
-        node_id: str,
-        *,
-        output: Any,
-        branch: str | None,
-        now: datetime,
-        duration: float,
-        execution: ExecutionRecord,
+        succeeded: Succeeded,
         successor: NewJob,
+        *,
         worker: str | None,
         claim: bool,
     ) -> Stepped | None:
         """See :class:`~conveyor.engine.ports.Jobs`: its parts in turn
         (:mod:`conveyor.engine.step_parts`); PostgreSQL's in one statement."""
-        return step_parts.complete_step(
-            self, job, node_id, output=output, branch=branch, now=now, duration=duration,
-            execution=execution, successor=successor, worker=worker, claim=claim,
-        )  # fmt: skip
+        return step_parts.complete_step(self, succeeded, successor, worker=worker, claim=claim)
 
     @abstractmethod
     def complete_running(

@@ -17,12 +17,11 @@ from conveyor.engine.records import (
     DeliveryReceipt,
     DeliveryRecord,
     EndpointRecord,
-    ExecutionRecord,
     Fire,
-    JobRecord,
     NewJob,
     ScheduleRecord,
     Stepped,
+    Succeeded,
     TraceContext,
 )
 from conveyor.engine.states import (
@@ -184,23 +183,14 @@ class InMemoryStore(MemoryDeliveries, MemoryMapItems, MemoryWaits):
 
     def complete_step(
         self,
-        job: JobRecord,
-        node_id: str,
-        *,
-        output: Any,
-        branch: str | None,
-        now: datetime,
-        duration: float,
-        execution: ExecutionRecord,
+        succeeded: Succeeded,
         successor: NewJob,
+        *,
         worker: str | None,
         claim: bool,
     ) -> Stepped | None:
         """Its parts in turn (:mod:`conveyor.engine.step_parts`)."""
-        return step_parts.complete_step(
-            self, job, node_id, output=output, branch=branch, now=now, duration=duration,
-            execution=execution, successor=successor, worker=worker, claim=claim,
-        )  # fmt: skip
+        return step_parts.complete_step(self, succeeded, successor, worker=worker, claim=claim)
 
     def add_schedule(self, **values: Any) -> ScheduleRecord:
         tenant_id, name = values["tenant_id"], values["name"]
