@@ -93,6 +93,15 @@ class Who:
         return None if self.operator else self.tenant.id
 
 
+def filtered(who: Who, names: dict[uuid.UUID, str], tenant: str) -> uuid.UUID | None:
+    """The tenant whose rows a list shows: an operator's ``?tenant=NAME`` filter (a name no
+    tenant has shows nothing), else the session's own scope; a tenant's session has no
+    filter, whatever it asks."""
+    if not who.operator or not tenant:
+        return who.scope
+    return next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+
+
 def signed_in(request: Request, service: ServiceDep) -> Who:
     session = signer(request).read(request.cookies.get(COOKIE))
     if session is None:

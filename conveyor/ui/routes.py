@@ -47,6 +47,7 @@ from conveyor.ui.pages import (
     back,
     checked,
     error_page,
+    filtered,
     render,
     signer,
 )
@@ -180,10 +181,8 @@ def executions(
         idempotency_key=find.strip() or None,
     )  # fmt: skip
     with service.db.transaction() as store:
-        scope = who.scope
         names = {t.id: t.name for t in store.tenants()} if who.operator else {}
-        if who.operator and tenant:  # an operator's filter; a tenant's session has none
-            scope = next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+        scope = filtered(who, names, tenant)
         if status == "waiting":
             where = replace(where, status=ExecutionStatus.RUNNING, node_status=NodeStatus.WAITING)
         rows = store.list_executions(scope, where=where, after=after, limit=PAGE + 1)
@@ -409,10 +408,8 @@ def discard(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -
 @router.get("/workflows")
 def workflows(request: Request, service: ServiceDep, who: WhoDep, tenant: str = "") -> HTMLResponse:
     with service.db.transaction() as store:
-        scope = who.scope
         names = {t.id: t.name for t in store.tenants()} if who.operator else {}
-        if who.operator and tenant:  # an operator's filter; a tenant's session has none
-            scope = next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+        scope = filtered(who, names, tenant)
         rows = [
             {**views.workflow_json(r), "tenant": names.get(r.tenant_id, ""),
              "link": _workflow_link(who, names.get(r.tenant_id, ""), r.name)}
