@@ -51,7 +51,7 @@ from conveyor.ui.pages import (
     render,
     signer,
 )
-from conveyor.ui.sessions import COOKIE, Signer
+from conveyor.ui.sessions import COOKIE, Signer, new_key_secret
 
 PAGE = 50  # executions per page
 SHOWN_CHARS = 2_000  # a value longer than this, as JSON, is cut with a link to all of it
@@ -103,7 +103,8 @@ def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
     except AuthError:
         problem = "That API key is unknown or revoked; make one with `conveyor keys create`."
         return render(request, "signin.html", 401, who=None, next=target, problem=problem)
-    _, cookie = signer(request).open(tenant.id, tenant.name, prefix)
+    key_secret = service.db.run(lambda store: store.open_sessions(prefix, new_key_secret()))
+    _, cookie = signer(request).open(tenant.id, tenant.name, prefix, key_secret)
     answer = RedirectResponse(target, status_code=303)
     answer.set_cookie(
         COOKIE, cookie, httponly=True, samesite="strict", path="/ui",
@@ -113,8 +114,10 @@ def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
 
 
 @router.post("/signout")
-def signout(request: Request, who: WhoDep, form: FormDep) -> Response:
+def signout(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
+    """Ends every session of the key, on every process: a copy of the cookie reads no more."""
     checked(request, who, form)
+    service.db.run(lambda store: store.end_sessions(who.session.key_prefix))
     answer = RedirectResponse("/ui/signin", status_code=303)
     answer.delete_cookie(COOKIE, path="/ui")
     return answer
