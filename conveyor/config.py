@@ -239,9 +239,11 @@ class Settings(BaseSettings):
     )
     ui_secret: str = Field(
         default="",
-        description="The key that signs the web dashboard's (/ui) session cookies; set the "
-        "same value on every API process behind one address. Empty: a random key per "
-        "process (its sessions end when it restarts).",
+        description="Signs the web dashboard's (/ui) session cookies together with each "
+        "API key's session secret, which the database keeps (made at sign-in, cleared at "
+        "sign-out): processes on one database read each other's cookies with or without it. "
+        "Set it (the same on every API process) so that reading the database is not enough "
+        "to forge a session.",
     )
     metrics_port: int = Field(
         default=0,

@@ -80,6 +80,9 @@ class ApiKey(Base):
     # An operator's key (made only by `conveyor keys create --operator`): its dashboard
     # session sees every tenant. On /v1 it acts for its own tenant, as any key does.
     operator: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What the key's dashboard sessions are signed with (conveyor.ui.sessions): made at its
+    # first sign-in, cleared at a sign-out, which so ends every session of the key.
+    session_secret: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class WebhookEndpoint(Base):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, tuple_, update
+from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -65,6 +65,40 @@ class AccessQueries:
         if row is None:
             return None
         return row.digest, TenantRef(id=row.id, name=row.name, key=row.key, operator=row.operator)
+
+    def session_key(self, prefix: str) -> tuple[TenantRef, str | None] | None:
+        """The live key with that prefix (its tenant, with the key's name) and the secret its
+        dashboard sessions are signed with (None: signed out); None if revoked or unknown."""
+        row = self.session.execute(
+            select(ApiKey.name.label("key"), ApiKey.operator, ApiKey.session_secret, Tenant.id,
+                   Tenant.name)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.prefix == prefix, ApiKey.revoked_at.is_(None))
+        ).one_or_none()  # fmt: skip
+        if row is None:
+            return None
+        tenant = TenantRef(id=row.id, name=row.name, key=row.key, operator=row.operator)
+        return tenant, row.session_secret
+
+    def open_sessions(self, prefix: str, fresh: str) -> str:
+        """The session secret of the key with that prefix: its own, or ``fresh`` when it has
+        none (its first sign-in, or the first after a sign-out). One statement, so that two
+        processes signing the same key in at once agree on one."""
+        secret: str | None = self.session.execute(
+            update(ApiKey)
+            .where(ApiKey.prefix == prefix)
+            .values(session_secret=func.coalesce(ApiKey.session_secret, fresh))
+            .returning(ApiKey.session_secret)
+        ).scalar_one()
+        assert secret is not None  # coalesce'd with fresh
+        return secret
+
+    def end_sessions(self, prefix: str) -> None:
+        """Sign the key's dashboard sessions out, on every process: no cookie signed with its
+        secret reads again."""
+        self.session.execute(
+            update(ApiKey).where(ApiKey.prefix == prefix).values(session_secret=None)
+        )
 
     def api_keys(self, tenant_id: uuid.UUID) -> list[ApiKey]:
         return list(

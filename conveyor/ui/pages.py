@@ -18,7 +18,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from conveyor.api.deps import ServiceDep
 from conveyor.engine.records import TenantRef
 from conveyor.exceptions import ConveyorError, NotFound
-from conveyor.ui.sessions import COOKIE, Session, Signer
+from conveyor.ui.sessions import COOKIE, Session, Signer, csrf_matches
 
 
 class SignInNeeded(Exception):
@@ -93,15 +93,29 @@ class Who:
         return None if self.operator else self.tenant.id
 
 
+def filtered(who: Who, names: dict[uuid.UUID, str], tenant: str) -> uuid.UUID | None:
+    """The tenant whose rows a list shows: an operator's ``?tenant=NAME`` filter (a name no
+    tenant has shows nothing), else the session's own scope; a tenant's session has no
+    filter, whatever it asks."""
+    if not who.operator or not tenant:
+        return who.scope
+    return next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+
+
 def signed_in(request: Request, service: ServiceDep) -> Who:
-    session = signer(request).read(request.cookies.get(COOKIE))
-    if session is None:
+    cookie = request.cookies.get(COOKIE)
+    claimed = Signer.claimed(cookie)
+    if claimed is None:
         raise SignInNeeded()
     with service.db.transaction() as store:
-        found = store.api_key(session.key_prefix)
-    if found is None or found[1].id != session.tenant_id:
-        raise SignInNeeded()  # the key was revoked since
-    return Who(found[1], session, signer(request).csrf(session))
+        found = store.session_key(claimed.key_prefix)
+    tenant, key_secret = found if found is not None else (None, None)
+    if tenant is None or key_secret is None or tenant.id != claimed.tenant_id:
+        raise SignInNeeded()  # the key was revoked, or signed out, since
+    session = signer(request).read(cookie, key_secret)
+    if session is None:
+        raise SignInNeeded()
+    return Who(tenant, session, signer(request).csrf(session, key_secret))
 
 
 WhoDep = Annotated[Who, Depends(signed_in)]
@@ -115,7 +129,7 @@ FormDep = Annotated[dict[str, list[str]], Depends(_form)]
 
 
 def checked(request: Request, who: Who, form: dict[str, list[str]]) -> None:
-    if not signer(request).csrf_matches(who.session, next(iter(form.get("csrf", [])), None)):
+    if not csrf_matches(who.csrf, next(iter(form.get("csrf", [])), None)):
         raise Forbidden()
 
 

@@ -47,10 +47,11 @@ from conveyor.ui.pages import (
     back,
     checked,
     error_page,
+    filtered,
     render,
     signer,
 )
-from conveyor.ui.sessions import COOKIE, Signer
+from conveyor.ui.sessions import COOKIE, Signer, new_key_secret
 
 PAGE = 50  # executions per page
 SHOWN_CHARS = 2_000  # a value longer than this, as JSON, is cut with a link to all of it
@@ -102,7 +103,8 @@ def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
     except AuthError:
         problem = "That API key is unknown or revoked; make one with `conveyor keys create`."
         return render(request, "signin.html", 401, who=None, next=target, problem=problem)
-    _, cookie = signer(request).open(tenant.id, tenant.name, prefix)
+    key_secret = service.db.run(lambda store: store.open_sessions(prefix, new_key_secret()))
+    _, cookie = signer(request).open(tenant.id, tenant.name, prefix, key_secret)
     answer = RedirectResponse(target, status_code=303)
     answer.set_cookie(
         COOKIE, cookie, httponly=True, samesite="strict", path="/ui",
@@ -112,8 +114,10 @@ def signin(request: Request, service: ServiceDep, form: FormDep) -> Response:
 
 
 @router.post("/signout")
-def signout(request: Request, who: WhoDep, form: FormDep) -> Response:
+def signout(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -> Response:
+    """Ends every session of the key, on every process: a copy of the cookie reads no more."""
     checked(request, who, form)
+    service.db.run(lambda store: store.end_sessions(who.session.key_prefix))
     answer = RedirectResponse("/ui/signin", status_code=303)
     answer.delete_cookie(COOKIE, path="/ui")
     return answer
@@ -180,10 +184,8 @@ def executions(
         idempotency_key=find.strip() or None,
     )  # fmt: skip
     with service.db.transaction() as store:
-        scope = who.scope
         names = {t.id: t.name for t in store.tenants()} if who.operator else {}
-        if who.operator and tenant:  # an operator's filter; a tenant's session has none
-            scope = next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+        scope = filtered(who, names, tenant)
         if status == "waiting":
             where = replace(where, status=ExecutionStatus.RUNNING, node_status=NodeStatus.WAITING)
         rows = store.list_executions(scope, where=where, after=after, limit=PAGE + 1)
@@ -409,10 +411,8 @@ def discard(request: Request, service: ServiceDep, who: WhoDep, form: FormDep) -
 @router.get("/workflows")
 def workflows(request: Request, service: ServiceDep, who: WhoDep, tenant: str = "") -> HTMLResponse:
     with service.db.transaction() as store:
-        scope = who.scope
         names = {t.id: t.name for t in store.tenants()} if who.operator else {}
-        if who.operator and tenant:  # an operator's filter; a tenant's session has none
-            scope = next((i for i, n in names.items() if n == tenant), uuid.UUID(int=0))
+        scope = filtered(who, names, tenant)
         rows = [
             {**views.workflow_json(r), "tenant": names.get(r.tenant_id, ""),
              "link": _workflow_link(who, names.get(r.tenant_id, ""), r.name)}

@@ -172,3 +172,76 @@ def _schedule_enabled(service: Conveyor, tenant: str) -> bool:
         found = store.schedule(store.tenant_id(tenant), "nightly")
     assert found is not None
     return found.enabled
+
+
+def _row(page: httpx.Response, approval: uuid.UUID) -> str:
+    """The list's row of that approval (its Approve and Reject form inside)."""
+    found = re.search(rf'<tr data-approval="{approval}">.*?</tr>', page.text, re.S)
+    assert found is not None, f"approval {approval} is not listed"
+    return found.group(0)
+
+
+def test_an_operator_filters_approvals_by_tenant_and_decides_from_the_list(
+    api_url: str, make_key: MakeKey, operator_key: str, conveyor_service: Conveyor
+) -> None:
+    # Given an export waiting for approval in each of red and blue
+    for tenant in ("red", "blue"):
+        make_key(tenant)
+    red_run, red = _waiting_export(conveyor_service, "red")
+    _, blue = _waiting_export(conveyor_service, "blue")
+    with _signed_in(api_url, operator_key) as browser:
+        # When the operator lists blue's only, then every tenant's, and rejects red's there
+        only_blue = browser.get("/ui/approvals", params={"tenant": "blue"})
+        nobody = browser.get("/ui/approvals", params={"tenant": "nobody"})
+        listed = browser.get("/ui/approvals")
+        form = {"csrf": _csrf(listed), "from": "list", "tenant": "red", "comment": " no "}
+        made = _decide(browser, red, "reject", **form)
+        after = browser.get(made.headers["location"])
+    # Then the filter shows one tenant's (a name no tenant has: none), the whole list both
+    assert 'id="tenant-filter"' in only_blue.text
+    assert f'data-approval="{blue}"' in only_blue.text
+    assert f'data-approval="{red}"' not in only_blue.text
+    assert "No approval waits" in nobody.text
+    assert f'action="/ui/approvals/{red}/approve"' in _row(listed, red)
+    assert f'formaction="/ui/approvals/{blue}/reject"' in _row(listed, blue)
+    # and the rejection went back to the list, its filter kept, as the API records one
+    assert made.status_code == 303
+    assert made.headers["location"].startswith("/ui/approvals?tenant=red&note=Rejected")
+    assert f'data-approval="{red}"' not in after.text and 'id="note"' in after.text
+    assert wait_for(conveyor_service, red_run).status is ExecutionStatus.COMPLETED
+    output = node_output(conveyor_service, red_run, "approve")
+    decided = (output["decision"], output["by"], output["comment"])
+    assert decided == ("rejected", "key:operator", "no")
+    assert [p.id for p in conveyor_service.approvals("blue")] == [blue]
+
+
+def test_a_tenants_list_ignores_the_tenant_filter_and_its_list_decisions_keep_the_checks(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    # Given an export waiting for approval in each of acme and globex
+    acme_key = make_key("acme")
+    make_key("globex")
+    acme_run, acme = _waiting_export(conveyor_service, "acme")
+    _, globex = _waiting_export(conveyor_service, "globex")
+    with _signed_in(api_url, acme_key) as browser:
+        # When acme's session asks for globex's approvals
+        asked = browser.get("/ui/approvals", params={"tenant": "globex"})
+        token = _csrf(asked)
+        # and posts list decisions: on globex's, without a token, then its own
+        forged = _decide(browser, globex, "approve", csrf=token, **{"from": "list"})
+        tokenless = _decide(browser, acme, "approve", **{"from": "list"})
+        made = _decide(browser, acme, "approve", csrf=token, tenant="globex",
+                       **{"from": "list"})  # fmt: skip
+    # Then its own list shows, with no filter and no tenant column
+    assert 'id="tenant-filter"' not in asked.text and '<td class="tenant">' not in asked.text
+    assert f'data-approval="{acme}"' in asked.text
+    assert f'data-approval="{globex}"' not in asked.text
+    # and globex's is refused as unknown, the token-less one as stale; nothing decided by them
+    assert forged.status_code == 404 and "globex" not in forged.text
+    assert tokenless.status_code == 403
+    assert [p.id for p in conveyor_service.approvals("globex")] == [globex]
+    # and its own decision is recorded under its key, back to its own list (no filter)
+    assert made.status_code == 303
+    assert made.headers["location"].startswith("/ui/approvals?note=Approved")
+    assert wait_for(conveyor_service, acme_run).status is ExecutionStatus.COMPLETED
+    assert node_output(conveyor_service, acme_run, "approve")["by"] == "key:test"

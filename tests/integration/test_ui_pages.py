@@ -13,9 +13,13 @@ from typing import Any
 
 import httpx
 
+from conveyor import wiring
+from conveyor.api import create_app
+from conveyor.config import Settings
 from conveyor.engine import credentials
 from conveyor.service import Conveyor
 from conveyor.ui.sessions import COOKIE
+from tests.integration.conftest import served
 from tests.support.services import wait_for
 
 MakeKey = Callable[[str], str]
@@ -82,6 +86,43 @@ def test_a_revoked_key_ends_its_sessions_at_once(
             store.revoke_api_key(tenant_id, credentials.key_prefix(key), datetime.now(UTC))
 
         assert browser.get("/ui/executions").status_code == 303
+
+
+def test_another_api_process_reads_the_session_and_a_sign_out_ends_every_copy_of_it(
+    api_url: str, make_key: MakeKey
+) -> None:
+    # Given a second API process on the same database, neither with CONVEYOR_UI_SECRET, and
+    # two sessions of one key (the second sign-in leaves the first signed in)
+    key = make_key("moving")
+    second = create_app(wiring.service(), Settings(ui_secret=""))
+    with (
+        served(second) as second_url,
+        _signed_in(api_url, key) as browser,
+        _signed_in(api_url, key) as colleague,
+    ):
+        cookie = str(browser.cookies.get(COOKIE))
+        with httpx.Client(base_url=second_url, timeout=30) as elsewhere:
+            elsewhere.cookies.set(COOKIE, cookie, path="/ui")
+            # When the session's next request reaches the other process
+            there = elsewhere.get("/ui/executions")
+            # and the person signs out there, a copy of the cookie kept, then signs in again
+            signed_out = elsewhere.post("/ui/signout", data={"csrf": _csrf(there)})
+        colleagues = colleague.get("/ui/executions")
+        again = browser.post("/ui/signin", data={"key": key})
+        renewed = browser.get("/ui/executions")
+        # Then the copy opens no page on either process, and posts nothing
+        for url in (api_url, second_url):
+            with httpx.Client(base_url=url, timeout=30, cookies={COOKIE: cookie}) as copy:
+                after = copy.get("/ui/executions")
+                posted = copy.post("/ui/signout", data={"csrf": _csrf(there)})
+            assert after.status_code == 303, url
+            assert after.headers["location"].startswith("/ui/signin")
+            assert posted.status_code == 303 and posted.headers["location"].startswith("/ui/s")
+    assert there.status_code == 200 and 'id="tenant">tenant moving' in there.text
+    assert signed_out.status_code == 303
+    # and the sign-out ended the key's other session too; the new sign-in's session works
+    assert colleagues.status_code == 303
+    assert again.status_code == 303 and renewed.status_code == 200
 
 
 def test_errors_are_pages_a_person_reads_never_a_stack_trace(

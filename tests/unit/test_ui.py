@@ -3,10 +3,13 @@ tokens."""
 
 from __future__ import annotations
 
+import base64
 import uuid
 
+import pytest
+
 from conveyor.ui import dag
-from conveyor.ui.sessions import Signer
+from conveyor.ui.sessions import Signer, csrf_matches
 
 DIAMOND = [
     {"id": "start", "type": "python"},
@@ -40,29 +43,47 @@ def test_a_node_needing_a_later_listed_node_still_sits_after_it() -> None:
 def test_a_signed_session_reads_back_and_its_csrf_token_matches_only_it() -> None:
     signer = Signer("secret")
     tenant = uuid.uuid4()
-    session, cookie = signer.open(tenant, "acme", "abc123")
+    session, cookie = signer.open(tenant, "acme", "abc123", "key secret")
 
-    read = signer.read(cookie)
+    read = signer.read(cookie, "key secret")
 
     assert read == session and read.tenant_id == tenant and read.key_prefix == "abc123"
-    assert signer.csrf_matches(session, signer.csrf(session))
-    other, _ = signer.open(tenant, "acme", "abc123")
-    assert not signer.csrf_matches(other, signer.csrf(session))
-    assert not signer.csrf_matches(session, None)
+    assert csrf_matches(signer.csrf(session, "key secret"), signer.csrf(session, "key secret"))
+    other, _ = signer.open(tenant, "acme", "abc123", "key secret")
+    assert not csrf_matches(signer.csrf(other, "key secret"), signer.csrf(session, "key secret"))
+    assert not csrf_matches(signer.csrf(session, "key secret"), None)
 
 
 def test_a_forged_or_foreign_cookie_reads_as_no_session() -> None:
     signer = Signer("secret")
-    _, cookie = signer.open(uuid.uuid4(), "acme", "abc123")
+    _, cookie = signer.open(uuid.uuid4(), "acme", "abc123", "key secret")
     data, mac = cookie.rsplit(".", 1)
 
-    assert Signer("another secret").read(cookie) is None
-    assert signer.read(data[:-2] + "AA." + mac) is None
-    assert signer.read("not a cookie") is None
-    assert signer.read(None) is None
+    assert Signer("another secret").read(cookie, "key secret") is None
+    assert signer.read(data[:-2] + "AA." + mac, "key secret") is None
+    assert signer.read("not a cookie", "key secret") is None
+    assert signer.read(None, "key secret") is None
+
+
+def test_a_cookie_signed_before_its_key_signed_out_reads_as_no_session_even_unsecreted() -> None:
+    # Given a process with no CONVEYOR_UI_SECRET, and a cookie signed with the key's secret
+    signer = Signer("")
+    session, cookie = signer.open(uuid.uuid4(), "acme", "abc123", "before")
+
+    # Then another process with no secret reads it with that key's secret, and only with it
+    assert Signer("").read(cookie, "before") == session
+    assert signer.read(cookie, "after") is None  # the key signed out and in again
+    assert signer.csrf(session, "before") != signer.csrf(session, "after")
+
+
+@pytest.mark.parametrize("body", ["5", '"x"', "[1, 2, 3, 4, 5]", "{}", "[[], 1, 2, 3, 4]"])
+def test_a_cookie_whose_unverified_body_is_not_a_session_claims_nothing(body: str) -> None:
+    data = base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
+
+    assert Signer.claimed(f"{data}.mac") is None
 
 
 def test_the_key_itself_is_not_in_the_cookie() -> None:
-    _, cookie = Signer("secret").open(uuid.uuid4(), "acme", "abc123")
+    _, cookie = Signer("secret").open(uuid.uuid4(), "acme", "abc123", "key secret")
 
     assert "cvk_" not in cookie
