@@ -25,7 +25,7 @@ from conveyor.engine.states import (
     JobStatus,
     NodeStatus,
 )
-from conveyor.engine.workflows import load_workflow
+from conveyor.engine.workflows import cached_workflow, load_workflow
 
 
 def complete_alone(store: Store, run: NodeRun, output: Any, now: datetime, duration: float) -> bool:
@@ -80,17 +80,19 @@ class Step:
     claim: bool
 
 
-def chain_step(
-    store: Store, run: NodeRun, output: Any, now: datetime, *, claim: bool
-) -> Step | None:
+def chain_step(run: NodeRun, output: Any, now: datetime, *, claim: bool) -> Step | None:
     """The step a success makes ready when it is a chain's: the node's one successor, which
     waits on it alone, runs (no branch skips it) as a plain node's job (no delay to hold it,
     no map to expand) in an execution never re-run (no held job to take). None: another
-    case, for :func:`complete_node`. Decided from the definition: the store checks the rows
+    case, for :func:`complete_node`, or a definition this process no longer holds (its claim
+    parsed it). Decided from the definition alone, no store read: the store checks the rows
     (:meth:`~conveyor.engine.ports.Jobs.complete_step`)."""
     if run.job.item_index is not None or run.execution.reruns:
         return None
-    workflow, shape = load_workflow(store, run.execution.workflow_id)
+    cached = cached_workflow(run.execution.workflow_id)
+    if cached is None:
+        return None
+    workflow, shape = cached
     successors = shape.successors[run.node.id]
     if len(successors) != 1 or shape.waiting_on[successors[0]] != 1:
         return None

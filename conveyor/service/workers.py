@@ -424,36 +424,31 @@ class Workers(ServiceBase):
         the rules of :meth:`_complete` (its permits taken first, ``continue_steps`` in a row,
         nothing of a higher priority waiting), else queued for its message. None: not a
         chain's step, nothing changed."""
-        permits: list[Permit] = []  # one a statement's try: only the last one's is kept
-
-        def record(store: Store) -> tuple[AfterCommit, claiming.NodeRun | None] | None:
-            now = utcnow()
-            claim = streak < self.continue_steps
-            step = success.chain_step(store, run, output, now, claim=claim)
-            if step is None:
-                return None
-            if step.claim and self.gate is not None:
-                permit = self._permit_for(step.dispatch)
-                if permit is None:
-                    step = replace(step, claim=False)
-                else:
-                    permits.append(permit)
-            return success.complete_step(
-                store, run, output, now, duration, step, self.worker,
-                output_bytes=self.bounds.output_bytes,
-            )  # fmt: skip
-
+        now = utcnow()
+        step = success.chain_step(run, output, now, claim=streak < self.continue_steps)
+        if step is None:
+            return None
+        permit = None
+        if step.claim and self.gate is not None:
+            permit = self._permit_for(step.dispatch)
+            step = step if permit is not None else replace(step, claim=False)
+        kept = [permit] if permit is not None else []
         try:
-            stepped = self.db.autocommit(record)
+            stepped = self.db.autocommit(
+                lambda s: success.complete_step(
+                    s, run, output, now, duration, step, self.worker,
+                    output_bytes=self.bounds.output_bytes,
+                )
+            )  # fmt: skip
         except BaseException:
-            self._release(permits)
+            self._release(kept)
             raise
-        taken = stepped[1] if stepped is not None else None
-        kept = permits.pop() if taken is not None and permits else None
-        self._release(permits)
+        if stepped is None or stepped[1] is None:
+            self._release(kept)
         if stepped is None:
             return None
-        return stepped[0], None if taken is None else (taken, kept)
+        after, taken = stepped
+        return after, None if taken is None else (taken, permit)
 
     def _complete(
         self, run: claiming.NodeRun, output: Any, duration: float, streak: int

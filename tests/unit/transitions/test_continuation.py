@@ -124,7 +124,7 @@ def _step(
 ) -> tuple[AfterCommit, claiming.NodeRun | None] | None:
     def record(store: Any) -> tuple[AfterCommit, claiming.NodeRun | None] | None:
         now = bench.clock()
-        step = success.chain_step(store, run, output, now, claim=claim)
+        step = success.chain_step(run, output, now, claim=claim)
         assert step is not None, "not a chain's step"
         return success.complete_step(store, run, output, now, 0.01, step, "tester")
 
@@ -132,9 +132,7 @@ def _step(
 
 
 def _decided(bench: Bench, run: claiming.NodeRun, output: object) -> success.Step | None:
-    return bench.units.autocommit(
-        lambda s: success.chain_step(s, run, output, bench.clock(), claim=True)
-    )
+    return success.chain_step(run, output, bench.clock(), claim=True)
 
 
 def test_a_chain_step_records_the_success_and_claims_the_next_node_at_once(bench: Bench) -> None:
