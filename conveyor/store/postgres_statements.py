@@ -376,7 +376,10 @@ COMPLETE_BEFORE_ONE = _complete_alone(_LOCK_SUCCESSOR, bindparam("successor", ty
 # one (processing, its first try running, its node running); else queued, its node queued.
 # Row locks in the order of every other transaction (COMPLETE_BEFORE_ONE's): the successor,
 # the job, the node, the execution. Nothing changes, and no row comes back, in any other
-# case: the caller takes the transaction. The success is flushed at commit as any success;
+# case: the caller takes the transaction. (One race is COMPLETE_ALONE's too: a cancel that
+# commits while this statement waits for the execution's row leaves the node completed and
+# the execution cancelled, no successor made; the caller's transaction then finds the job
+# done and changes nothing more.) The success is flushed at commit as any success;
 # the claim rides in it (a claim alone commits relaxed, see _CLAIM).
 # The output its claim reads is the one this statement writes, as the parameter sent (the
 # statement's snapshot does not see its own writes).
