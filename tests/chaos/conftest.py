@@ -142,6 +142,10 @@ class Spawn:
         self._says[process.pid] = (log, ready)
         return process
 
+    def log_of(self, process: subprocess.Popen[str]) -> Path:
+        """The file the process logs to."""
+        return self._says[process.pid][0]
+
     def await_ready(self, *processes: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 30
         for process in processes:
