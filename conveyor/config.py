@@ -201,8 +201,10 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(
         default=1_048_576,
         ge=1024,
+        le=268_435_455,  # PostgreSQL's largest jsonb value: past it the insert itself fails
         description="The largest output a node may return, as JSON, in bytes (a map's: its "
-        "items' outputs together); a larger one fails the node without a retry.",
+        "items' outputs together); a larger one fails the node without a retry. At most "
+        "268435455, PostgreSQL's largest jsonb value.",
     )
     api_host: str = Field(default="127.0.0.1", description="Where `conveyor api` listens.")
     api_port: int = Field(

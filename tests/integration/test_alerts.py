@@ -12,12 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from conveyor import metrics
 from conveyor.alerts.duty import Alerter
 from conveyor.alerts.rules import Thresholds
 from conveyor.engine.states import ExecutionStatus
 from conveyor.engine.validation import parse_workflow
+from conveyor.models import AlertState
 from conveyor.service import Conveyor, utcnow
 from tests.conftest import REDIS_URL
 from tests.support.services import wait_for
@@ -99,9 +101,12 @@ def test_one_worker_a_turn_evaluates_the_alerts(conveyor_service: Conveyor) -> N
 
     # The last evaluation 30 s ago: due for these (every 20 s), not for the test worker's own
     # maintenance thread (every 60 s), which would otherwise take the turn whenever its tick
-    # waited on the fixture's TRUNCATE.
+    # waited on the fixture's TRUNCATE. Written, not claimed: that tick may have taken the turn
+    # already (a claim 30 s in the past then finds a newer one and gets none, under load).
     with conveyor_service.db.transaction() as store:
-        assert store.claim_alert_turn(utcnow() - timedelta(seconds=30), 0) is not None
+        store.claim_alert_turn(utcnow(), 0)  # makes the row if no one has yet
+        last = utcnow() - timedelta(seconds=30)
+        store.session.execute(update(AlertState).values(evaluated_at=last))
     first, second = counting("first"), counting("second")
     first.run()
     second.run()

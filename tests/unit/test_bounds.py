@@ -7,9 +7,11 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 import conveyor
 from conveyor import NodeContext
+from conveyor.config import Settings
 from conveyor.engine.bounds import MAX_DELAY_SECONDS, Bounds, deeper_than, delay_problem
 from conveyor.engine.definitions import Node
 from conveyor.engine.planning import delay_seconds
@@ -181,3 +183,10 @@ def test_an_output_nested_past_the_depth_limit_fails_the_node_naming_the_setting
 
 def test_an_output_within_the_limits_is_returned() -> None:
     assert run(nested(60)) == nested(60)
+
+
+def test_an_output_limit_past_postgresqls_largest_jsonb_is_refused_naming_the_setting() -> None:
+    # (a larger one would let an output through that the insert then fails on, uncaught)
+    assert Settings(max_output_bytes=268_435_455).max_output_bytes == 268_435_455
+    with pytest.raises(ValidationError, match=r"max_output_bytes[\s\S]*268435455"):
+        Settings(max_output_bytes=268_435_456)
