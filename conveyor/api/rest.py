@@ -37,6 +37,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.exceptions import (
     ExecutionNotFound,
     StreamsUnavailable,
+    TenantNotFound,
     TooManyStreams,
     WorkflowNotFound,
 )
@@ -73,6 +74,35 @@ IdempotencyKey = Annotated[
         description="Retrying a trigger with the same key returns the execution it made.",
     ),
 ]
+
+
+ReadTenant = Annotated[
+    str | None,
+    Query(
+        alias="tenant",
+        max_length=100,
+        description="An operator's key (`conveyor keys create --operator`): the name of the "
+        "tenant whose executions to read; any other key reads its own only",
+    ),
+]
+
+
+def _read_as(service: Conveyor, tenant: TenantRef, name: str | None) -> TenantRef:
+    """The tenant whose executions a read shows: the key's own, or for an operator's key the
+    one ``?tenant=`` names. Another key naming another tenant is told so (404, as another
+    tenant's id is)."""
+    if name is None or name == tenant.name:
+        return tenant
+    if not tenant.operator:
+        raise TenantNotFound(
+            f"this key reads tenant {tenant.name!r}'s executions only: reading tenant "
+            f"{name!r}'s needs an operator's key (`conveyor keys create --operator`)"
+        )
+    with service.db.transaction() as store:  # not tenant_id(): it would make "default"
+        found = next((t.id for t in store.tenants() if t.name == name), None)
+    if found is None:
+        raise TenantNotFound(f"no tenant is named {name!r}; `conveyor tenants list` names them")
+    return TenantRef(id=found, name=name, key=tenant.key)
 
 
 def _owned(service: Conveyor, tenant: TenantRef, execution_id: uuid.UUID) -> None:
@@ -207,11 +237,14 @@ def list_executions(
         uuid.UUID | None, Query(description="The last id of the previous page: the next page")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    tenant_name: ReadTenant = None,
 ) -> list[views.ExecutionSummaryJson]:
     """The tenant's executions, newest first, narrowed by the filters given; page on with
-    ``after`` set to the last id of a page."""
+    ``after`` set to the last id of a page. An operator's key lists another tenant's with
+    ``tenant``."""
+    scope = _read_as(service, tenant, tenant_name)
     with service.db.transaction() as store:
-        rows = store.list_executions(tenant.id, where=filters.value, after=after, limit=limit)
+        rows = store.list_executions(scope.id, where=filters.value, after=after, limit=limit)
         return [views.execution_summary(e, name, version) for e, name, version in rows]
 
 
@@ -226,9 +259,12 @@ def executions_summary(
 
 
 @router.get("/executions/{execution_id}", tags=["executions"], response_model=views.ExecutionJson)
-def show_execution(execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep) -> Response:
-    """One execution: its nodes with outputs and errors, its jobs with every attempt."""
-    _owned(service, tenant, execution_id)
+def show_execution(
+    execution_id: uuid.UUID, service: ServiceDep, tenant: TenantDep, tenant_name: ReadTenant = None
+) -> Response:
+    """One execution: its nodes with outputs and errors, its jobs with every attempt. An
+    operator's key reads another tenant's with ``tenant`` naming it."""
+    _owned(service, _read_as(service, tenant, tenant_name), execution_id)
     with service.db.transaction() as store:
         return _stored(views.execution_view(store, execution_id))
 

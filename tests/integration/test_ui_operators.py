@@ -178,3 +178,33 @@ def test_on_v1_an_operators_key_acts_for_its_own_tenant_only(
         assert api.post(f"/v1/executions/{red}/rerun", json={"from_node": "a"}).status_code == 404
     with conveyor_service.db.transaction() as store:
         assert store.execution_reruns(uuid.UUID(red)) == []
+
+
+def test_on_v1_an_operators_key_reads_a_tenant_it_names_and_any_other_key_only_its_own(
+    api_url: str, make_key: MakeKey, operator_key: str, conveyor_service: Conveyor
+) -> None:
+    # Given an execution of each of red and blue
+    red_key = make_key("red")
+    red = _started(api_url, red_key, conveyor_service, FLOW)
+    blue = _started(api_url, make_key("blue"), conveyor_service, FLOW)
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {operator_key}"}) as api:
+        # When the operator's key lists and reads naming a tenant
+        listed = api.get("/v1/executions", params={"tenant": "red"})
+        read = api.get(f"/v1/executions/{red}", params={"tenant": "red"})
+        crossed = api.get(f"/v1/executions/{red}", params={"tenant": "blue"})
+        nobody = api.get("/v1/executions", params={"tenant": "nobody"})
+    # Then it sees that tenant's, and an execution only under its own tenant's name
+    assert listed.status_code == 200 and [e["id"] for e in listed.json()] == [red]
+    assert read.status_code == 200 and read.json()["id"] == red
+    assert crossed.status_code == 404
+    assert nobody.status_code == 404 and "no tenant is named 'nobody'" in nobody.text
+
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {red_key}"}) as api:
+        # When a tenant's key names another tenant, or itself
+        theirs = api.get("/v1/executions", params={"tenant": "blue"})
+        their_one = api.get(f"/v1/executions/{blue}", params={"tenant": "blue"})
+        own = api.get("/v1/executions", params={"tenant": "red"})
+    # Then it is told that takes an operator's key, naming none of blue's; its own lists
+    assert theirs.status_code == 404 and "operator's key" in theirs.text
+    assert their_one.status_code == 404 and blue not in their_one.text
+    assert [e["id"] for e in own.json()] == [red]
