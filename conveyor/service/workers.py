@@ -408,6 +408,8 @@ class Workers(ServiceBase):
                 )
             ) is not None:
                 after = AfterCommit(dispatches=done)
+                if run.job.item_index is not None:  # the held item it released, run next
+                    after, taken = self._take_released(after, streak)
             else:
                 after, taken = self._complete(run, output, duration, streak)
         except DataError as exc:
@@ -449,6 +451,37 @@ class Workers(ServiceBase):
             return None
         after, taken = stepped
         return after, None if taken is None else (taken, permit)
+
+    def _take_released(self, after: AfterCommit, streak: int) -> tuple[AfterCommit, _Taken | None]:
+        """A map's item whose success released a held item (past the map's window): this
+        worker claims that item to run next instead of publishing its message, as a
+        continuation (its permits taken first, ``continue_steps`` in a row, nothing of a
+        higher priority waiting). The success is committed already: if this worker dies
+        before the claim, the item is queued with no message, and the recovery sweep sends
+        it (``CONVEYOR_LOST_AFTER``)."""
+        step = success.continuation(after, NODE_QUEUE)
+        if step is None or streak >= self.continue_steps:
+            return after, None
+        permit = None
+        if self.gate is not None and (permit := self._permit_for(step)) is None:
+            return after, None
+        kept = [permit] if permit is not None else []
+        try:
+            taken = self.db.autocommit(
+                lambda s: claiming.claim_continuation(
+                    s, step, utcnow(), self.worker, output_bytes=self.bounds.output_bytes
+                )
+            )
+        except Exception:  # the success is committed: its message goes as any other's
+            log.warning("no continuation: the released item's claim failed", exc_info=True)
+            taken = None
+        except BaseException:
+            self._release(kept)
+            raise
+        if taken is None:
+            self._release(kept)
+            return after, None
+        return replace(after, dispatches=[]), (taken, permit)
 
     def _complete(
         self, run: claiming.NodeRun, output: Any, duration: float, streak: int

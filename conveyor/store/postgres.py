@@ -26,7 +26,13 @@ from conveyor.engine.records import (
     Stepped,
     Succeeded,
 )
-from conveyor.engine.states import ExecutionStatus, JobStatus, NodeStatus, priorities_above
+from conveyor.engine.states import (
+    ExecutionStatus,
+    JobStatus,
+    NodeStatus,
+    Priority,
+    priorities_above,
+)
 from conveyor.store import postgres_statements as hot
 from conveyor.store.jobs import node_job_row, start_job_row
 from conveyor.store.session import NODE_STATES
@@ -176,13 +182,44 @@ class PostgresStore(SqlStore):
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """One statement, which also reads the outputs of ``needs``."""
         params = {"id": job_id, "now": now, "worker": worker, "input": input}
+        return self._claim(params, needs, hot.CLAIM_NODE_ALONE, hot.CLAIM_NODE_AFTER_ONE,
+                           hot.CLAIM_NODE)  # fmt: skip
+
+    def claim_continuation(
+        self,
+        job_id: uuid.UUID,
+        now: datetime,
+        worker: str | None,
+        *,
+        queue: str,
+        priority: Priority,
+        needs: Sequence[str] = (),
+        input: bool = True,
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
+        """One statement: the claim's, with its look for a job of a higher priority."""
+        above = [p.value for p in priorities_above(priority)] + [None, None]
+        params = {
+            "id": job_id, "now": now, "worker": worker, "input": input,
+            "above1": above[0], "above2": above[1], "queue": queue,
+        }  # fmt: skip
+        return self._claim(params, needs, hot.CONTINUE_NODE_ALONE, hot.CONTINUE_NODE_AFTER_ONE,
+                           hot.CONTINUE_NODE)  # fmt: skip
+
+    def _claim(
+        self,
+        params: dict[str, Any],
+        needs: Sequence[str],
+        alone: hot.Statement,
+        after_one: hot.Statement,
+        after_many: hot.Statement,
+    ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         # (no array parameter for none or one: planned once, see postgres_statements)
         if not needs:
-            rows = self._hot(hot.CLAIM_NODE_ALONE, params)
+            rows = self._hot(alone, params)
         elif len(needs) == 1:
-            rows = self._hot(hot.CLAIM_NODE_AFTER_ONE, params | {"need": needs[0]})
+            rows = self._hot(after_one, params | {"need": needs[0]})
         else:
-            rows = self._hot(hot.CLAIM_NODE, params | {"needs": list(needs)})
+            rows = self._hot(after_many, params | {"needs": list(needs)})
         if not rows:
             return None
         claimed, execution, outputs = hot.claimed(rows[0])

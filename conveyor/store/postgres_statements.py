@@ -192,7 +192,7 @@ WITH relaxed AS (
 ), job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
     WHERE id = :id AND kind = 'node' AND status || '' IN ({runnable})
-      AND node_id IS NOT NULL
+      AND node_id IS NOT NULL{ahead}
     RETURNING *
 ), ex AS (
     SELECT executions.* FROM executions JOIN job ON executions.id = job.execution_id
@@ -233,31 +233,50 @@ _CLAIM_PARAMS = (
     bindparam("worker", type_=String()),
     bindparam("input", type_=Boolean()),
 )
-CLAIM_NODE = Statement(
-    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEEDS, runnable=_RUNNABLE)).bindparams(
-        *_CLAIM_PARAMS
+
+
+def _claim(needs: str, *params: BindParameter[Any], ahead: str = "") -> Statement:
+    """A node job's claim reading ``needs`` (a column), with ``ahead``'s guard if any."""
+    return Statement(
+        text(
+            _CLAIM.format(job_columns=_JOB_COLUMNS, needs=needs, runnable=_RUNNABLE, ahead=ahead)
+        ).bindparams(*_CLAIM_PARAMS, *params)
     )
-)
+
+
+CLAIM_NODE = _claim(_NEEDS)
 # The same claim reading no needs' outputs. A statement that unnests an array parameter is
 # planned again at every run: its generic plan counts on the function's hundred rows, a custom
 # plan on the array's actual few, and PostgreSQL keeps a generic plan only while it costs
 # about what the custom ones did (pg_prepared_statements: 0 generic, 115 custom plans of 115).
 # So the common cases, no name or one name to look up (a root, a chain's or a fan-out's
 # member), run statements without one, planned once.
-CLAIM_NODE_ALONE = Statement(
-    text(
-        _CLAIM.format(job_columns=_JOB_COLUMNS, needs="NULL AS x_needs", runnable=_RUNNABLE)
-    ).bindparams(*_CLAIM_PARAMS)
-)
+CLAIM_NODE_ALONE = _claim("NULL AS x_needs")
 _NEED = """(SELECT jsonb_build_object(s.node_id, s.output) FROM node_states s
         WHERE s.execution_id = job.execution_id AND s.node_id = :need
         LIMIT 1) AS x_needs"""
-CLAIM_NODE_AFTER_ONE = Statement(
-    text(_CLAIM.format(job_columns=_JOB_COLUMNS, needs=_NEED, runnable=_RUNNABLE)).bindparams(
-        *_CLAIM_PARAMS, bindparam("need", type_=String())
-    )
+CLAIM_NODE_AFTER_ONE = _claim(_NEED, bindparam("need", type_=String()))
+
+
+# The same claims for a continuation (Store.claim_continuation): only while no node job of a
+# priority above the claimer's (:above1, :above2; NULL for none) is queued in :queue
+# (ix_jobs_queued_priority), in the claim's own statement.
+_AHEAD = """
+      AND NOT EXISTS (SELECT 1 FROM jobs ahead
+                      WHERE ahead.status = 'queued' AND ahead.priority IN (:above1, :above2)
+                        AND ahead.queue = :queue AND ahead.kind = 'node')"""
+_AHEAD_PARAMS = (
+    bindparam("above1", type_=String()),
+    bindparam("above2", type_=String()),
+    bindparam("queue", type_=String()),
 )
 
+
+CONTINUE_NODE = _claim(_NEEDS, *_AHEAD_PARAMS, ahead=_AHEAD)
+CONTINUE_NODE_ALONE = _claim("NULL AS x_needs", *_AHEAD_PARAMS, ahead=_AHEAD)
+CONTINUE_NODE_AFTER_ONE = _claim(
+    _NEED, bindparam("need", type_=String()), *_AHEAD_PARAMS, ahead=_AHEAD
+)
 
 # A node's success in one round trip (PostgreSQL), when its execution still runs: what
 # transition_job + finish_attempt + set_node do on complete_node's common path.

@@ -206,3 +206,40 @@ def test_a_chain_under_a_limit_with_room_continues_holding_each_steps_permits(
     assert ran == Counter({f"s{i}": 1 for i in range(6)})
     usage = {u.key: u for u in conveyor_service.gate.limiter.snapshot()}  # type: ignore[union-attr]
     assert usage["global"].in_use == 0 and usage["global"].waiting == 0
+
+
+def test_a_map_item_runs_the_held_item_it_released_next_without_a_message(
+    conveyor_service: Conveyor,
+    node_messages: Counter[str],
+    steps_in_a_row: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Given a map of 12 items with a window of 2: 10 items are held, each released by an
+    # item's success
+    steps_in_a_row(16)
+    saved, conveyor_service.map_window = conveyor_service.map_window, 2
+    key = f"released-{id(caplog)}"
+    nodes = [
+        {"id": "m", "type": "python", "config": {"function": "test.overlap"},
+         "map": {"over": "{{ input.rows }}"}, "inputs": {"key": key, "seconds": 0.02}},
+    ]  # fmt: skip
+    conveyor_service.apply(parse_workflow({"name": "released", "nodes": nodes}))
+    try:
+        with caplog.at_level(logging.INFO, logger="conveyor.jobs"):
+            row = wait_for(
+                conveyor_service, conveyor_service.trigger("released", {"rows": [*range(12)]})
+            )
+    finally:
+        conveyor_service.map_window = saved
+
+    # Then every item ran once, the window held (two at once at most), and the items an
+    # item released were run by its worker as continuations, not sent as messages
+    assert row.status is ExecutionStatus.COMPLETED, row.error
+    with conveyor_service.db.transaction() as store:
+        item_jobs = [j for j, _ in store.execution_items(row.id, "m", limit=100)]
+    assert sorted(j.item_index for j in item_jobs) == list(range(12))
+    assert {j.status for j in item_jobs} == {JobStatus.COMPLETED}
+    assert 1 <= overlap_peak(key) <= 2
+    released = len(continued(caplog))
+    assert released >= 8, caplog.text[-2000:]
+    assert sum(node_messages.values()) <= 1 + 2 + (10 - released), node_messages
