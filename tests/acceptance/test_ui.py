@@ -268,6 +268,12 @@ def test_an_operator_watches_a_diamond_live_requeues_a_failure_pauses_a_schedule
         lambda d: d.find_elements(By.CSS_SELECTOR, '[data-approval="sign-off"] button.approve')
     )
     assert "status-waiting" in _node_status(browser, "sign-off")
+    # (the approvals list, an approver's work queue, shows it with its buttons too)
+    browser.get(f"{api}/ui/approvals")
+    row = browser.find_element(By.CSS_SELECTOR, "#approvals tbody tr")
+    assert "sign-off" in row.text and row.find_elements(By.CSS_SELECTOR, "button.approve")
+    shot("approvals")
+    browser.get(f"{api}/ui/executions/{release}")
     box = browser.find_element(By.CSS_SELECTOR, '[data-approval="sign-off"]')
     assert "Ship it?" in box.text
     box.find_element(By.NAME, "comment").send_keys("looks good")
