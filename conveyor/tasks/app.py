@@ -14,7 +14,6 @@ from celery.app.amqp import AMQP
 from celery.schedules import crontab
 from kombu import Queue
 
-from conveyor.brokers import is_amqp
 from conveyor.config import Settings
 from conveyor.engine.queues import (
     ALL_QUEUES,
@@ -82,11 +81,10 @@ def create_app(settings: Settings) -> Celery:
         # how many node jobs one message may carry (conveyor.tasks.dispatch)
         conveyor_batch_most=settings.batch_most,
     )
-    if is_amqp(settings.resolved_broker_url):
-        # Publisher confirms: a publish returns once RabbitMQ has taken the message, and
-        # raises when it refused it (a full queue that rejects publishes, a missing vhost):
-        # the job stays queued in the database for the recovery sweep, never silently lost.
-        app.conf.broker_transport_options["confirm_publish"] = True
+    # (On RabbitMQ, the job messages go with publisher confirms: a publish returns once
+    # RabbitMQ has taken the message, and raises when it refused it, the job staying queued
+    # in the database for the recovery sweep. Only the dispatcher's own connections confirm:
+    # see conveyor.tasks.dispatch.CeleryDispatcher.)
     if settings.resolved_broker_url.startswith(("redis://", "rediss://")):
         # kombu's Redis transport, but a malformed message is dropped instead of stopping
         # the worker (see transport.py)

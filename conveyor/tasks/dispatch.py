@@ -20,6 +20,7 @@ from typing import Any
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
 from celery import Celery
 from kombu.exceptions import OperationalError
+from kombu.pools import producers
 
 from conveyor.engine.packing import pack
 from conveyor.engine.records import Dispatch, NodeHints
@@ -62,6 +63,12 @@ class CeleryDispatcher:
         self._confirm: dict[str, Any] = (
             {"confirm_timeout": CONFIRM_TIMEOUT, "retry": False} if amqp else {}
         )
+        # Confirms on this dispatcher's own connections only (a pool of its own, made after a
+        # fork as kombu's pools are): Celery's other publishes on the app's connections (task
+        # events for Flower, beat's checks) do not wait a round trip each in a worker's loop.
+        self._confirmed = (
+            app.connection_for_write(transport_options={"confirm_publish": True}) if amqp else None
+        )
         self.batch_most = int(app.conf.get("conveyor_batch_most") or 1)
 
     def publish(self, dispatches: Sequence[Dispatch], *, batch: bool = True) -> None:
@@ -71,7 +78,7 @@ class CeleryDispatcher:
         messages = pack(dispatches, self.batch_most if batch else 1)
         sent, reconnected = 0, False
         while sent < len(messages):
-            with self.app.producer_or_acquire() as producer:
+            with self._producer() as producer:
                 try:
                     for message in messages[sent:]:
                         self._send(message, producer)
@@ -93,6 +100,12 @@ class CeleryDispatcher:
                         "stay queued, the recovery sweep publishes them again; check the "
                         "queue's limits and the broker's alarms"
                     ) from exc
+
+    def _producer(self) -> Any:
+        """A producer of the app's pool, or on RabbitMQ of the confirmed connections' pool."""
+        if self._confirmed is None:
+            return self.app.producer_or_acquire()
+        return producers[self._confirmed].acquire(block=True)
 
     def _send(self, message: list[Dispatch], producer: Any) -> None:
         if len(message) == 1:

@@ -30,9 +30,13 @@ def test_publishes_to_rabbitmq_wait_for_the_broker_s_confirm_and_redis_ones_do_n
     amqp = create_app(Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//"))
     redis = create_app(Settings(broker_url="redis://127.0.0.1:6379/0"))
 
-    assert amqp.conf.broker_transport_options["confirm_publish"] is True
+    # the dispatcher's own connections confirm; the app's (Celery's task events, beat) do not
+    confirmed = CeleryDispatcher(amqp)._confirmed
+    assert confirmed is not None and confirmed.transport_options["confirm_publish"] is True
+    assert "confirm_publish" not in amqp.conf.broker_transport_options
     assert "confirm_publish" not in redis.conf.broker_transport_options
     assert CeleryDispatcher(amqp)._confirm and not CeleryDispatcher(redis)._confirm
+    assert CeleryDispatcher(redis)._confirmed is None
 
 
 def test_a_publish_rabbitmq_refuses_is_tried_once_not_sent_again_by_kombu() -> None:
@@ -42,7 +46,7 @@ def test_a_publish_rabbitmq_refuses_is_tried_once_not_sent_again_by_kombu() -> N
     sent: list[dict[str, object]] = []
     app.send_task = lambda *a, **kw: sent.append(kw)  # type: ignore[method-assign]
     dispatcher = CeleryDispatcher(app)
-    dispatcher.app.producer_or_acquire = lambda: nullcontext(None)  # type: ignore[method-assign]
+    dispatcher._producer = lambda: nullcontext(None)  # type: ignore[method-assign]
 
     dispatcher.publish(
         [
