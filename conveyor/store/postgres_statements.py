@@ -188,7 +188,7 @@ def claimed(row: Sequence[Any]) -> tuple[JobRecord, ExecutionRecord, dict[str, A
 # (docs/guarantees.md#what-a-commit-waits-for).
 _CLAIM = """
 WITH relaxed AS (
-    SELECT set_config('synchronous_commit', 'off', true) AS setting
+    SELECT {relaxed} AS setting
 ), job AS (
     UPDATE jobs SET status = 'processing', processed_at = :now, heartbeat_at = :now
     WHERE id = :id AND kind = 'node' AND status || '' IN ({runnable})
@@ -235,13 +235,18 @@ _CLAIM_PARAMS = (
 )
 
 
-def _claim(needs: str, *params: BindParameter[Any], ahead: str = "") -> Statement:
-    """A node job's claim reading ``needs`` (a column), with ``ahead``'s guard if any."""
-    return Statement(
-        text(
-            _CLAIM.format(job_columns=_JOB_COLUMNS, needs=needs, runnable=_RUNNABLE, ahead=ahead)
-        ).bindparams(*_CLAIM_PARAMS, *params)
+_RELAXED = "set_config('synchronous_commit', 'off', true)"
+
+
+def _claim(
+    needs: str, *params: BindParameter[Any], ahead: str = "", relaxed: str = _RELAXED
+) -> Statement:
+    """A node job's claim reading ``needs`` (a column), with ``ahead``'s guard if any, its
+    commit ``relaxed`` or not (see _CLAIM)."""
+    claim = _CLAIM.format(
+        job_columns=_JOB_COLUMNS, needs=needs, runnable=_RUNNABLE, ahead=ahead, relaxed=relaxed
     )
+    return Statement(text(claim).bindparams(*_CLAIM_PARAMS, *params))
 
 
 CLAIM_NODE = _claim(_NEEDS)
@@ -260,7 +265,9 @@ CLAIM_NODE_AFTER_ONE = _claim(_NEED, bindparam("need", type_=String()))
 
 # The same claims for a continuation (Store.claim_continuation): only while no node job of a
 # priority above the claimer's (:above1, :above2; NULL for none) is queued in :queue
-# (ix_jobs_queued_priority), in the claim's own statement.
+# (ix_jobs_queued_priority), in the claim's own statement. Not relaxed: a continuation's
+# claim may run in its predecessor's success's transaction (a join's, see
+# service.workers._complete), whose commit must be flushed as every success's.
 _AHEAD = """
       AND NOT EXISTS (SELECT 1 FROM jobs ahead
                       WHERE ahead.status = 'queued' AND ahead.priority IN (:above1, :above2)
@@ -272,10 +279,10 @@ _AHEAD_PARAMS = (
 )
 
 
-CONTINUE_NODE = _claim(_NEEDS, *_AHEAD_PARAMS, ahead=_AHEAD)
-CONTINUE_NODE_ALONE = _claim("NULL AS x_needs", *_AHEAD_PARAMS, ahead=_AHEAD)
+CONTINUE_NODE = _claim(_NEEDS, *_AHEAD_PARAMS, ahead=_AHEAD, relaxed="NULL")
+CONTINUE_NODE_ALONE = _claim("NULL AS x_needs", *_AHEAD_PARAMS, ahead=_AHEAD, relaxed="NULL")
 CONTINUE_NODE_AFTER_ONE = _claim(
-    _NEED, bindparam("need", type_=String()), *_AHEAD_PARAMS, ahead=_AHEAD
+    _NEED, bindparam("need", type_=String()), *_AHEAD_PARAMS, ahead=_AHEAD, relaxed="NULL"
 )
 
 # A node's success in one round trip (PostgreSQL), when its execution still runs: what
