@@ -477,3 +477,19 @@ def test_a_claim_s_own_transaction_commits_without_waiting_for_its_flush(
     with own.db.transaction() as store:
         after = store.session.execute(text("SHOW synchronous_commit")).scalar_one()
     assert (before, during, after) == ("on", "off", "on")
+
+
+def test_a_continuation_s_claim_leaves_its_transaction_s_commit_flushed(own: Conveyor) -> None:
+    # Given a node job queued
+    own.trigger("one")
+    held = own.dispatcher
+    assert isinstance(held, Held)
+    (node_job,) = held.dispatches
+    # When it is claimed as a continuation, inside a transaction (a join's success's)
+    with own.db.transaction() as store:
+        claimed = store.claim_continuation(
+            node_job.job_id, utcnow(), "w", queue=node_job.queue, priority=node_job.priority
+        )
+        during = store.session.execute(text("SHOW synchronous_commit")).scalar_one()
+    # Then it was claimed, and the transaction's commit (the success's) still waits its flush
+    assert claimed is not None and during == "on"
