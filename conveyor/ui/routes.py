@@ -25,9 +25,11 @@ from conveyor.api import stream
 from conveyor.api.deps import ServiceDep
 from conveyor.config import Settings, get_settings
 from conveyor.engine import credentials
-from conveyor.engine.records import TenantRef
+from conveyor.engine.definitions import Workflow
+from conveyor.engine.records import TenantRef, WorkflowRecord
 from conveyor.engine.states import ExecutionStatus, NodeStatus
 from conveyor.engine.waits import APPROVAL_EVENT
+from conveyor.engine.workflows import cached_workflow
 from conveyor.exceptions import (
     AuthError,
     NotFound,
@@ -39,6 +41,7 @@ from conveyor.service import Conveyor
 from conveyor.store.dead_letters import DeadLetterFilter
 from conveyor.store.listing import ExecutionFilter
 from conveyor.ui import approvals, dag, operators
+from conveyor.ui.inputs import node_inputs
 from conveyor.ui.pages import (
     FormDep,
     Pages,
@@ -254,10 +257,17 @@ def execution(
     return render(
         request, "execution.html", who=who, e=view, layout=drawn, nodes=nodes, tries=tries,
         waits=waits, asks=asks, approval_nodes=_approval_nodes(record.definition),
-        shown=_shown, note=request.query_params.get("note"),
+        inputs=node_inputs(_parsed(record), view), shown=_shown,
+        note=request.query_params.get("note"),
         finished=ExecutionStatus(view["status"]).finished,
         workflow_link=_workflow_link(who, owner.name, view["workflow"], view["version"]),
     )  # fmt: skip
+
+
+def _parsed(record: WorkflowRecord) -> Workflow:
+    """A stored version's definition, parsed (this process's engine cache has it, often)."""
+    cached = cached_workflow(record.id)
+    return cached[0] if cached is not None else Workflow.model_validate(record.definition)
 
 
 def _approval_nodes(definition: dict[str, Any]) -> set[str]:
@@ -279,18 +289,26 @@ def _shown(value: Any) -> tuple[str, bool]:
 
 
 @router.get("/executions/{execution_id}/value")
-def value(execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, node: str = "") -> Response:
-    """The whole of a value a page cut: a node's output, or the execution's input (no node)."""
+def value(
+    execution_id: uuid.UUID, service: ServiceDep, who: WhoDep, node: str = "", part: str = ""
+) -> Response:
+    """The whole of a value a page cut: a node's output (``part=inputs``: its inputs, as the
+    page shows them), or the execution's input (no node)."""
+    if part not in ("", "inputs"):
+        raise NotFound(f"A value has no part {part!r}: ask for part=inputs, or leave it out.")
     _owned(service, who, execution_id)
     with service.db.transaction() as store:
         view = views.execution_view(store, execution_id)
-    if not node:
-        found: Any = view["input"]
-    else:
-        match = [n for n in view["nodes"] if n["id"] == node]
-        if not match:
-            raise NotFound(f"Execution {execution_id} has no node {node!r}.")
-        found = match[0]["output"]
+        record = store.workflow(store.execution_row(execution_id).workflow_id) if part else None
+    match = [n for n in view["nodes"] if n["id"] == node]
+    if node and not match:
+        raise NotFound(f"Execution {execution_id} has no node {node!r}.")
+    found: Any = match[0]["output"] if match else view["input"]
+    if record is not None:  # part=inputs
+        given = node_inputs(_parsed(record), view).get(node)
+        if given is None or not given.shown:
+            raise NotFound(f"Node {node!r} of execution {execution_id} has no inputs to show.")
+        found = given.value
     return Response(json.dumps(found, indent=2, ensure_ascii=False, default=str),
                     media_type="application/json")  # fmt: skip
 

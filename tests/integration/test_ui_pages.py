@@ -4,6 +4,8 @@ tests/acceptance/test_ui.py)."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -251,3 +253,65 @@ def test_a_forged_cookie_or_token_that_is_not_ascii_is_refused_not_a_server_erro
         forged = f"{COOKIE}=e30.é".encode()
         answer = stranger.get("/ui/executions", headers={b"Cookie": forged})
         assert answer.status_code == 303 and answer.headers["location"].startswith("/ui/signin")
+
+
+FED = {
+    "name": "fed",
+    "nodes": [
+        {"id": "a", "type": "python", "config": {"function": "test.add"},
+         "inputs": {"a": "{{ input.x }}", "b": 2}},
+        {"id": "b", "type": "python", "needs": ["a"], "config": {"function": "test.fail"},
+         "inputs": {"message": "{{ input.text }} then {{ nodes.a.sum }}"}},
+        {"id": "c", "type": "python", "needs": ["a", "b"], "config": {"function": "test.add"},
+         "inputs": {"a": "{{ nodes.a.sum }}", "b": 1}},
+        {"id": "m", "type": "python", "config": {"function": "test.add"},
+         "map": {"over": "{{ input.ones }}"}, "inputs": {"a": "{{ item }}", "b": "{{ index }}"}},
+    ],
+}  # fmt: skip
+
+
+def _inputs_shown(page: str, node: str) -> tuple[str, Any]:
+    """How a node's inputs section says they were made, and what it shows: the value, the
+    text of a cut one, or None."""
+    found = re.search(
+        rf'data-inputs="{node}"><summary>inputs \(([^)]*)\)</summary>\s*(?:<pre>(.*?)</pre>)?',
+        page, re.DOTALL,
+    )  # fmt: skip
+    assert found is not None, node
+    text = html.unescape(found.group(2)) if found.group(2) is not None else None
+    try:
+        return found.group(1), json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return found.group(1), text
+
+
+def test_each_node_shows_its_inputs_as_rendered_a_large_one_cut_and_fetched_by_its_tenant_only(
+    api_url: str, make_key: MakeKey, conveyor_service: Conveyor
+) -> None:
+    # Given an execution whose node b was given a long message and failed, so c never ran
+    key, other = make_key("inputs"), make_key("inputs-other")
+    text = "x" * 3_000
+    with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {key}"}) as api:
+        made = _finished(api, conveyor_service, FED, {"input": {"x": 40, "text": text, "ones": [1]},
+                                                      "max_attempts": 1})  # fmt: skip
+    whole = f"/ui/executions/{made}/value?node=b&part=inputs"
+    with _signed_in(api_url, key) as browser:
+        page = browser.get(f"/ui/executions/{made}").text
+        fetched = browser.get(whole)
+
+    # Then a's inputs show rendered from the execution's input, b's cut with a link to them
+    section = {n: _inputs_shown(page, n) for n in "abcm"}
+    assert section["a"] == ("rendered", {"a": 40, "b": 2})
+    how, cut = section["b"]
+    assert how == "rendered" and isinstance(cut, str) and len(cut) == 2_000
+    assert cut.startswith('{\n  "message": "xxx') and f'href="{html.escape(whole)}"' in page
+    assert section["c"] == ("none: the node was cancelled before it ran", None)
+    assert section["m"] == ("templates, rendered for each item", {"a": "{{ item }}",
+                                                                  "b": "{{ index }}"})  # fmt: skip
+    # And the whole of b's inputs is there for its tenant, rendered with a's output
+    assert fetched.status_code == 200
+    assert fetched.json() == {"message": f"{text} then 42"}
+    # And another tenant's session gets a 404, as for an unknown id
+    with _signed_in(api_url, other) as stranger:
+        refused = stranger.get(whole)
+    assert refused.status_code == 404 and text not in refused.text
