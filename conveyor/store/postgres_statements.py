@@ -265,13 +265,18 @@ CLAIM_NODE_AFTER_ONE = _claim(_NEED, bindparam("need", type_=String()))
 
 # The same claims for a continuation (Store.claim_continuation): only while no node job of a
 # priority above the claimer's (:above1, :above2; NULL for none) is queued in :queue
-# (ix_jobs_queued_priority), in the claim's own statement. Not relaxed: a continuation's
+# (ix_jobs_queued_priority: one equality lookup a priority, none for a high job's claim; an IN
+# list's generic plan took the status index and read every queued job), in the claim's own
+# statement. Not relaxed: a continuation's
 # claim may run in its predecessor's success's transaction (a join's, see
 # service.workers._complete), whose commit must be flushed as every success's.
 _AHEAD = """
-      AND NOT EXISTS (SELECT 1 FROM jobs ahead
-                      WHERE ahead.status = 'queued' AND ahead.priority IN (:above1, :above2)
-                        AND ahead.queue = :queue AND ahead.kind = 'node')"""
+      AND (CAST(:above1 AS varchar) IS NULL OR NOT EXISTS (
+          SELECT 1 FROM jobs ahead WHERE ahead.status = 'queued' AND ahead.priority = :above1
+                                     AND ahead.queue = :queue AND ahead.kind = 'node'))
+      AND (CAST(:above2 AS varchar) IS NULL OR NOT EXISTS (
+          SELECT 1 FROM jobs ahead WHERE ahead.status = 'queued' AND ahead.priority = :above2
+                                     AND ahead.queue = :queue AND ahead.kind = 'node'))"""
 _AHEAD_PARAMS = (
     bindparam("above1", type_=String()),
     bindparam("above2", type_=String()),
@@ -423,10 +428,13 @@ _STEP = """, ex AS (
     WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
     RETURNING *
 ), above AS (
-    SELECT :claim AND NOT EXISTS (
-        SELECT 1 FROM jobs WHERE status = 'queued' AND priority IN (:above1, :above2)
-                             AND queue = :queue AND kind = 'node'
-    ) AS claimed
+    SELECT :claim
+       AND (CAST(:above1 AS varchar) IS NULL OR NOT EXISTS (
+           SELECT 1 FROM jobs WHERE status = 'queued' AND priority = :above1
+                                AND queue = :queue AND kind = 'node'))
+       AND (CAST(:above2 AS varchar) IS NULL OR NOT EXISTS (
+           SELECT 1 FROM jobs WHERE status = 'queued' AND priority = :above2
+                                AND queue = :queue AND kind = 'node')) AS claimed
 ), next AS (
     INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
                       tries_before, tenant_id, workflow_id, execution_id, node_id,
