@@ -24,10 +24,9 @@ Start = Callable[..., subprocess.Popen[str]]
 
 
 @pytest.fixture
-def api(acceptance_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
-    with serving_api(
-        {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}, tmp_path
-    ) as url:
+def api(broker_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
+    """`conveyor api` on the test's broker (``acceptance_broker``)."""
+    with serving_api({**broker_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}, tmp_path) as url:
         yield url
 
 

@@ -1,11 +1,8 @@
 """Issue 27, seeing and finding, as an operator of the replaced job systems would: a running
 node's heartbeat seen to move in `conveyor executions show` and the REST API, and executions
 found by filter and counted by the status view, through `conveyor` and `conveyor api` processes
-and a real `celery worker`.
-
-Redis only: what is checked (show, the API, filters, counts) is read from PostgreSQL, whatever
-broker carried the few runs; the RabbitMQ variants of the seed-system tests are in
-test_source_systems_edges, _outcomes and _policy."""
+and a real `celery worker`, on Redis and on RabbitMQ (``acceptance_broker``): the worker, the
+API and the CLI on the same broker."""
 
 from __future__ import annotations
 
@@ -49,14 +46,15 @@ def until(check: Callable[[], Any], what: str, seconds: float = 30) -> Any:
 
 # A worker, `conveyor api` and a dozen `conveyor` calls, each seconds on a loaded machine.
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_a_heartbeat_moves_in_show_and_the_api_and_executions_are_found_and_counted(
     api: str,  # noqa: F811
     start_worker: Start,
-    acceptance_env: dict[str, str],
+    broker_env: dict[str, str],
     request: pytest.FixtureRequest,
 ) -> None:
     # Given a worker that beats every 0.3 s, a tenant's key, and three workflows
-    env = {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
+    env = {**broker_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
     start_worker("workflow-execution,workflow-node", concurrency=2, name="beats",
                  env={"CONVEYOR_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
     assert conveyor("tenants", "create", "acme", env=env).returncode == 0

@@ -3,11 +3,8 @@ process and real `celery worker` processes: it sees an execution triggered after
 only its tenant's and only what its filters ask for, and a client that reconnects with
 Last-Event-ID after a dropped connection misses no event. The same stream printed by
 `conveyor executions watch --json` in a process of its own, and read in Python
-(`Conveyor.stream`), while a trigger happens.
-
-Redis only: a stream is read from PostgreSQL's events, whatever broker carried the runs; the
-RabbitMQ variants of the seed-system tests are in test_source_systems_edges, _outcomes and
-_policy."""
+(`Conveyor.stream`), while a trigger happens. On Redis and on RabbitMQ (``acceptance_broker``):
+the workers, the API, the CLI and the Python client on the same broker."""
 
 from __future__ import annotations
 
@@ -40,10 +37,11 @@ EXPORT = {"name": "export", "nodes": [
 
 
 @pytest.fixture
-def api(acceptance_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
-    """`conveyor api` in its own process; an idle stream sends a comment every half second
-    (CONVEYOR_STREAMS_KEEPALIVE), so that a reader told to stop hangs up soon."""
-    env = {**acceptance_env, **NODES, "CONVEYOR_STREAMS_KEEPALIVE": "0.5"}
+def api(broker_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
+    """`conveyor api` in its own process, on the test's broker; an idle stream sends a comment
+    every half second (CONVEYOR_STREAMS_KEEPALIVE), so that a reader told to stop hangs up
+    soon."""
+    env = {**broker_env, **NODES, "CONVEYOR_STREAMS_KEEPALIVE": "0.5"}
     with serving_api(env, tmp_path) as url:
         yield url
 
@@ -105,18 +103,19 @@ def finished(execution_id: str) -> Callable[[list[Event]], bool]:
     )
 
 
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_a_tenant_stream_sees_later_executions_and_resumes_without_missing_one(
     api: str,
     start_worker: Start,
-    acceptance_env: dict[str, str],
+    broker_env: dict[str, str],
     request: pytest.FixtureRequest,
 ) -> None:
     # Given workers, two tenants with a workflow of the same name, and a key each
     start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
     keys = {}
     for tenant in ("acme", "other"):
-        assert conveyor("tenants", "create", tenant, env=acceptance_env).returncode == 0
-        made = conveyor("keys", "create", "--tenant", tenant, env=acceptance_env)
+        assert conveyor("tenants", "create", tenant, env=broker_env).returncode == 0
+        made = conveyor("keys", "create", "--tenant", tenant, env=broker_env)
         assert made.returncode == 0, made.stderr
         keys[tenant] = made.stdout.strip()
 
@@ -182,18 +181,19 @@ def test_a_tenant_stream_sees_later_executions_and_resumes_without_missing_one(
     assert "Last-Event-ID 'yesterday'" in refused.json()["detail"]
 
 
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_conveyor_executions_watch_and_the_python_stream_see_a_trigger_as_it_happens(
     client: Conveyor,
     start_worker: Start,
-    acceptance_env: dict[str, str],
+    broker_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
     # Given a worker, a tenant with the export workflow, and, before any export exists,
     # `conveyor executions watch --json` on one document's exports and the same stream in Python
     start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
-    assert conveyor("tenants", "create", "acme", env=acceptance_env).returncode == 0
+    assert conveyor("tenants", "create", "acme", env=broker_env).returncode == 0
     client.apply(parse_workflow(EXPORT), "acme")
-    env = {**acceptance_env, **NODES}
+    env = {**broker_env, **NODES}
     args = ("--tenant", "acme", "--workflow", "export", "--dedupe-key", "doc-1")
     watch = Watch(*args, env=env, cwd=tmp_path)
     stream = client.stream("acme", workflow="export", dedupe_key="doc-1", poll=0.1)
