@@ -23,8 +23,9 @@ import pytest
 
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
+from tests.acceptance.conftest import await_ready
 from tests.acceptance.test_api import Start, serving_api
-from tests.acceptance.test_cli import conveyor
+from tests.acceptance.test_cli import conveyor, conveyor_session
 from tests.support.watch import Watch
 from tests.support.watch import finished as printed
 
@@ -111,13 +112,16 @@ def test_a_tenant_stream_sees_later_executions_and_resumes_without_missing_one(
     request: pytest.FixtureRequest,
 ) -> None:
     # Given workers, two tenants with a workflow of the same name, and a key each
-    start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
-    keys = {}
-    for tenant in ("acme", "other"):
-        assert conveyor("tenants", "create", tenant, env=broker_env).returncode == 0
-        made = conveyor("keys", "create", "--tenant", tenant, env=broker_env)
-        assert made.returncode == 0, made.stderr
-        keys[tenant] = made.stdout.strip()
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES,
+                          wait=False)  # fmt: skip
+    made = conveyor_session(
+        ["tenants", "create", "acme"], ["keys", "create", "--tenant", "acme"],
+        ["tenants", "create", "other"], ["keys", "create", "--tenant", "other"],
+        env=broker_env,
+    )  # fmt: skip
+    assert [m.returncode for m in made] == [0] * 4, made
+    keys = {"acme": made[1].stdout.strip(), "other": made[3].stdout.strip()}
+    await_ready(worker)
 
     def client(tenant: str) -> httpx.Client:
         http = httpx.Client(
@@ -190,7 +194,8 @@ def test_conveyor_executions_watch_and_the_python_stream_see_a_trigger_as_it_hap
 ) -> None:
     # Given a worker, a tenant with the export workflow, and, before any export exists,
     # `conveyor executions watch --json` on one document's exports and the same stream in Python
-    start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES,
+                          wait=False)  # fmt: skip
     assert conveyor("tenants", "create", "acme", env=broker_env).returncode == 0
     client.apply(parse_workflow(EXPORT), "acme")
     env = {**broker_env, **NODES}
@@ -198,6 +203,7 @@ def test_conveyor_executions_watch_and_the_python_stream_see_a_trigger_as_it_hap
     watch = Watch(*args, env=env, cwd=tmp_path)
     stream = client.stream("acme", workflow="export", dedupe_key="doc-1", poll=0.1)
     try:
+        await_ready(worker)
         # When the document's export is triggered (by `conveyor run`), and another's
         ran = conveyor("run", "export", "--tenant", "acme", "--dedupe-key", "doc-1",
                        "--input", '{"n": 1}', env=env)  # fmt: skip
