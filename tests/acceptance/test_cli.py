@@ -150,10 +150,16 @@ def test_run_exits_1_when_the_execution_fails(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
 ) -> None:
     env = {**acceptance_env, "CONVEYOR_IMPORTS": "conveyor.demo"}
-    start_worker("workflow-execution,workflow-node", concurrency=2, name="cli", env=env)
-    conveyor("workflow", "apply", "examples/branching.yaml", env=env)
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, name="cli", env=env,
+                          wait=False)  # fmt: skip
 
-    run = conveyor("run", "branching", "--input", '{"amount": "abc"}', "--wait", "--json", env=env)
+    applied, run = conveyor_session(
+        ["workflow", "apply", "examples/branching.yaml"],
+        ["run", "branching", "--input", '{"amount": "abc"}', "--wait", "--json", "--timeout", "60"],
+        env=env,
+    )
 
+    await_ready(worker)
+    assert applied.returncode == 0, applied.stderr
     assert run.returncode == 1, run.stdout + run.stderr
     assert json.loads(run.stdout)["status"] == "failed"
