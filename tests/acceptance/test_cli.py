@@ -115,18 +115,8 @@ def test_run_wait_json_against_real_workers(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
 ) -> None:
     env = {**acceptance_env, "CONVEYOR_IMPORTS": "conveyor.demo"}
-    # the worker starts while the commands do; a run published meanwhile waits for it
-    worker = start_worker("workflow-execution,workflow-node", concurrency=3, name="cli", env=env,
-                          wait=False)  # fmt: skip
+    run = run_example(start_worker, env, "flaky", "{}")
 
-    applied, run = conveyor_session(
-        ["workflow", "apply", "examples/flaky.yaml"],
-        ["run", "flaky", "--input", "{}", "--wait", "--json", "--timeout", "60"],
-        env=env,
-    )
-
-    await_ready(worker)  # its log, if it never started
-    assert applied.returncode == 0, applied.stderr
     assert run.returncode == 0, run.stdout + run.stderr
     outcome = json.loads(run.stdout)
     assert outcome["status"] == "completed"
@@ -150,16 +140,25 @@ def test_run_exits_1_when_the_execution_fails(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
 ) -> None:
     env = {**acceptance_env, "CONVEYOR_IMPORTS": "conveyor.demo"}
-    worker = start_worker("workflow-execution,workflow-node", concurrency=2, name="cli", env=env,
-                          wait=False)  # fmt: skip
+    run = run_example(start_worker, env, "branching", '{"amount": "abc"}')
 
-    applied, run = conveyor_session(
-        ["workflow", "apply", "examples/branching.yaml"],
-        ["run", "branching", "--input", '{"amount": "abc"}', "--wait", "--json", "--timeout", "60"],
-        env=env,
-    )
-
-    await_ready(worker)
-    assert applied.returncode == 0, applied.stderr
     assert run.returncode == 1, run.stdout + run.stderr
     assert json.loads(run.stdout)["status"] == "failed"
+
+
+def run_example(
+    start_worker: Callable[..., Popen[str]], env: dict[str, str], name: str, given: str
+) -> subprocess.CompletedProcess[str]:
+    """`conveyor workflow apply examples/NAME.yaml`, then `conveyor run NAME --input GIVEN
+    --wait --json` (60 s at most), in one process, while a worker for the execution and node
+    queues starts beside them (what the run publishes meanwhile waits for it); the run."""
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, name="cli", env=env,
+                          wait=False)  # fmt: skip
+    applied, run = conveyor_session(
+        ["workflow", "apply", f"examples/{name}.yaml"],
+        ["run", name, "--input", given, "--wait", "--json", "--timeout", "60"],
+        env=env,
+    )
+    await_ready(worker)  # its log, if it never started
+    assert applied.returncode == 0, applied.stderr
+    return run
