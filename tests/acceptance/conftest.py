@@ -91,6 +91,13 @@ def acceptance_broker(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def broker_env(acceptance_env: dict[str, str], acceptance_broker: str) -> dict[str, str]:
+    """The settings of the test's own ``conveyor`` processes (the CLI, ``conveyor api``): the
+    acceptance tier's, with the test's broker, so that what they publish reaches its workers."""
+    return {**acceptance_env, "CONVEYOR_BROKER_URL": acceptance_broker}
+
+
+@pytest.fixture
 def client(acceptance_env: dict[str, str], acceptance_broker: str) -> Iterator[Conveyor]:
     """A service that triggers and reads, as an application would; it runs no worker."""
     services.truncate(ACCEPTANCE_DB_URL)

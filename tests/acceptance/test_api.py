@@ -17,17 +17,16 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from tests.acceptance.conftest import ROOT, _wait_until_ready
-from tests.acceptance.test_cli import CONVEYOR, conveyor
+from tests.acceptance.conftest import ROOT, _wait_until_ready, await_ready
+from tests.acceptance.test_cli import CONVEYOR, conveyor_session
 
 Start = Callable[..., subprocess.Popen[str]]
 
 
 @pytest.fixture
-def api(acceptance_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
-    with serving_api(
-        {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}, tmp_path
-    ) as url:
+def api(broker_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
+    """`conveyor api` on the test's broker (``acceptance_broker``)."""
+    with serving_api({**broker_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}, tmp_path) as url:
         yield url
 
 
@@ -55,12 +54,18 @@ def test_a_signed_webhook_through_conveyor_api_runs_its_workflow_on_real_workers
     api: str, start_worker: Start, acceptance_env: dict[str, str], request: pytest.FixtureRequest
 ) -> None:
     # Given workers for the webhook, execution and node queues, a key and an endpoint
-    start_worker("workflow-webhook,workflow-execution,workflow-node", concurrency=2)
-    conveyor("tenants", "create", "acme", env=acceptance_env)
-    made = conveyor("keys", "create", "--tenant", "acme", env=acceptance_env)
+    worker = start_worker("workflow-webhook,workflow-execution,workflow-node", concurrency=2,
+                          wait=False)  # fmt: skip
+    tenant, made, endpoint = conveyor_session(
+        ["tenants", "create", "acme"],
+        ["keys", "create", "--tenant", "acme"],
+        ["webhooks", "create", "billing", "--tenant", "acme"],
+        env=acceptance_env,
+    )
+    await_ready(worker)
+    assert tenant.returncode == 0, tenant.stderr
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
-    endpoint = conveyor("webhooks", "create", "billing", "--tenant", "acme", env=acceptance_env)
     assert endpoint.returncode == 0, endpoint.stderr
     path = endpoint.stdout.strip()
     secret = endpoint.stderr.split("secret: ")[1].split(" ")[0]

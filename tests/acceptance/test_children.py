@@ -25,6 +25,7 @@ from conveyor.engine.validation import parse_workflow
 from conveyor.models import Execution, Job
 from conveyor.service import Conveyor
 from tests.acceptance.conftest import ACCEPTANCE_DB_URL, ROOT, await_ready
+from tests.acceptance.test_cli import conveyor_session
 from tests.support.services import effects, wait_for
 
 
@@ -193,22 +194,20 @@ def test_the_child_examples_complete_on_the_embedded_default_as_their_docs_run_t
     assert run.returncode == 0, run.stdout + run.stderr
     outcome = json.loads(run.stdout)
     assert (outcome["status"], outcome["output"]) == ("completed", {"first": 70, "second": 20170})
-    shown = json.loads(show(env, tmp_path, outcome["execution_id"], "--json"))
+    parent = outcome["execution_id"]
+    as_json, human = shows(env, tmp_path, [parent, "--json"], [parent])
+    shown = json.loads(as_json)
     assert (shown["children_count"], shown["parent"]) == (2, None)
     by_node = {c["node"]: c for c in shown["children"]}
     assert sorted(by_node) == ["again", "first"]
     assert {n["id"]: n["child"] for n in shown["nodes"]} == {
         node: child["id"] for node, child in by_node.items()
     }
-    human = show(env, tmp_path, outcome["execution_id"])
     assert "children (2)" in human and by_node["first"]["id"] in human
-    child = show(env, tmp_path, by_node["again"]["id"])
-    assert f"child of execution {outcome['execution_id']} (workflow child, node again, try 1)" in (
-        child
-    )
-    assert json.loads(show(env, tmp_path, by_node["again"]["id"], "--json"))["output"] == {
-        "x": 70, "total": 20170,
-    }  # fmt: skip
+    again = by_node["again"]["id"]
+    child, child_json = shows(env, tmp_path, [again], [again, "--json"])
+    assert f"child of execution {parent} (workflow child, node again, try 1)" in child
+    assert json.loads(child_json)["output"] == {"x": 70, "total": 20170}
 
     # and the map of children completed
     assert mapped.returncode == 0, mapped.stdout + mapped.stderr
@@ -219,8 +218,9 @@ def test_the_child_examples_complete_on_the_embedded_default_as_their_docs_run_t
     # (the links between a map of children and its children: tests/integration/test_children.py)
 
 
-def show(env: dict[str, str], cwd: Path, *args: str) -> str:
-    shown = subprocess.run(["conveyor", "executions", "show", *args], env=env, cwd=cwd,
-                           text=True, capture_output=True, timeout=60)  # fmt: skip
-    assert shown.returncode == 0, shown.stdout + shown.stderr
-    return shown.stdout
+def shows(env: dict[str, str], cwd: Path, *args: list[str]) -> list[str]:
+    """What `conveyor executions show ARGS` prints, for each ARGS (one process for them all)."""
+    done = conveyor_session(*(["executions", "show", *a] for a in args), env=env, cwd=cwd)
+    for shown in done:
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+    return [shown.stdout for shown in done]

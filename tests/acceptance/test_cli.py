@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 
-from tests.acceptance.conftest import ROOT
+from tests.acceptance.conftest import ROOT, await_ready
 
 CONVEYOR = [str(Path(sys.executable).parent / "conveyor")]  # the installed console script
 
@@ -24,6 +24,42 @@ def conveyor(
     return subprocess.run(
         [*CONVEYOR, *args], env=env, cwd=cwd, text=True, capture_output=True, timeout=timeout
     )
+
+
+# Runs `conveyor ARGS` for each ARGS in turn in one process, as the console script runs one
+# (`conveyor.cli.main`'s app), and prints what each did: its exit status, stdout and stderr.
+_SESSION = """\
+import contextlib, io, json, sys
+from conveyor.cli.main import app
+done = []
+for args in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            app(args, prog_name="conveyor")
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    done.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(done))
+"""
+
+
+def conveyor_session(
+    *commands: list[str], env: dict[str, str], cwd: Path = ROOT
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run several ``conveyor`` commands one after the other in a single process: what each
+    printed and its exit status, as :func:`conveyor` gives them. For the reads that check a
+    test's outcome, which would each pay the CLI's start-up (about a second; several under
+    load) in a process of their own."""
+    ran = subprocess.run(
+        [sys.executable, "-c", _SESSION, json.dumps(commands)],
+        env=env, cwd=cwd, text=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    return [
+        subprocess.CompletedProcess(["conveyor", *args], code, out, err)
+        for args, (code, out, err) in zip(commands, json.loads(ran.stdout), strict=True)
+    ]
 
 
 def test_demo_runs_on_the_embedded_default_in_an_empty_directory(tmp_path: Path) -> None:
@@ -79,26 +115,24 @@ def test_run_wait_json_against_real_workers(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
 ) -> None:
     env = {**acceptance_env, "CONVEYOR_IMPORTS": "conveyor.demo"}
-    start_worker("workflow-execution,workflow-node", concurrency=3, name="cli", env=env)
-
-    applied = conveyor("workflow", "apply", "examples/flaky.yaml", env=env)
-    assert applied.returncode == 0, applied.stderr
-    run = conveyor("run", "flaky", "--input", "{}", "--wait", "--json", env=env)
+    run = run_example(start_worker, env, "flaky", "{}")
 
     assert run.returncode == 0, run.stdout + run.stderr
     outcome = json.loads(run.stdout)
     assert outcome["status"] == "completed"
     assert outcome["output"] == {"message": "fetched after 3 tries"}
-    shown = conveyor("executions", "show", outcome["execution_id"], "--json", env=env)
+    # ... and the retention sweep, by hand with no retention, deletes it
+    shown, pruned, gone = conveyor_session(
+        ["executions", "show", outcome["execution_id"], "--json"],
+        ["db", "prune", "--older-than", "0"],
+        ["executions", "show", outcome["execution_id"]],
+        env=env,
+    )
     detail = json.loads(shown.stdout)
     fetch = next(n for n in detail["nodes"] if n["id"] == "fetch")
     assert fetch["attempts"] == 3 and fetch["status"] == "completed"
-
-    # and the retention sweep, by hand with no retention, deletes it
-    pruned = conveyor("db", "prune", "--older-than", "0", env=env)
     assert pruned.returncode == 0, pruned.stderr
     assert int(pruned.stdout.split()[0]) >= 1 and "older than 0 day(s)" in pruned.stdout
-    gone = conveyor("executions", "show", outcome["execution_id"], env=env)
     assert gone.returncode != 0 and "no execution" in gone.stderr
 
 
@@ -106,10 +140,25 @@ def test_run_exits_1_when_the_execution_fails(
     acceptance_env: dict[str, str], start_worker: Callable[..., Popen[str]], client: object
 ) -> None:
     env = {**acceptance_env, "CONVEYOR_IMPORTS": "conveyor.demo"}
-    start_worker("workflow-execution,workflow-node", concurrency=2, name="cli", env=env)
-    conveyor("workflow", "apply", "examples/branching.yaml", env=env)
-
-    run = conveyor("run", "branching", "--input", '{"amount": "abc"}', "--wait", "--json", env=env)
+    run = run_example(start_worker, env, "branching", '{"amount": "abc"}')
 
     assert run.returncode == 1, run.stdout + run.stderr
     assert json.loads(run.stdout)["status"] == "failed"
+
+
+def run_example(
+    start_worker: Callable[..., Popen[str]], env: dict[str, str], name: str, given: str
+) -> subprocess.CompletedProcess[str]:
+    """`conveyor workflow apply examples/NAME.yaml`, then `conveyor run NAME --input GIVEN
+    --wait --json` (60 s at most), in one process, while a worker for the execution and node
+    queues starts beside them (what the run publishes meanwhile waits for it); the run."""
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, name="cli", env=env,
+                          wait=False)  # fmt: skip
+    applied, run = conveyor_session(
+        ["workflow", "apply", f"examples/{name}.yaml"],
+        ["run", name, "--input", given, "--wait", "--json", "--timeout", "60"],
+        env=env,
+    )
+    await_ready(worker)  # its log, if it never started
+    assert applied.returncode == 0, applied.stderr
+    return run

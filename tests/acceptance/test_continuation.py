@@ -17,7 +17,7 @@ import pytest
 from conveyor.engine.states import AttemptStatus, ExecutionStatus, JobStatus
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import ACCEPTANCE_DB_URL
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, await_ready
 from tests.support.services import effects
 
 StartWorker = Callable[..., Popen[str]]
@@ -49,8 +49,9 @@ def test_a_worker_sigkilled_mid_chain_leaves_each_steps_effect_exactly_once(
     client: Conveyor, start_worker: StartWorker
 ) -> None:
     # Given chains of 50 running on one node worker, which continues from step to step
-    start_worker("workflow-execution", concurrency=1, name="plan", env=FAST)
-    doomed = start_worker("workflow-node", concurrency=2, name="doomed", env=FAST)
+    plan = start_worker("workflow-execution", concurrency=1, name="plan", env=FAST, wait=False)
+    doomed = start_worker("workflow-node", concurrency=2, name="doomed", env=FAST, wait=False)
+    await_ready(plan, doomed)
     client.apply(parse_workflow(chain()))
     ids = [client.trigger("long", {}) for _ in range(CHAINS)]
 

@@ -139,8 +139,10 @@ def test_permits_of_a_sigkilled_worker_come_back_within_the_lease(
 ) -> None:
     # Given a workflow limited to one at a time, its permit held by a worker's running node
     lease = {"CONVEYOR_PERMIT_LEASE": "2", "CONVEYOR_LIMITS_SWEEP_INTERVAL": "0.2"}
-    start_worker("workflow-execution", concurrency=1, name="exec", env=lease)
-    doomed = start_worker("workflow-node", concurrency=1, name="doomed", env=lease)
+    planner = start_worker("workflow-execution", concurrency=1, name="exec", env=lease,
+                           wait=False)  # fmt: skip
+    doomed = start_worker("workflow-node", concurrency=1, name="doomed", env=lease, wait=False)
+    await_ready(planner, doomed)
     workflow = {
         "name": "solo",
         "concurrency": 1,

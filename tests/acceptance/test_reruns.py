@@ -15,7 +15,7 @@ import pytest
 
 from conveyor import views
 from conveyor.service import Conveyor
-from tests.acceptance.conftest import ACCEPTANCE_DB_URL
+from tests.acceptance.conftest import ACCEPTANCE_DB_URL, await_ready
 from tests.acceptance.test_cli import conveyor
 from tests.support.services import effects
 
@@ -50,8 +50,11 @@ def test_a_failed_diamond_reruns_from_its_failed_node_on_real_workers_and_comple
 ) -> None:
     # Given two workers, and a diamond run that failed at its middle node
     env = {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
-    start_worker("workflow-execution,workflow-node", concurrency=2, name="a", env=env)
-    start_worker("workflow-node", concurrency=2, name="b", env=env)
+    await_ready(
+        start_worker("workflow-execution,workflow-node", concurrency=2, name="a", env=env,
+                     wait=False),
+        start_worker("workflow-node", concurrency=2, name="b", env=env, wait=False),
+    )  # fmt: skip
     flag = tmp_path / "fixed"
     definition = tmp_path / "rerun-diamond.json"
     definition.write_text(json.dumps(diamond(flag)))

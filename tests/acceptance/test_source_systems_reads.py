@@ -1,11 +1,8 @@
 """Issue 27, seeing and finding, as an operator of the replaced job systems would: a running
 node's heartbeat seen to move in `conveyor executions show` and the REST API, and executions
 found by filter and counted by the status view, through `conveyor` and `conveyor api` processes
-and a real `celery worker`.
-
-Redis only: what is checked (show, the API, filters, counts) is read from PostgreSQL, whatever
-broker carried the few runs; the RabbitMQ variants of the seed-system tests are in
-test_source_systems_edges, _outcomes and _policy."""
+and a real `celery worker`, on Redis and on RabbitMQ (``acceptance_broker``): the worker, the
+API and the CLI on the same broker."""
 
 from __future__ import annotations
 
@@ -18,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.acceptance.conftest import await_ready
 from tests.acceptance.test_api import api  # noqa: F401  (the fixture: `conveyor api`)
-from tests.acceptance.test_cli import conveyor
+from tests.acceptance.test_cli import conveyor, conveyor_session
 
 Start = Callable[..., subprocess.Popen[str]]
 # Runs until the test cancels it, however long the test takes on a loaded machine
@@ -49,18 +47,22 @@ def until(check: Callable[[], Any], what: str, seconds: float = 30) -> Any:
 
 # A worker, `conveyor api` and a dozen `conveyor` calls, each seconds on a loaded machine.
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_a_heartbeat_moves_in_show_and_the_api_and_executions_are_found_and_counted(
     api: str,  # noqa: F811
     start_worker: Start,
-    acceptance_env: dict[str, str],
+    broker_env: dict[str, str],
     request: pytest.FixtureRequest,
 ) -> None:
     # Given a worker that beats every 0.3 s, a tenant's key, and three workflows
-    env = {**acceptance_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
-    start_worker("workflow-execution,workflow-node", concurrency=2, name="beats",
-                 env={"CONVEYOR_HEARTBEAT_INTERVAL": "0.3"})  # fmt: skip
-    assert conveyor("tenants", "create", "acme", env=env).returncode == 0
-    key = conveyor("keys", "create", "--tenant", "acme", env=env).stdout.strip()
+    env = {**broker_env, "CONVEYOR_IMPORTS": "tests.support.nodes"}
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, name="beats",
+                          env={"CONVEYOR_HEARTBEAT_INTERVAL": "0.3"}, wait=False)  # fmt: skip
+    made = conveyor_session(["tenants", "create", "acme"], ["keys", "create", "--tenant", "acme"],
+                            env=env)  # fmt: skip
+    assert [m.returncode for m in made] == [0, 0], made
+    key = made[1].stdout.strip()
+    await_ready(worker)
     http = httpx.Client(base_url=api, headers={"Authorization": f"Bearer {key}"}, timeout=30)
     request.addfinalizer(http.close)
     for flow in (SLOW, SUM, DOOMED):
@@ -109,30 +111,39 @@ def test_a_heartbeat_moves_in_show_and_the_api_and_executions_are_found_and_coun
         "the quick runs did not finish",
     )
 
-    # Then the filters find each, in the API and the CLI
+    # Then the filters find each, in the API and the CLI (its reads in one process)
     def api_ids(**params: str) -> list[str]:
         return [e["id"] for e in http.get("/v1/executions", params=params).json()]
 
-    def cli_ids(*args: str) -> list[str]:
-        return [e["id"] for e in cli_json(env, "executions", "list", "--tenant", "acme", *args)]
-
-    assert api_ids(workflow="sum") == cli_ids("--workflow", "sum") == [keyed, plain]
-    assert api_ids(node_status="running") == cli_ids("--node-status", "running") == [slow]
-    assert api_ids(node_status="failed") == [failed]
-    assert api_ids(dedupe_key="doc-1") == cli_ids("--dedupe-key", "doc-1") == [slow]
-    assert api_ids(idempotency_key="pay-1") == [keyed]
     page = api_ids(limit="2")
-    assert page + api_ids(after=page[-1]) == [failed, keyed, plain, slow]
-    assert cli_ids("--limit", "2", "--after", page[-1]) == [plain, slow]
     created = http.get(f"/v1/executions/{plain}").json()["created_at"]
+    listed = ["executions", "list", "--tenant", "acme", "--json"]
+    *lists, stats = conveyor_session(
+        [*listed, "--workflow", "sum"],
+        [*listed, "--node-status", "running"],
+        [*listed, "--dedupe-key", "doc-1"],
+        [*listed, "--limit", "2", "--after", page[-1]],
+        [*listed, "--created-before", created[:19]],  # no offset: UTC
+        ["executions", "stats", "--tenant", "acme", "--json"],
+        env=env,
+    )
+    assert [done.returncode for done in (*lists, stats)] == [0] * 6, (*lists, stats)
+    by_sum, running, by_key, after, before = ([e["id"] for e in json.loads(done.stdout)]
+                                              for done in lists)  # fmt: skip
+    assert api_ids(workflow="sum") == by_sum == [keyed, plain]
+    assert api_ids(node_status="running") == running == [slow]
+    assert api_ids(node_status="failed") == [failed]
+    assert api_ids(dedupe_key="doc-1") == by_key == [slow]
+    assert api_ids(idempotency_key="pay-1") == [keyed]
+    assert page + api_ids(after=page[-1]) == [failed, keyed, plain, slow]
+    assert after == [plain, slow]
     assert api_ids(created_after=created) == [failed, keyed]
-    assert cli_ids("--created-before", created[:19]) == [slow]  # no offset: UTC
+    assert before == [slow]
 
     # And the status view counts them by workflow and status, with the tries
     expected = [("doomed", "failed", 1, 3.0), ("export", "running", 1, 1.0),
                 ("sum", "completed", 2, 1.0)]  # fmt: skip
-    for rows in (http.get("/v1/executions/summary").json(),
-                 cli_json(env, "executions", "stats", "--tenant", "acme")):  # fmt: skip
+    for rows in (http.get("/v1/executions/summary").json(), json.loads(stats.stdout)):
         assert [(r["workflow"], r["status"], r["count"], r["average_attempts"]) for r in rows] == (
             expected
         )

@@ -3,11 +3,8 @@ process and real `celery worker` processes: it sees an execution triggered after
 only its tenant's and only what its filters ask for, and a client that reconnects with
 Last-Event-ID after a dropped connection misses no event. The same stream printed by
 `conveyor executions watch --json` in a process of its own, and read in Python
-(`Conveyor.stream`), while a trigger happens.
-
-Redis only: a stream is read from PostgreSQL's events, whatever broker carried the runs; the
-RabbitMQ variants of the seed-system tests are in test_source_systems_edges, _outcomes and
-_policy."""
+(`Conveyor.stream`), while a trigger happens. On Redis and on RabbitMQ (``acceptance_broker``):
+the workers, the API, the CLI and the Python client on the same broker."""
 
 from __future__ import annotations
 
@@ -26,8 +23,9 @@ import pytest
 
 from conveyor.engine.validation import parse_workflow
 from conveyor.service import Conveyor
+from tests.acceptance.conftest import await_ready
 from tests.acceptance.test_api import Start, serving_api
-from tests.acceptance.test_cli import conveyor
+from tests.acceptance.test_cli import conveyor, conveyor_session
 from tests.support.watch import Watch
 from tests.support.watch import finished as printed
 
@@ -40,10 +38,11 @@ EXPORT = {"name": "export", "nodes": [
 
 
 @pytest.fixture
-def api(acceptance_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
-    """`conveyor api` in its own process; an idle stream sends a comment every half second
-    (CONVEYOR_STREAMS_KEEPALIVE), so that a reader told to stop hangs up soon."""
-    env = {**acceptance_env, **NODES, "CONVEYOR_STREAMS_KEEPALIVE": "0.5"}
+def api(broker_env: dict[str, str], tmp_path: Path, client: object) -> Iterator[str]:
+    """`conveyor api` in its own process, on the test's broker; an idle stream sends a comment
+    every half second (CONVEYOR_STREAMS_KEEPALIVE), so that a reader told to stop hangs up
+    soon."""
+    env = {**broker_env, **NODES, "CONVEYOR_STREAMS_KEEPALIVE": "0.5"}
     with serving_api(env, tmp_path) as url:
         yield url
 
@@ -105,20 +104,24 @@ def finished(execution_id: str) -> Callable[[list[Event]], bool]:
     )
 
 
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_a_tenant_stream_sees_later_executions_and_resumes_without_missing_one(
     api: str,
     start_worker: Start,
-    acceptance_env: dict[str, str],
+    broker_env: dict[str, str],
     request: pytest.FixtureRequest,
 ) -> None:
     # Given workers, two tenants with a workflow of the same name, and a key each
-    start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
-    keys = {}
-    for tenant in ("acme", "other"):
-        assert conveyor("tenants", "create", tenant, env=acceptance_env).returncode == 0
-        made = conveyor("keys", "create", "--tenant", tenant, env=acceptance_env)
-        assert made.returncode == 0, made.stderr
-        keys[tenant] = made.stdout.strip()
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES,
+                          wait=False)  # fmt: skip
+    made = conveyor_session(
+        ["tenants", "create", "acme"], ["keys", "create", "--tenant", "acme"],
+        ["tenants", "create", "other"], ["keys", "create", "--tenant", "other"],
+        env=broker_env,
+    )  # fmt: skip
+    assert [m.returncode for m in made] == [0] * 4, made
+    keys = {"acme": made[1].stdout.strip(), "other": made[3].stdout.strip()}
+    await_ready(worker)
 
     def client(tenant: str) -> httpx.Client:
         http = httpx.Client(
@@ -182,22 +185,25 @@ def test_a_tenant_stream_sees_later_executions_and_resumes_without_missing_one(
     assert "Last-Event-ID 'yesterday'" in refused.json()["detail"]
 
 
+@pytest.mark.parametrize("acceptance_broker", ["redis", "amqp"], indirect=True)
 def test_conveyor_executions_watch_and_the_python_stream_see_a_trigger_as_it_happens(
     client: Conveyor,
     start_worker: Start,
-    acceptance_env: dict[str, str],
+    broker_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
     # Given a worker, a tenant with the export workflow, and, before any export exists,
     # `conveyor executions watch --json` on one document's exports and the same stream in Python
-    start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES)
-    assert conveyor("tenants", "create", "acme", env=acceptance_env).returncode == 0
+    worker = start_worker("workflow-execution,workflow-node", concurrency=2, env=NODES,
+                          wait=False)  # fmt: skip
+    assert conveyor("tenants", "create", "acme", env=broker_env).returncode == 0
     client.apply(parse_workflow(EXPORT), "acme")
-    env = {**acceptance_env, **NODES}
+    env = {**broker_env, **NODES}
     args = ("--tenant", "acme", "--workflow", "export", "--dedupe-key", "doc-1")
     watch = Watch(*args, env=env, cwd=tmp_path)
     stream = client.stream("acme", workflow="export", dedupe_key="doc-1", poll=0.1)
     try:
+        await_ready(worker)
         # When the document's export is triggered (by `conveyor run`), and another's
         ran = conveyor("run", "export", "--tenant", "acme", "--dedupe-key", "doc-1",
                        "--input", '{"n": 1}', env=env)  # fmt: skip
