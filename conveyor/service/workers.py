@@ -24,21 +24,19 @@ from conveyor.engine import (
     triggering,
     waits,
 )
-from conveyor.engine.limits import Permit
-from conveyor.engine.ports import Store
 from conveyor.engine.queues import NODE_QUEUE
 from conveyor.engine.records import AfterCommit, Dispatch, NodeHints
 from conveyor.engine.states import JobKind, JobStatus, Priority
 from conveyor.exceptions import (
     CancelExecution,
-    LimitError,
     NodeCancelled,
     NonRetryableError,
     Skip,
     Snooze,
 )
 from conveyor.nodes import NodeContext
-from conveyor.service.base import ServiceBase, log, utcnow
+from conveyor.service.base import log, utcnow
+from conveyor.service.continuing import Continuations, Taken
 
 events = logs.get("conveyor.jobs")
 
@@ -150,12 +148,7 @@ def _chose(ran: Ran, failed: failure.Failed, choice: Snooze | Skip | CancelExecu
     return replace(ran, by_node=True, error=logs.short(shown))
 
 
-# A step of a chain this worker claimed for itself (see Workers._complete), with its permits
-# (None without a limiter).
-_Taken = tuple[claiming.NodeRun, Permit | None]
-
-
-class Workers(ServiceBase):
+class Workers(Continuations):
     """A worker's side: each task's message becomes one of these calls."""
 
     @property
@@ -211,7 +204,7 @@ class Workers(ServiceBase):
         self._continue(taken)
         return ran
 
-    def _continue(self, taken: _Taken | None) -> None:
+    def _continue(self, taken: Taken | None) -> None:
         """Run the chain's steps this worker's successes claimed for it, one after another,
         each with the permits it was given before its claim (see :meth:`_complete`)."""
         streak = 1
@@ -245,7 +238,7 @@ class Workers(ServiceBase):
 
     def _run_node(
         self, job_id: uuid.UUID, hints: NodeHints | None = None
-    ) -> tuple[Ran, _Taken | None]:
+    ) -> tuple[Ran, Taken | None]:
         """Claim a node job, run the node outside any transaction, record the outcome."""
         claiming_at = time.time_ns()
         # The claim is one statement (PostgreSQL): it needs no transaction around it. Should
@@ -261,7 +254,7 @@ class Workers(ServiceBase):
         with tracing.node_try(run, claiming_at):
             return self._try(run)
 
-    def _try(self, run: claiming.NodeRun, streak: int = 0) -> tuple[Ran, _Taken | None]:
+    def _try(self, run: claiming.NodeRun, streak: int = 0) -> tuple[Ran, Taken | None]:
         """Run a claimed node, record its outcome and publish what it made ready; the next
         step it claimed for this worker instead, the ``streak`` th in a row (see
         :meth:`_complete`)."""
@@ -296,7 +289,7 @@ class Workers(ServiceBase):
             node=run.node.id,
         )
         started = time.monotonic()
-        taken: _Taken | None = None
+        taken: Taken | None = None
         try:
             if expands:
                 output = mapping.items_of(run, self.bounds.map_items)
@@ -394,8 +387,8 @@ class Workers(ServiceBase):
         job_log: Any,
         ran: Ran,
         streak: int = 0,
-    ) -> tuple[AfterCommit, Ran, _Taken | None]:
-        taken: _Taken | None = None
+    ) -> tuple[AfterCommit, Ran, Taken | None]:
+        taken: Taken | None = None
         try:
             # in one statement where it can (a chain's step; or it made no successor ready),
             # else a transaction
@@ -417,121 +410,6 @@ class Workers(ServiceBase):
         job_log.info("job completed", duration=round(duration, 3))
         tracing.outcome("completed")
         return after, ran, taken
-
-    def _step(
-        self, run: claiming.NodeRun, output: Any, duration: float, streak: int
-    ) -> tuple[AfterCommit, _Taken | None] | None:
-        """A chain's step in one statement (:func:`~conveyor.engine.success.complete_step`):
-        the success and its one successor's job, claimed for this worker to run next under
-        the rules of :meth:`_complete` (its permits taken first, ``continue_steps`` in a row,
-        nothing of a higher priority waiting), else queued for its message. None: not a
-        chain's step, nothing changed."""
-        now = utcnow()
-        step = success.chain_step(run, output, now, claim=streak < self.continue_steps)
-        if step is None:
-            return None
-        permit = None
-        if step.claim and self.gate is not None:
-            permit = self._permit_for(step.dispatch)
-            step = step if permit is not None else replace(step, claim=False)
-        kept = [permit] if permit is not None else []
-        try:
-            stepped = self.db.autocommit(
-                lambda s: success.complete_step(
-                    s, run, output, now, duration, step, self.worker,
-                    output_bytes=self.bounds.output_bytes,
-                )
-            )  # fmt: skip
-        except BaseException:
-            self._release(kept)
-            raise
-        if stepped is None or stepped[1] is None:
-            self._release(kept)
-        if stepped is None:
-            return None
-        after, taken = stepped
-        return after, None if taken is None else (taken, permit)
-
-    def _take_released(self, after: AfterCommit, streak: int) -> tuple[AfterCommit, _Taken | None]:
-        """A map's item whose success released a held item (past the map's window): this
-        worker claims that item to run next instead of publishing its message, as a
-        continuation (its permits taken first, ``continue_steps`` in a row, nothing of a
-        higher priority waiting). The success is committed already: if this worker dies
-        before the claim, the item is queued with no message, and the recovery sweep sends
-        it (``CONVEYOR_LOST_AFTER``)."""
-        step = success.continuation(after, NODE_QUEUE)
-        if step is None or streak >= self.continue_steps:
-            return after, None
-        permit = None
-        if self.gate is not None and (permit := self._permit_for(step)) is None:
-            return after, None
-        kept = [permit] if permit is not None else []
-        try:
-            taken = self.db.autocommit(
-                lambda s: claiming.claim_continuation(
-                    s, step, utcnow(), self.worker, output_bytes=self.bounds.output_bytes
-                )
-            )
-        except Exception:  # the success is committed: its message goes as any other's
-            log.warning("no continuation: the released item's claim failed", exc_info=True)
-            taken = None
-        except BaseException:
-            self._release(kept)
-            raise
-        if taken is None:
-            self._release(kept)
-            return after, None
-        return replace(after, dispatches=[]), (taken, permit)
-
-    def _complete(
-        self, run: claiming.NodeRun, output: Any, duration: float, streak: int
-    ) -> tuple[AfterCommit, _Taken | None]:
-        """A success in a transaction and, when it made exactly one node ready in this
-        worker's queue (a chain's next step), that node's job claimed in the same
-        transaction for this worker to run next, with no message: its permits taken first
-        (refused, its message is published as any other's), at most ``continue_steps`` in a
-        row, and only while no job of a higher priority waits in the queue (the claim's
-        rule). See docs/guarantees.md#continuations."""
-        permits: list[Permit] = []  # one a transaction's try: only the last one's is kept
-
-        def record(store: Store) -> tuple[AfterCommit, claiming.NodeRun | None]:
-            after = success.complete_node(store, run, output, utcnow(), duration)
-            step = success.continuation(after, NODE_QUEUE)
-            if step is None or streak >= self.continue_steps:
-                return after, None
-            if self.gate is not None:
-                permit = self._permit_for(step)
-                if permit is None:
-                    return after, None
-                permits.append(permit)
-            taken = claiming.claim_continuation(
-                store, step, utcnow(), self.worker, output_bytes=self.bounds.output_bytes
-            )
-            return (after, None) if taken is None else (replace(after, dispatches=[]), taken)
-
-        try:
-            after, taken = self.db.run(record)
-        except BaseException:
-            self._release(permits)
-            raise
-        kept = permits.pop() if taken is not None and permits else None
-        self._release(permits)
-        return after, None if taken is None else (taken, kept)
-
-    def _permit_for(self, step: Dispatch) -> Permit | None:
-        """The permits of a step this worker would take itself; None when refused, or when
-        the limiter cannot be reached (the step's message then goes as any other's)."""
-        assert self.gate is not None and step.hints is not None
-        try:
-            return self.gate.try_admit(step.job_id, step.hints)
-        except LimitError:
-            log.warning("no continuation: the limiter could not be reached")
-            return None
-
-    def _release(self, permits: list[Permit]) -> None:
-        if self.gate is not None:
-            for permit in permits:
-                self.gate.release(permit)
 
     def _record_items(
         self, run: claiming.NodeRun, items: list[Any], duration: float, job_log: Any, ran: Ran

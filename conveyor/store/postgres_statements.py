@@ -269,7 +269,7 @@ CLAIM_NODE_AFTER_ONE = _claim(_NEED, bindparam("need", type_=String()))
 # list's generic plan took the status index and read every queued job), in the claim's own
 # statement. Not relaxed: a continuation's
 # claim may run in its predecessor's success's transaction (a join's, see
-# service.workers._complete), whose commit must be flushed as every success's.
+# service.continuing.Continuations._complete), whose commit must be flushed as every success's.
 _AHEAD = """
       AND (CAST(:above1 AS varchar) IS NULL OR NOT EXISTS (
           SELECT 1 FROM jobs ahead WHERE ahead.status = 'queued' AND ahead.priority = :above1
