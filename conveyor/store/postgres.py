@@ -197,10 +197,9 @@ class PostgresStore(SqlStore):
         input: bool = True,
     ) -> tuple[JobRecord, ExecutionRecord, dict[str, Any] | None] | None:
         """One statement: the claim's, with its look for a job of a higher priority."""
-        above = [p.value for p in priorities_above(priority)] + [None, None]
         params = {
-            "id": job_id, "now": now, "worker": worker, "input": input,
-            "above1": above[0], "above2": above[1], "queue": queue,
+            "id": job_id, "now": now, "worker": worker, "input": input, "queue": queue,
+            **_ahead(priority),
         }  # fmt: skip
         return self._claim(params, needs, hot.CONTINUE_NODE_ALONE, hot.CONTINUE_NODE_AFTER_ONE,
                            hot.CONTINUE_NODE)  # fmt: skip
@@ -271,15 +270,14 @@ class PostgresStore(SqlStore):
         claim: bool,
     ) -> Stepped | None:
         """One statement (:data:`~conveyor.store.postgres_statements.COMPLETE_STEP`)."""
-        job, priority = succeeded.job, succeeded.execution.priority
-        above = [p.value for p in priorities_above(priority)] + [None, None]
+        job = succeeded.job
         rows = self._hot(hot.COMPLETE_STEP, {
             "id": job.id, "execution_id": job.execution_id, "node_id": succeeded.node_id,
             "attempt": job.try_number, "output": succeeded.output, "branch": succeeded.branch,
             "now": succeeded.now, "duration": succeeded.duration,
             "successor": successor.node_id, "next_id": successor.id,
-            "max_retries": successor.max_retries, "claim": claim, "above1": above[0],
-            "above2": above[1], "queue": NODE_QUEUE, "worker": worker,
+            "max_retries": successor.max_retries, "claim": claim, "queue": NODE_QUEUE,
+            "worker": worker, **_ahead(succeeded.execution.priority),
         })  # fmt: skip
         if not rows:
             return None
@@ -302,3 +300,11 @@ class PostgresStore(SqlStore):
         return ItemsLeft(
             left=left, failed=failed, released=hot.job_of(released) if released[0] else None
         )
+
+
+def _ahead(priority: Priority) -> dict[str, str | None]:
+    """The parameters of a continuation's look for a queued job of a higher priority
+    (``_NONE_AHEAD`` in postgres_statements): the priorities above ``priority``, NULL for
+    none."""
+    above = [p.value for p in priorities_above(priority)] + [None, None]
+    return {"above1": above[0], "above2": above[1]}

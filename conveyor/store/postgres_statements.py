@@ -270,13 +270,13 @@ CLAIM_NODE_AFTER_ONE = _claim(_NEED, bindparam("need", type_=String()))
 # statement. Not relaxed: a continuation's
 # claim may run in its predecessor's success's transaction (a join's, see
 # service.continuing.Continuations._complete), whose commit must be flushed as every success's.
-_AHEAD = """
-      AND (CAST(:above1 AS varchar) IS NULL OR NOT EXISTS (
+_NONE_AHEAD = """(CAST(:above1 AS varchar) IS NULL OR NOT EXISTS (
           SELECT 1 FROM jobs ahead WHERE ahead.status = 'queued' AND ahead.priority = :above1
                                      AND ahead.queue = :queue AND ahead.kind = 'node'))
       AND (CAST(:above2 AS varchar) IS NULL OR NOT EXISTS (
           SELECT 1 FROM jobs ahead WHERE ahead.status = 'queued' AND ahead.priority = :above2
                                      AND ahead.queue = :queue AND ahead.kind = 'node'))"""
+_AHEAD = "\n      AND " + _NONE_AHEAD
 _AHEAD_PARAMS = (
     bindparam("above1", type_=String()),
     bindparam("above2", type_=String()),
@@ -428,13 +428,7 @@ _STEP = """, ex AS (
     WHERE id = :execution_id AND status = 'running' AND EXISTS (SELECT 1 FROM node)
     RETURNING *
 ), above AS (
-    SELECT :claim
-       AND (CAST(:above1 AS varchar) IS NULL OR NOT EXISTS (
-           SELECT 1 FROM jobs WHERE status = 'queued' AND priority = :above1
-                                AND queue = :queue AND kind = 'node'))
-       AND (CAST(:above2 AS varchar) IS NULL OR NOT EXISTS (
-           SELECT 1 FROM jobs WHERE status = 'queued' AND priority = :above2
-                                AND queue = :queue AND kind = 'node')) AS claimed
+    SELECT :claim AND {none_ahead} AS claimed
 ), next AS (
     INSERT INTO jobs (id, kind, queue, data, status, priority, max_retries, retry_count,
                       tries_before, tenant_id, workflow_id, execution_id, node_id,
@@ -473,7 +467,10 @@ FROM next, ex
 COMPLETE_STEP = Statement(
     text(
         _COMPLETE_CTES.format(before=_STEP_LOCK, guard=_STEP_GUARD)
-        + _STEP.format(job_columns=", ".join(f"next.{c}" for c in JOB_COLUMNS.split(", ")))
+        + _STEP.format(
+            job_columns=", ".join(f"next.{c}" for c in JOB_COLUMNS.split(", ")),
+            none_ahead=_NONE_AHEAD,
+        )
     ).bindparams(
         *_COMPLETE_PARAMS,
         bindparam("successor", type_=String()),
