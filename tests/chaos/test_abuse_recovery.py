@@ -17,7 +17,8 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -168,8 +169,14 @@ def _outage(own_redis: OwnRedis, spawn: Spawn, logs: Path, database: Database) -
     during = _trigger_while_down(client, database)
     time.sleep(max(0.0, OUTAGE_SHARE * undisturbed - (time.monotonic() - down)))
     own_redis.start()
+    back = datetime.now(UTC)
     outage = time.monotonic() - down
-    _wait_settled(client, stormy + during, deadline=max(240, 3 * undisturbed))
+    _wait_settled(
+        client,
+        stormy + during,
+        deadline=max(240, 3 * undisturbed),
+        why=lambda: _diagnosis(database, logs, back),
+    )
     disturbed = time.monotonic() - started
 
     # Then: everything ran once; once Redis was back, the rest settled within twice the
@@ -219,11 +226,58 @@ def _recovered(database: Database) -> dict[str, int]:
         return store.recovery_counts()
 
 
-def _wait_settled(client: Conveyor, ids: list[uuid.UUID], deadline: float) -> None:
+def _wait_settled(
+    client: Conveyor,
+    ids: list[uuid.UUID],
+    deadline: float,
+    why: Callable[[], str] = lambda: "",
+) -> None:
     until = time.monotonic() + deadline
     while (unfinished := _unfinished(client, ids)) and time.monotonic() < until:
         time.sleep(0.5)
-    assert not unfinished, f"{len(unfinished)} executions unfinished, e.g. {unfinished[:3]}"
+    assert not unfinished, (
+        f"{len(unfinished)} executions unfinished, e.g. {unfinished[:3]}\n{why()}"
+    )
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) ")
+
+
+def _diagnosis(database: Database, logs: Path, back: datetime) -> str:
+    """What a stall looked like, short enough to be read whole in a CI report (the process
+    logs follow it, but a report may be cut): the jobs by kind and status, and each process's
+    side since Redis came back: when it last (re)connected, how many task messages it took,
+    how many recovery lines it wrote, and its last line's time."""
+    with database.engine.connect() as conn:
+        jobs = conn.execute(
+            text(
+                "SELECT CAST(kind AS text), CAST(status AS text), count(*) FROM jobs "
+                "GROUP BY 1, 2 ORDER BY 1, 2"
+            )
+        ).all()
+    lines = [
+        f"Redis back at {back:%H:%M:%S}; jobs: " + ", ".join(f"{k}/{s} {n}" for k, s, n in jobs)
+    ]
+    for log in sorted(logs.glob("*.log")):
+        connected, received, recovery, last = "never", 0, 0, "-"
+        for line in log.read_text(errors="replace").splitlines():
+            stamp = _STAMP.match(line)
+            if stamp is None:
+                continue
+            last = stamp.group(1)[11:19]
+            if datetime.fromisoformat(stamp.group(1)) < back:
+                continue
+            if "Connected to" in line:
+                connected = last
+            elif "] received [" in line:
+                received += 1
+            elif "recovery:" in line or "limits sweep:" in line:
+                recovery += 1
+        lines.append(
+            f"{log.name}: connected {connected}, took {received} messages, "
+            f"{recovery} recovery lines, last line {last}"
+        )
+    return "\n".join(lines)
 
 
 def _unfinished(client: Conveyor, ids: list[uuid.UUID]) -> list[uuid.UUID]:
