@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import bootsteps
+from celery.apps.worker import Worker as CeleryWorker
 from celery.exceptions import Retry
 from celery.signals import (
     beat_init,
@@ -230,7 +231,7 @@ def _on_worker_starting(options: dict[str, Any] | None = None, **_: Any) -> None
 
 
 @worker_init.connect
-def _on_worker_init(**_: Any) -> None:
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
     wiring.load_imports()
     # CONVEYOR_APPLY_MODULES: the flows it stores before it serves (embedded workers too:
     # their commands migrate first)
@@ -242,7 +243,11 @@ def _on_worker_init(**_: Any) -> None:
     # (Python's advice before a fork), the pool's children do not copy the pages that a
     # collection would write to, their collections skip it, and the interpreter's last
     # collection at exit does not walk it: that one cost a stopping worker seconds of CPU.
-    gc.freeze()
+    # Only in a `celery worker` process of its own: a worker inside another process (the
+    # embedded default's, a test's) would freeze that process's objects, garbage to come
+    # included, for good.
+    if isinstance(sender, CeleryWorker):
+        gc.freeze()
 
 
 @beat_init.connect
