@@ -98,8 +98,8 @@ def _read_as(service: Conveyor, tenant: TenantRef, name: str | None) -> TenantRe
             f"this key reads tenant {tenant.name!r}'s executions only: reading tenant "
             f"{name!r}'s needs an operator's key (`conveyor keys create --operator`)"
         )
-    with service.db.transaction() as store:  # not tenant_id(): it would make "default"
-        found = next((t.id for t in store.tenants() if t.name == name), None)
+    with service.db.transaction() as store:
+        found = store.tenant_named(name)
     if found is None:
         raise TenantNotFound(f"no tenant is named {name!r}; `conveyor tenants list` names them")
     return TenantRef(id=found, name=name, key=tenant.key)

@@ -121,6 +121,11 @@ class Catalog(Protocol):
         """The tenant's id; :class:`TenantNotFound` when it has none."""
         ...
 
+    def tenant_named(self, name: str) -> uuid.UUID | None:
+        """The tenant's id; None when there is none (nothing is made, the default tenant
+        neither: a read by name, as an operator's view of another tenant asks)."""
+        ...
+
     def trigger_target(self, tenant: str, workflow: str) -> tuple[uuid.UUID, uuid.UUID | None]:
         """The tenant's id and its latest version of ``workflow`` (None: none), in one read."""
         ...

@@ -37,10 +37,13 @@ class CatalogQueries(StoreCore):
         row = self._core(_TRIGGER_TARGET, {"tenant": tenant, "workflow": workflow}).one_or_none()
         return None if row is None else (row.id, row.workflow_id)
 
-    def tenant_id(self, name: str) -> uuid.UUID:
+    def tenant_named(self, name: str) -> uuid.UUID | None:
         found = self._core(select(Tenant.id).where(Tenant.name == name)).scalar()
-        if found is not None:
-            return cast(uuid.UUID, found)
+        return None if found is None else cast(uuid.UUID, found)
+
+    def tenant_id(self, name: str) -> uuid.UUID:
+        if (found := self.tenant_named(name)) is not None:
+            return found
         if name == DEFAULT_TENANT:
             return self.create_tenant(name)
         raise TenantNotFound(

@@ -109,9 +109,13 @@ class MemoryCatalog(MemoryCore):
         self.tables.tenants[tenant.id] = tenant
         return tenant.id
 
+    def tenant_named(self, name: str) -> uuid.UUID | None:
+        found = self._tenant_named(name)
+        return None if found is None else found.id
+
     def tenant_id(self, name: str) -> uuid.UUID:
-        if (found := self._tenant_named(name)) is not None:
-            return found.id
+        if (found := self.tenant_named(name)) is not None:
+            return found
         if name == DEFAULT_TENANT:
             return self.create_tenant(name)
         raise TenantNotFound(

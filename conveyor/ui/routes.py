@@ -449,10 +449,10 @@ def _tenant_named(service: Conveyor, who: Who, tenant: str) -> TenantRef:
     if not who.operator or not tenant or tenant == who.tenant.name:
         return who.tenant
     with service.db.transaction() as store:
-        found = next((t for t in store.tenants() if t.name == tenant), None)
+        found = store.tenant_named(tenant)
     if found is None:
         raise NotFound(f"No tenant is named {tenant!r}; the workflows page lists every one.")
-    return TenantRef(id=found.id, name=found.name, key=who.tenant.key)
+    return TenantRef(id=found, name=tenant, key=who.tenant.key)
 
 
 @router.get("/workflows/{name}")

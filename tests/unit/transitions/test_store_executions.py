@@ -185,9 +185,12 @@ def test_an_unknown_tenant_is_not_found_but_the_default_one_is_made_on_first_use
             store.tenant_id("acme")
         with pytest.raises(TenantNotFound):
             store.trigger_target("acme", "chain")
+        assert store.tenant_named("default") is None  # a read by name makes nothing
         made = store.tenant_id("default")
     with bench.store() as store:
         assert store.tenant_id("default") == made
+        assert store.tenant_named("default") == made
+        assert store.tenant_named("acme") is None
         assert store.trigger_target("default", "nothing") == (made, None)
     assert str(raised.value) == (
         "no tenant is named 'acme'; create it with `conveyor tenants create acme`"
